@@ -1,0 +1,129 @@
+"""The Python API: compile a spec once, convert many layers.
+
+    spec = layoutc.compile_file("specs/flashinfer_cutlass_bf16.lyt")
+    out = spec.convert({"w13_weight": w13, ...})
+    back = spec.inverse(out)
+
+A compiled spec is cached on (spec text, parameters), like an einops recipe.
+Its ``convert``/``inverse`` are those of the generated converter module (loaded
+in memory), so the API and ``layoutc compile`` output behave identically.
+"""
+
+from __future__ import annotations
+
+import functools
+import linecache
+import types
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from . import codegen
+from .compiler import Compiled, build
+from .errors import Diagnostic, SpecError
+from .indexmap import IndexMap
+from .ir import Program, resolve
+from .lower.runtime import LayoutError
+from .parse import parse
+from .versions import check_requires
+
+
+class CompiledSpec:
+    """A checked spec with its converter. Build with :func:`compile_file` / :func:`compile_source`."""
+
+    def __init__(self, compiled: Compiled, warnings: tuple[Diagnostic, ...]):
+        self.compiled = compiled
+        self.warnings = warnings
+        self.source = codegen.generate(compiled)
+        self.module = _load_module(self.source, compiled.program)
+
+    @property
+    def program(self) -> Program:
+        return self.compiled.program
+
+    @property
+    def name(self) -> str:
+        return self.program.name
+
+    @property
+    def sha256(self) -> str:
+        return self.program.sha256
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.program.param_values
+
+    @property
+    def invertible(self) -> bool:
+        return self.compiled.inverse_variants is not None
+
+    def convert(self, tensors: Mapping[str, torch.Tensor], dims: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
+        """Checkpoint tensors -> kernel layout. Inputs are never modified."""
+        try:
+            return self.module.convert(tensors, dims)
+        except self.module.LayoutError as err:
+            raise LayoutError(str(err)) from None
+
+    def inverse(self, tensors: Mapping[str, torch.Tensor], dims: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
+        """Kernel layout -> checkpoint tensors (where the spec is invertible)."""
+        try:
+            return self.module.inverse(tensors, dims)
+        except self.module.LayoutError as err:
+            raise LayoutError(str(err)) from None
+
+    def composed_map(self, tensor: str, present: tuple[str, ...] = ()) -> IndexMap:
+        """The whole chain of ``tensor`` as one index map (for the variant with ``present`` optionals)."""
+        return self.compiled.variant(present).chain(tensor).composed_map()
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.source)
+        return path
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"<CompiledSpec {self.name} ({params}) sha256={self.sha256[:12]}>"
+
+
+def _load_module(source: str, program: Program) -> types.ModuleType:
+    name = f"layoutc_generated_{program.name}_{program.sha256[:8]}"
+    filename = f"<layoutc {program.filename}>"
+    module = types.ModuleType(name)
+    module.__file__ = filename
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), module.__dict__)
+    return module
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_cached(source: str, filename: str, params: tuple, check_versions: bool) -> CompiledSpec:
+    program = resolve(parse(source, filename), dict(params))
+    warnings: tuple[Diagnostic, ...] = ()
+    if check_versions:
+        version_diags = check_requires(program)
+        errors = [d for d in version_diags if d.severity == "error"]
+        if errors:
+            raise SpecError(version_diags, filename, source)
+        warnings = tuple(version_diags)
+    compiled = build(program)
+    return CompiledSpec(compiled, warnings)
+
+
+def compile_source(
+    source: str, filename: str = "<spec>", params: Mapping[str, Any] | None = None, check_versions: bool = True
+) -> CompiledSpec:
+    """Compile spec text. Raises :class:`SpecError` listing every problem found."""
+    return _compile_cached(source, filename, tuple(sorted((params or {}).items())), check_versions)
+
+
+def compile_file(
+    path: str | Path, params: Mapping[str, Any] | None = None, check_versions: bool = True
+) -> CompiledSpec:
+    """Compile a ``.lyt`` file (see :func:`compile_source`)."""
+    path = Path(path)
+    try:
+        source = path.read_text()
+    except OSError as err:
+        raise SpecError([Diagnostic("error", f"cannot read spec: {err.strerror}")], str(path)) from None
+    return compile_source(source, str(path), params, check_versions)

@@ -1,0 +1,202 @@
+"""Syntax tree of a .lyt spec: frozen nodes, each with its source position."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import attrs
+
+from .expr import Expr
+
+
+@attrs.frozen
+class Pos:
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+    def __str__(self) -> str:
+        return f"{self.line}:{self.column}"
+
+
+@attrs.frozen
+class Name:
+    text: str
+    pos: Pos
+
+
+# -- values -----------------------------------------------------------------
+
+
+@attrs.frozen
+class ExprValue:
+    """A size/integer expression; ``a/b`` divisions are kept so their exactness can be required."""
+
+    expr: Expr
+    text: str
+    pos: Pos
+    divisions: tuple[tuple[Expr, Expr], ...] = ()  # (numerator, denominator) of each '/'
+
+
+@attrs.frozen
+class StrValue:
+    value: str
+    text: str
+    pos: Pos
+
+
+@attrs.frozen
+class BoolValue:
+    value: bool
+    text: str
+    pos: Pos
+
+
+@attrs.frozen
+class ListValue:
+    items: tuple[Value, ...]
+    text: str
+    pos: Pos
+
+
+Value = Union[ExprValue, StrValue, BoolValue, ListValue]
+
+
+# -- declarations -----------------------------------------------------------
+
+
+@attrs.frozen
+class SpecName:
+    name: Name
+    pos: Pos
+
+
+@attrs.frozen
+class Requires:
+    library: Name
+    op: str
+    version: str
+    pos: Pos
+
+
+@attrs.frozen
+class Dims:
+    names: tuple[Name, ...]
+    pos: Pos
+
+
+@attrs.frozen
+class Assume:
+    value: ExprValue
+    multiple: int
+    pos: Pos
+
+
+@attrs.frozen
+class Param:
+    name: Name
+    default: Value
+    choices: ListValue | None
+    pos: Pos
+
+
+@attrs.frozen
+class ScaleTie:
+    """``scales W block 32``: this tensor holds one scale per 32 elements of W along K, W's rows."""
+
+    weight: Name
+    block: int
+    pos: Pos
+
+
+@attrs.frozen
+class BiasTie:
+    """``bias of W``: one value per output row of W."""
+
+    weight: Name
+    pos: Pos
+
+
+@attrs.frozen
+class StackedRows:
+    """``rows [w1; w3]``: equal shards stacked along the row axis."""
+
+    shards: tuple[Name, ...]
+    pos: Pos
+
+
+@attrs.frozen
+class InterleavedRows:
+    """``rows interleave(w1, w3, group=1)``: shards alternate in groups of rows."""
+
+    shards: tuple[Name, ...]
+    group: int
+    pos: Pos
+
+
+RowLayout = Union[StackedRows, InterleavedRows]
+
+
+@attrs.frozen
+class Packing:
+    family: Name
+    pos: Pos
+
+
+@attrs.frozen
+class TensorDecl:
+    direction: str  # "input" | "output"
+    name: Name
+    optional: bool
+    elem: Name
+    shape: tuple[ExprValue, ...]
+    tie: ScaleTie | BiasTie | None
+    rows: RowLayout | None
+    packing: Packing | None
+    pos: Pos
+
+
+# -- statements ---------------------------------------------------------------
+
+
+@attrs.frozen
+class Arg:
+    name: Name | None  # keyword, or None for a positional argument
+    value: Value
+    pos: Pos
+
+
+@attrs.frozen
+class Transform:
+    op: Name
+    args: tuple[Arg, ...]
+    pos: Pos
+    text: str  # the statement as written, for comments in generated code
+
+
+@attrs.frozen
+class Condition:
+    kind: str  # "true" | "not" | "eq" | "ne" | "in"
+    name: Name
+    value: Value | None
+    pos: Pos
+    text: str
+
+
+@attrs.frozen
+class If:
+    cond: Condition
+    then: tuple[Any, ...]
+    other: tuple[Any, ...]
+    pos: Pos
+
+
+Statement = Union[SpecName, Requires, Dims, Assume, Param, TensorDecl, Transform, If]
+
+
+@attrs.frozen
+class Spec:
+    items: tuple[Statement, ...]
+    source: str
+    filename: str

@@ -1,0 +1,274 @@
+"""Standalone converter modules: readable Python that depends on torch alone.
+
+The module a spec compiles to exposes::
+
+    convert(tensors, dims=None) -> dict[str, Tensor]   checkpoint layout -> kernel layout
+    inverse(tensors, dims=None) -> dict[str, Tensor]   kernel layout -> checkpoint layout
+    SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, DIMS, INPUTS, OUTPUTS, INVERTIBLE
+    LayoutError                                         raised for tensors that break the contract
+
+The functions it calls are copied from :mod:`layoutc.ops.torch_impl` (the
+primitives) and :mod:`layoutc.lower.runtime` (the contract checks), so the
+module runs where layoutc is not installed. ``layoutc.compile_file`` loads the
+same text in memory: the Python API and the generated file are one code path.
+"""
+
+from __future__ import annotations
+
+import dis
+import inspect
+import textwrap
+from typing import Any, Callable, Iterable
+
+from . import __version__
+from . import expr as ex
+from .compiler import Chain, Compiled, Constraint, Variant
+from .ir import TensorSpec
+from .lower import eager, runtime
+from .ops import torch_impl
+from .versions import distribution
+
+RUNTIME_NAMES = (
+    "LayoutError",
+    "_fmt_dims",
+    "_fmt_shape",
+    "_bind_dims",
+    "_check_tensors",
+    "_check_divisibility",
+    "_owned",
+    "_version_ok",
+    "_check_requires",
+)
+
+
+def _source_of(obj: Any) -> str:
+    return textwrap.dedent(inspect.getsource(obj)).rstrip() + "\n"
+
+
+def _impl_closure(functions: Iterable[Callable[..., Any]]) -> list[str]:
+    """Sources of the torch_impl functions used, plus the module-level names they refer to."""
+    chunks: dict[str, str] = {}
+    pending = list(functions)
+    while pending:
+        fn = pending.pop()
+        if fn.__name__ in chunks:
+            continue
+        chunks[fn.__name__] = _source_of(fn)
+        for name in _globals_read(fn):
+            value = getattr(torch_impl, name, None)
+            if value is None or name in chunks or name == "torch":
+                continue
+            if callable(value):
+                pending.append(value)
+            else:
+                chunks[name] = f"{name} = {value!r}\n"
+    constants = [c for n, c in chunks.items() if not c.startswith("def ")]
+    defs = [c for n, c in sorted(chunks.items()) if c.startswith("def ")]
+    return constants + defs
+
+
+def _globals_read(fn: Callable[..., Any]) -> set[str]:
+    """Module-level names a function reads (not attribute names like ``x.reshape``)."""
+    names = set()
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        codes += [c for c in code.co_consts if hasattr(c, "co_code")]
+        names |= {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    return names
+
+
+def _dims_lambda(program_dims: tuple[str, ...], body: str) -> str:
+    return f"lambda {', '.join(program_dims)}: {body}"
+
+
+def _contract(specs: Iterable[TensorSpec]) -> str:
+    lines = ["{"]
+    for s in specs:
+        shape = ", ".join(repr(t) for t in s.shape_text)
+        shape = f"({shape},)" if len(s.shape_text) == 1 else f"({shape})"
+        accepts = tuple(n for n in s.elem.accepts)
+        lines.append(
+            f"    {s.name!r}: {{'dtype': {s.elem.name!r}, 'torch_dtypes': {accepts!r}, "
+            f"'shape': {shape}, 'optional': {s.optional!r}}},"
+        )
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _shapes(specs: Iterable[TensorSpec], dims: tuple[str, ...]) -> str:
+    lines = ["{"]
+    for s in specs:
+        body = ", ".join(ex.to_python(e) for e in s.shape)
+        body = f"({body},)" if len(s.shape) == 1 else f"({body})"
+        lines.append(f"    {s.name!r}: {_dims_lambda(dims, body)},")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _axes(specs: Iterable[TensorSpec]) -> str:
+    lines = ["["]
+    for s in specs:
+        for axis, (e, text) in enumerate(zip(s.shape, s.shape_text)):
+            form = ex.linear_form(e, exact_division=True)
+            if form is None or not form[0]:
+                continue
+            coefs = {k: (v.numerator, v.denominator) for k, v in form[0].items()}
+            const = (form[1].numerator, form[1].denominator)
+            lines.append(f"    ({s.name!r}, {axis}, {coefs!r}, {const!r}, {text!r}),")
+    lines.append("]")
+    return "\n".join(lines)
+
+
+def _checks(variants: tuple[Variant, ...], dims: tuple[str, ...], present_of: Callable[[Variant], frozenset]) -> str:
+    """Run-time divisibility checks, each with the variants it belongs to (None = all)."""
+    by_key: dict[tuple, tuple[Constraint, set]] = {}
+    tensor_variants: dict[str, set] = {}
+    for v in variants:
+        for c in v.chains:
+            tensor_variants.setdefault(c.tensor, set()).add(v.present)
+            for k in c.constraints:
+                if k.status != "runtime":
+                    continue
+                key = (k.tensor, k.value, k.multiple, k.message())
+                by_key.setdefault(key, (k, set()))[1].add(v.present)
+    lines = ["["]
+    for (tensor, value, multiple, message), (_, where) in by_key.items():
+        scope = None if where == tensor_variants[tensor] else sorted(where, key=sorted)
+        scope_src = "None" if scope is None else "(" + ", ".join(f"frozenset({sorted(p)!r})" for p in scope) + ",)"
+        lines.append(
+            f"    ({tensor!r}, {_dims_lambda(dims, ex.to_python(value))}, {multiple}, {message!r}, {scope_src}),"
+        )
+    lines.append("]")
+    return "\n".join(lines)
+
+
+def _emit_direction(
+    fn_name: str, doc: str, variants: tuple[Variant, ...], contract: str, shapes: str, axes: str, checks: str,
+    tensors: Iterable[TensorSpec], dims: tuple[str, ...], filename: str, out_specs: dict[str, TensorSpec],
+) -> list[str]:
+    body = [
+        f"def {fn_name}(tensors, dims=None):",
+        textwrap.indent(f'"""{doc}"""', "    "),
+        "    _check_requires(REQUIRES, SPEC_NAME)",
+        f"    d, present = _check_tensors(tensors, {contract}, {shapes}, {axes}, dims, DIMS, {fn_name!r})",
+        f"    _check_divisibility({checks}, d, {{k for k in tensors if tensors[k] is not None}}, present)",
+    ]
+    if dims:
+        body.append(f"    {', '.join(dims)} = {', '.join(f'd[{n!r}]' for n in dims)}")
+    body.append("    out = {}")
+    for spec in tensors:
+        groups: dict[tuple, tuple[Chain, list[frozenset]]] = {}
+        for v in variants:
+            chain = next((c for c in v.chains if c.tensor == spec.name), None)
+            if chain is None:
+                continue
+            groups.setdefault(chain.signature(), (chain, []))[1].append(v.present)
+        if not groups:
+            continue
+        target = out_specs[spec.name]
+        indent = "    "
+        body.append("")
+        body.append(f"    # {spec.name}: {spec.elem.name}{spec.shape_str()} -> {target.elem.name}{target.shape_str()}")
+        if spec.optional:
+            body.append(f"    if {spec.name!r} in present:")
+            indent = "        "
+        for i, (chain, presents) in enumerate(groups.values()):
+            inner = indent
+            if len(groups) > 1:
+                cond = " or ".join(f"present == frozenset({sorted(p)!r})" for p in presents)
+                body.append(f"{indent}{'if' if i == 0 else 'elif'} {cond}:")
+                inner = indent + "    "
+            body.append(f"{inner}x = tensors[{spec.name!r}]")
+            body += [inner + line for line in eager.emit_chain(chain, filename)]
+            body.append(f"{inner}out[{spec.name!r}] = _owned(x, tensors)")
+    body.append("    return out")
+    return body
+
+
+def generate(compiled: Compiled) -> str:
+    """The converter module's source text."""
+    p = compiled.program
+    dims = p.dims
+    chains = [c for v in compiled.variants for c in v.chains]
+    if compiled.inverse_variants:
+        chains += [c for v in compiled.inverse_variants for c in v.chains]
+    inputs = {s.name: s for s in p.inputs}
+    outputs = {s.name: s for s in p.outputs}
+    params = dict(p.params)
+    requires = tuple((r.library, distribution(r.library), r.op, r.version) for r in p.requires)
+    lines: list[str] = [
+        f"# Generated by layoutc {__version__} from {p.filename}. Do not edit: change the spec and recompile.",
+        f'"""{p.name}: convert checkpoint MoE tensors into the kernel layout, and back.',
+        "",
+        f"Spec: {p.filename} (sha256 {p.sha256[:16]}...)",
+        f"Parameters: {', '.join(f'{k}={v!r}' for k, v in params.items()) or 'none'}",
+        f"Requires: {', '.join(str(r) for r in p.requires) or 'nothing'}",
+        "",
+        "    out = convert({'w13_weight': ..., ...})   # new tensors; inputs are never modified",
+        "    back = inverse(out)                       # bit-exact round trip where INVERTIBLE",
+        '"""',
+        "",
+        "import importlib.metadata",
+        "from fractions import Fraction",
+        "",
+        "import torch",
+        "",
+        f"SPEC_NAME = {p.name!r}",
+        f"SPEC_SHA256 = {p.sha256!r}",
+        f"PARAMS = {params!r}",
+        f"REQUIRES = {requires!r}",
+        f"DIMS = {dims!r}",
+        f"INVERTIBLE = {compiled.inverse_variants is not None!r}",
+        f"INPUTS = {_contract(p.inputs)}",
+        f"OUTPUTS = {_contract(p.outputs)}",
+        "",
+        "__all__ = ['convert', 'inverse', 'LayoutError', 'SPEC_NAME', 'SPEC_SHA256', 'PARAMS', 'REQUIRES', "
+        "'DIMS', 'INPUTS', 'OUTPUTS', 'INVERTIBLE']",
+        "",
+        "",
+        "# -- contract checks (layoutc.lower.runtime) " + "-" * 40,
+        "",
+        "_REQUIRES_CHECKED = []",
+        "",
+    ]
+    for name in RUNTIME_NAMES:
+        lines.append("")
+        lines.append(_source_of(getattr(runtime, name)))
+    lines += ["", "# -- primitives (layoutc.ops.torch_impl) " + "-" * 43, ""]
+    for chunk in _impl_closure(eager.functions_used(chains)):
+        lines.append("")
+        lines.append(chunk)
+    lines += [
+        "",
+        "# -- shapes and sizes " + "-" * 62,
+        "",
+        f"_INPUT_SHAPES = {_shapes(p.inputs, dims)}",
+        f"_OUTPUT_SHAPES = {_shapes(p.outputs, dims)}",
+        f"_INPUT_AXES = {_axes(p.inputs)}",
+        f"_OUTPUT_AXES = {_axes(p.outputs)}",
+        f"_CONVERT_CHECKS = {_checks(compiled.variants, dims, lambda v: v.present)}",
+        f"_INVERSE_CHECKS = {_checks(compiled.inverse_variants or (), dims, lambda v: v.present)}",
+        "",
+        "",
+    ]
+    lines += _emit_direction(
+        "convert",
+        f"Checkpoint tensors -> {p.name} kernel layout (new tensors; inputs untouched).",
+        compiled.variants, "INPUTS", "_INPUT_SHAPES", "_INPUT_AXES", "_CONVERT_CHECKS",
+        p.inputs, dims, p.filename, outputs,
+    )
+    lines += ["", ""]
+    if compiled.inverse_variants is not None:
+        lines += _emit_direction(
+            "inverse",
+            f"{p.name} kernel layout -> checkpoint tensors (undoes convert; padding is cropped).",
+            compiled.inverse_variants, "OUTPUTS", "_OUTPUT_SHAPES", "_OUTPUT_AXES", "_INVERSE_CHECKS",
+            p.outputs, dims, p.filename, inputs,
+        )
+    else:
+        lines += [
+            "def inverse(tensors, dims=None):",
+            f'    raise NotImplementedError("{p.name}: some transform has no inverse, so this layout cannot be undone")',
+        ]
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,338 @@
+"""From a resolved program to typed transform chains, one per tensor and presence variant.
+
+For every combination of present optional inputs (a *variant*), each input gets
+a :class:`Chain`: its statements bound to op instances, with the tensor type
+before and after each step and the divisibility each step needs. Chains are what
+the lowerings consume and what the verifier reasons about; ``Chain.composed_map``
+collapses a whole chain into one index map (the fused lowering's input).
+
+Divisibility requirements are classified here: proven from the spec's ``assume``
+lines, impossible (a compile error), or left to a run-time check with a message
+that names the tensor, the statement and the dims.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Mapping
+
+import attrs
+
+from . import expr as ex
+from .ast import Pos
+from .errors import Diagnostic, SpecError
+from .indexmap import IndexMap, compose_all, identity
+from .ir import Program, Statement, TensorSpec
+from .ops import BindError, Op, OpTypeError, TensorType, bind
+from .ops.base import Category
+from .ops.shape import same_numel
+
+
+@attrs.frozen
+class Step:
+    op: Op
+    statement: Statement | None  # None for steps synthesised by inversion
+    in_type: TensorType
+    out_type: TensorType
+
+    @property
+    def where(self) -> str:
+        return f"{self.statement.pos.line}" if self.statement else "?"
+
+
+@attrs.frozen
+class Constraint:
+    """``value % multiple == 0`` for one tensor, with what to say when it fails."""
+
+    tensor: str
+    value: ex.Expr
+    multiple: int
+    what: str  # the op's name for the quantity ("rows"), or "" when the value is the name
+    context: str  # "interleave(w13_weight_scale, sm90_mixed) at x.lyt:25"
+    pos: Pos | None
+    status: str  # "proven" | "runtime" | "impossible"
+
+    def message(self) -> str:
+        value = ex.to_str(self.value, slash=True)
+        if self.what and self.what != value:
+            need = f"{self.what} % {self.multiple} == 0, where {self.what} = {value}"
+        else:
+            need = f"{value} % {self.multiple} == 0"
+        return f"{self.tensor}: {self.context} needs {need}"
+
+
+@attrs.frozen
+class Chain:
+    tensor: str
+    source: TensorSpec
+    target: TensorSpec | None
+    steps: tuple[Step, ...]
+    constraints: tuple[Constraint, ...]
+
+    @property
+    def in_type(self) -> TensorType:
+        return TensorType(self.source.elem, self.source.shape)
+
+    @property
+    def out_type(self) -> TensorType:
+        return self.steps[-1].out_type if self.steps else self.in_type
+
+    def maps(self) -> list[IndexMap]:
+        return [s.op.index_map(s.in_type) for s in self.steps]
+
+    def composed_map(self) -> IndexMap:
+        """The whole chain as one gather (values ops contribute the identity map)."""
+        maps = self.maps()
+        return compose_all(maps) if maps else identity(self.in_type.shape)
+
+    def signature(self) -> tuple:
+        return tuple((repr(s.op), s.statement.pos if s.statement else None) for s in self.steps)
+
+    def packings(self) -> tuple[str, ...]:
+        """Kernel families whose packing the chain leaves applied (forward minus inverse ops)."""
+        net: list[str] = []
+        for s in self.steps:
+            if s.op.category is Category.PACKING:
+                if s.op.name.startswith(("un", "sm90_deinterleave", "sm90_unfold")):
+                    if s.op.family in net:
+                        net.remove(s.op.family)
+                else:
+                    net.append(s.op.family)
+        return tuple(dict.fromkeys(net))
+
+
+@attrs.frozen
+class Variant:
+    present: frozenset[str]
+    chains: tuple[Chain, ...]
+
+    def chain(self, tensor: str) -> Chain:
+        return next(c for c in self.chains if c.tensor == tensor)
+
+
+# ---------------------------------------------------------------------------
+# divisibility
+
+
+def classify(value: ex.Expr, multiple: int, assumptions: Mapping[str, int]) -> str:
+    """'proven' when ``value % multiple == 0`` follows from ``dim % m == 0`` assumptions,
+    'impossible' when it is a constant that fails, 'runtime' otherwise."""
+    if multiple == 1:
+        return "proven"
+    form = ex.linear_form(value, exact_division=True)
+    if form is None:
+        return "runtime"
+    coefs, const = form
+    if not coefs:
+        return "proven" if const.denominator == 1 and const.numerator % multiple == 0 else "impossible"
+    for name, coef in coefs.items():
+        eff = coef * assumptions.get(name, 1)
+        if eff.denominator != 1 or eff.numerator % multiple:
+            return "runtime"
+    return "proven" if const.denominator == 1 and const.numerator % multiple == 0 else "runtime"
+
+
+def _where(program: Program, pos: Pos | None) -> str:
+    return f"{program.filename}:{pos.line}" if pos else program.filename
+
+
+# ---------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self, program: Program):
+        self.program = program
+        self.diags: list[Diagnostic] = []
+        self.assumptions = {a.dim: a.multiple for a in program.assumptions}
+        self.dims = set(program.dims)
+
+    def error(self, message, pos, hint=None, tensors=(), related=()):
+        d = Diagnostic("error", message, pos, hint, tuple(tensors), tuple(related))
+        if d not in self.diags:
+            self.diags.append(d)
+
+    def constraint(self, tensor: str, value: ex.Expr, multiple: int, what: str, context: str, pos) -> Constraint:
+        status = classify(value, multiple, self.assumptions)
+        c = Constraint(tensor, value, multiple, what, context, pos, status)
+        if status == "impossible":
+            self.error(f"{c.message()}, which can never hold ({ex.to_str(value)} is fixed)", pos, tensors=[tensor])
+        return c
+
+    def input_constraints(self, spec: TensorSpec) -> list[Constraint]:
+        out = []
+        for num, den, pos in spec.divisions:
+            if not isinstance(den, ex.Const):
+                self.error(f"{spec.name}: only division by a constant is supported in shapes", pos, tensors=[spec.name])
+                continue
+            out.append(self.constraint(spec.name, num, den.value, "", f"the shape {spec.shape_str()}", pos))
+        return out
+
+    def chain(self, spec: TensorSpec, present: frozenset[str]) -> Chain | None:
+        t = TensorType(spec.elem, spec.shape)
+        steps: list[Step] = []
+        constraints = self.input_constraints(spec)
+        for st in self.program.statements:
+            if not st.applies(present) or spec.name not in {n for n, _ in st.tensors}:
+                continue
+            try:
+                op = bind(st.op, [a for a, _ in st.positional], {k: a for k, a, _ in st.keywords},
+                          t, spec.role, self.dims)
+            except BindError as err:
+                pos = st.op_pos
+                if isinstance(err.arg, int) and err.arg < len(st.positional):
+                    pos = st.positional[err.arg][1]
+                elif isinstance(err.arg, str):
+                    pos = next((p for k, _, p in st.keywords if k == err.arg), pos)
+                self.error(f"{err.message}", pos, err.hint, tensors=[spec.name])
+                return None
+            try:
+                inferred = op.infer(t)
+            except OpTypeError as err:
+                self.error(f"{spec.name}: {err.message}", st.pos, err.hint, tensors=[spec.name])
+                return None
+            context = f"{st.text} at {_where(self.program, st.pos)}"
+            for r in inferred.requires:
+                constraints.append(self.constraint(spec.name, r.value, r.multiple, r.what, context, st.pos))
+            steps.append(Step(op, st, t, inferred.type))
+            t = inferred.type
+        target = next((o for o in self.program.outputs if o.name == spec.name), None)
+        return Chain(spec.name, spec, target, tuple(steps), tuple(constraints))
+
+    def check_output(self, chain: Chain) -> None:
+        spec, out = chain.source, chain.target
+        last = chain.steps[-1].statement.pos if chain.steps and chain.steps[-1].statement else spec.pos
+        related = (("the last statement on this tensor", last),) if chain.steps else ()
+        if out is None:
+            self.error(f"input {spec.name} has no output declaration", spec.pos,
+                       f"declare the kernel contract: output {spec.name} : {chain.out_type}", tensors=[spec.name])
+            return
+        got = chain.out_type
+        if got.elem != out.elem:
+            conv = "cast" if got.elem.numeric and out.elem.numeric else "view"
+            self.error(
+                f"{spec.name}: the transforms produce {got.elem.name} but the output declares {out.elem.name}",
+                out.pos, f"add {conv}({spec.name}, {out.elem.name})", tensors=[spec.name], related=related,
+            )
+        if len(got.shape) != len(out.shape) or not _same_shape(got.shape, out.shape):
+            self.error(
+                f"{spec.name}: the transforms produce shape {got.shape_str()} but the output declares {out.shape_str()}",
+                out.pos, tensors=[spec.name], related=related,
+            )
+        applied = chain.packings()
+        if out.packing is not None and out.packing not in applied:
+            self.error(f"{spec.name}: the output declares packing {out.packing} but no {out.packing} packing is applied",
+                       out.pos, tensors=[spec.name], related=related)
+        for fam in applied:
+            if fam != out.packing:
+                self.error(
+                    f"{spec.name}: a {fam} packing is applied but the output declares "
+                    f"{'packing ' + out.packing if out.packing else 'no packing'}",
+                    out.pos, f"declare it: output {spec.name} : ... packing {fam}", tensors=[spec.name], related=related,
+                )
+
+    def inverse_chain(self, chain: Chain) -> Chain | None:
+        """Steps that take the output back to the input, or None where an op has no inverse."""
+        if chain.target is None:
+            return None
+        steps: list[Step] = []
+        t = TensorType(chain.target.elem, chain.target.shape)
+        constraints: list[Constraint] = self.input_constraints(chain.target)
+        for s in reversed(chain.steps):
+            inv = s.op.inverse(s.in_type)
+            if inv is None:
+                return None
+            inferred = inv.infer(t)
+            context = f"inverse of {s.statement.text if s.statement else s.op} at {_where(self.program, s.statement.pos if s.statement else None)}"
+            for r in inferred.requires:
+                constraints.append(self.constraint(chain.tensor, r.value, r.multiple, r.what, context,
+                                                   s.statement.pos if s.statement else None))
+            steps.append(Step(inv, s.statement, t, inferred.type))
+            t = inferred.type
+        return Chain(chain.tensor, chain.target, chain.source, tuple(steps), tuple(constraints))
+
+    def check_dims_inferable(self) -> None:
+        known: set[str] = set()
+        progress = True
+        required = [t for t in self.program.inputs if not t.optional]
+        while progress:
+            progress = False
+            for spec in required:
+                for s in spec.shape:
+                    form = ex.linear_form(s, exact_division=True)
+                    if form is None:
+                        continue
+                    unknown = set(form[0]) - known
+                    if len(unknown) == 1:
+                        known |= unknown
+                        progress = True
+        for d in self.program.dims:
+            if d not in known:
+                self.error(f"dim {d} cannot be inferred from the shapes of the required inputs", None,
+                           f"use {d} linearly in some input shape, e.g. [{d}, ...]")
+
+
+def _same_shape(a: tuple[ex.Expr, ...], b: tuple[ex.Expr, ...]) -> bool:
+    for x, y in zip(a, b):
+        same = ex.same_value(x, y)
+        if same is None:
+            same = same_numel((x,), (y,))
+        if not same:
+            return False
+    return True
+
+
+@attrs.frozen
+class Compiled:
+    program: Program
+    variants: tuple[Variant, ...]
+    inverse_variants: tuple[Variant, ...] | None  # None when some op has no inverse
+    warnings: tuple[Diagnostic, ...] = ()
+
+    def variant(self, present: Iterable[str]) -> Variant:
+        key = frozenset(present) & frozenset(self.program.optional_inputs)
+        return next(v for v in self.variants if v.present == key)
+
+    def inverse_variant(self, present: Iterable[str]) -> Variant:
+        if self.inverse_variants is None:
+            raise ValueError(f"spec {self.program.name} is not invertible")
+        key = frozenset(present) & frozenset(self.program.optional_inputs)
+        return next(v for v in self.inverse_variants if v.present == key)
+
+
+def presence_sets(program: Program) -> list[frozenset[str]]:
+    opt = program.optional_inputs
+    return [frozenset(c) for r in range(len(opt) + 1) for c in itertools.combinations(opt, r)]
+
+
+def build(program: Program) -> Compiled:
+    """Type every chain of every variant; raise :class:`SpecError` with all problems found."""
+    b = _Builder(program)
+    b.check_dims_inferable()
+    for o in program.outputs:
+        if not any(i.name == o.name for i in program.inputs):
+            b.error(f"output {o.name} has no input of the same name (outputs are the inputs after the transforms)",
+                    o.pos, tensors=[o.name])
+        elif any(i.name == o.name and i.optional != o.optional for i in program.inputs):
+            b.error(f"{o.name} is optional on one side only; mark both input and output with '?'", o.pos,
+                    tensors=[o.name])
+    variants, inverses, invertible = [], [], True
+    for present in presence_sets(program):
+        chains, inv_chains = [], []
+        for spec in program.inputs:
+            if spec.optional and spec.name not in present:
+                continue
+            c = b.chain(spec, present)
+            if c is None:
+                continue
+            b.check_output(c)
+            chains.append(c)
+            inv = b.inverse_chain(c)
+            if inv is None:
+                invertible = False
+            else:
+                inv_chains.append(inv)
+        variants.append(Variant(present, tuple(chains)))
+        inverses.append(Variant(present, tuple(inv_chains)))
+    if b.diags:
+        raise SpecError(b.diags, program.filename, program.source)
+    return Compiled(program, tuple(variants), tuple(inverses) if invertible else None)

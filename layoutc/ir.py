@@ -1,0 +1,456 @@
+"""Resolved program: parameters applied, names checked, declarations typed.
+
+:func:`resolve` turns a syntax tree plus parameter values into a :class:`Program`:
+compile-time conditions (``if gated {...}``) are decided, conditions on optional
+tensors (``if w13_bias {...}``) become *guards* kept for run time, and every name
+is checked against its declaration. All errors found are reported together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Iterable, Mapping
+
+import attrs
+
+from . import ast
+from . import expr as ex
+from .dtypes import ELEMENT_TYPES, ElemType
+from .errors import Diagnostic, SpecError
+from .ops import ArgValue, suggest
+
+KNOWN_FAMILIES = ("sm90_mixed", "sf_128x4", "trtllm")
+
+
+@attrs.frozen
+class Tie:
+    kind: str  # "scales" | "bias"
+    weight: str
+    block: int | None  # K elements per scale (scales only)
+    pos: ast.Pos
+
+
+@attrs.frozen
+class RowLayout:
+    """The logical row order a tensor declares: shards stacked or interleaved."""
+
+    kind: str  # "stacked" | "interleaved"
+    shards: tuple[str, ...]
+    group: int
+    pos: ast.Pos
+
+    def __str__(self) -> str:
+        if self.kind == "stacked":
+            return "[" + "; ".join(self.shards) + "]"
+        group = f", group={self.group}" if self.group != 1 else ""
+        return f"interleave({', '.join(self.shards)}{group})"
+
+
+@attrs.frozen
+class TensorSpec:
+    name: str
+    direction: str
+    elem: ElemType
+    shape: tuple[ex.Expr, ...]
+    shape_text: tuple[str, ...]
+    optional: bool
+    tie: Tie | None
+    rows: RowLayout | None
+    packing: str | None
+    pos: ast.Pos
+    divisions: tuple[tuple[ex.Expr, ex.Expr, ast.Pos], ...] = ()
+
+    @property
+    def role(self) -> str:
+        if self.tie is None:
+            return "weight"
+        return "scale" if self.tie.kind == "scales" else "bias"
+
+    def shape_str(self) -> str:
+        return "[" + ", ".join(self.shape_text) + "]"
+
+
+@attrs.frozen
+class Guard:
+    tensor: str
+    present: bool
+
+    def __str__(self) -> str:
+        return self.tensor if self.present else f"not {self.tensor}"
+
+
+@attrs.frozen
+class Statement:
+    op: str
+    op_pos: ast.Pos
+    tensors: tuple[tuple[str, ast.Pos], ...]
+    positional: tuple[tuple[ArgValue, ast.Pos], ...]
+    keywords: tuple[tuple[str, ArgValue, ast.Pos], ...]
+    guards: tuple[Guard, ...]
+    text: str
+    pos: ast.Pos
+
+    def applies(self, present: frozenset[str]) -> bool:
+        return all((g.tensor in present) == g.present for g in self.guards)
+
+
+@attrs.frozen
+class Requirement:
+    library: str
+    op: str
+    version: str
+    pos: ast.Pos
+
+    def __str__(self) -> str:
+        return f"{self.library} {self.op} {self.version}"
+
+
+@attrs.frozen
+class Assumption:
+    dim: str
+    multiple: int
+    pos: ast.Pos
+
+
+@attrs.frozen
+class Program:
+    name: str
+    filename: str
+    source: str
+    params: tuple[tuple[str, Any], ...]
+    dims: tuple[str, ...]
+    assumptions: tuple[Assumption, ...]
+    requires: tuple[Requirement, ...]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    statements: tuple[Statement, ...]
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    def input(self, name: str) -> TensorSpec:
+        return next(t for t in self.inputs if t.name == name)
+
+    def output(self, name: str) -> TensorSpec:
+        return next(t for t in self.outputs if t.name == name)
+
+    @property
+    def optional_inputs(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs if t.optional)
+
+    @property
+    def param_values(self) -> dict[str, Any]:
+        return dict(self.params)
+
+
+# ---------------------------------------------------------------------------
+
+
+def _value_to_python(v: ast.Value) -> Any:
+    """Parameter values: true/false, integers, identifiers and strings (as str), lists."""
+    if isinstance(v, ast.BoolValue):
+        return v.value
+    if isinstance(v, ast.StrValue):
+        return v.value
+    if isinstance(v, ast.ListValue):
+        return tuple(_value_to_python(i) for i in v.items)
+    if isinstance(v.expr, ex.Const):
+        return v.expr.value
+    if isinstance(v.expr, ex.Var):
+        return v.expr.name
+    return v.text
+
+
+def _arg_value(v: ast.Value) -> ArgValue:
+    if isinstance(v, ast.ExprValue):
+        return ArgValue("expr", v.expr, v.text)
+    if isinstance(v, ast.StrValue):
+        return ArgValue("str", v.value, v.text)
+    if isinstance(v, ast.BoolValue):
+        return ArgValue("bool", v.value, v.text)
+    return ArgValue("list", tuple(_arg_value(i) for i in v.items), v.text)
+
+
+def parse_param_value(text: str) -> Any:
+    """A ``-D name=value`` string as a parameter value (bool, int, or identifier/string)."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(text, 0)
+    except ValueError:
+        return text.strip().strip('"')
+
+
+class _Resolver:
+    def __init__(self, spec: ast.Spec, overrides: Mapping[str, Any]):
+        self.spec = spec
+        self.overrides = dict(overrides)
+        self.diags: list[Diagnostic] = []
+        self.name: str | None = None
+        self.params: dict[str, Any] = {}
+        self.param_decls: dict[str, ast.Param] = {}
+        self.dims: list[str] = []
+        self.dim_pos: dict[str, ast.Pos] = {}
+        self.assumptions: list[Assumption] = []
+        self.requires: list[Requirement] = []
+        self.inputs: dict[str, TensorSpec] = {}
+        self.outputs: dict[str, TensorSpec] = {}
+        self.statements: list[Statement] = []
+
+    def error(self, message: str, pos: ast.Pos | None, hint: str | None = None, tensors: Iterable[str] = ()) -> None:
+        self.diags.append(Diagnostic("error", message, pos, hint, tuple(tensors)))
+
+    # -- first pass: parameters, so conditions anywhere can use them --
+    def collect_params(self, items: Iterable[Any]) -> None:
+        for item in items:
+            if isinstance(item, ast.Param):
+                name = item.name.text
+                if name in self.param_decls:
+                    self.error(f"parameter {name!r} is declared twice", item.name.pos)
+                    continue
+                self.param_decls[name] = item
+                value = _value_to_python(item.default)
+                choices = _value_to_python(item.choices) if item.choices else None
+                if choices is not None and value not in choices:
+                    self.error(f"default {value!r} of {name!r} is not one of its choices {list(choices)}", item.default.pos)
+                self.params[name] = value
+            elif isinstance(item, ast.If):
+                for branch in (item.then, item.other):
+                    for inner in branch:
+                        if isinstance(inner, ast.Param):
+                            self.error("parameters are declared at top level, not inside 'if'", inner.pos)
+        for name, value in self.overrides.items():
+            decl = self.param_decls.get(name)
+            if decl is None:
+                known = ", ".join(self.param_decls) or "none"
+                self.error(
+                    f"unknown parameter {name!r} (set with -D or params=)",
+                    None,
+                    suggest(name, list(self.param_decls)) or f"parameters of this spec: {known}",
+                )
+                continue
+            default = self.params[name]
+            if isinstance(default, bool) != isinstance(value, bool) or (
+                isinstance(default, int) and not isinstance(value, int)
+            ):
+                self.error(f"parameter {name!r} takes a {type(default).__name__}, got {value!r}", decl.pos)
+                continue
+            choices = _value_to_python(decl.choices) if decl.choices else None
+            if choices is not None and value not in choices:
+                self.error(f"parameter {name!r} must be one of {list(choices)}, got {value!r}", decl.pos)
+                continue
+            self.params[name] = value
+
+    # -- conditions --
+    def condition(self, cond: ast.Condition) -> bool | Guard | None:
+        name = cond.name.text
+        if name in self.params:
+            value = self.params[name]
+            if cond.kind == "true":
+                if not isinstance(value, bool):
+                    self.error(f"'if {name}' needs a true/false parameter; {name} = {value!r}", cond.pos,
+                               f"compare it: if {name} == ...")
+                    return None
+                return value
+            if cond.kind == "not":
+                if not isinstance(value, bool):
+                    self.error(f"'if not {name}' needs a true/false parameter; {name} = {value!r}", cond.pos)
+                    return None
+                return not value
+            other = _value_to_python(cond.value)
+            if cond.kind == "eq":
+                return value == other
+            if cond.kind == "ne":
+                return value != other
+            if not isinstance(other, tuple):
+                self.error("'in' needs a list: if x in [a, b]", cond.value.pos)
+                return None
+            return value in other
+        if name in self.inputs:
+            spec = self.inputs[name]
+            if cond.kind not in ("true", "not"):
+                self.error(f"{name} is a tensor; test its presence with 'if {name}' or 'if not {name}'", cond.pos)
+                return None
+            if not spec.optional:
+                self.error(
+                    f"{name} is not optional, so 'if {'not ' if cond.kind == 'not' else ''}{name}' is always "
+                    f"{'false' if cond.kind == 'not' else 'true'}",
+                    cond.pos,
+                    f"mark it optional: input {name}? : ...",
+                )
+                return None
+            return Guard(name, cond.kind == "true")
+        known = list(self.params) + list(self.inputs)
+        self.error(f"unknown name {name!r} in condition", cond.name.pos,
+                   suggest(name, known) or "conditions test parameters or optional inputs")
+        return None
+
+    # -- walk --
+    def walk(self, items: Iterable[Any], guards: tuple[Guard, ...]) -> None:
+        for item in items:
+            if isinstance(item, ast.SpecName):
+                if guards:
+                    self.error("'spec' cannot depend on an optional tensor", item.pos)
+                elif self.name is not None:
+                    self.error(f"spec name given twice (already {self.name!r})", item.pos)
+                else:
+                    self.name = item.name.text
+            elif isinstance(item, ast.Requires):
+                self.requires.append(Requirement(item.library.text, item.op, item.version, item.pos))
+            elif isinstance(item, ast.Dims):
+                for n in item.names:
+                    if n.text in self.dims:
+                        self.error(f"dim {n.text!r} is declared twice", n.pos)
+                    else:
+                        self.dims.append(n.text)
+                        self.dim_pos[n.text] = n.pos
+            elif isinstance(item, ast.Assume):
+                self.assume(item)
+            elif isinstance(item, ast.Param):
+                pass  # handled in collect_params
+            elif isinstance(item, ast.TensorDecl):
+                if guards:
+                    self.error("tensors cannot be declared under a condition on an optional tensor", item.pos)
+                else:
+                    self.declare(item)
+            elif isinstance(item, ast.Transform):
+                self.statement(item, guards)
+            elif isinstance(item, ast.If):
+                decision = self.condition(item.cond)
+                if decision is None:
+                    continue
+                if isinstance(decision, Guard):
+                    self.walk(item.then, guards + (decision,))
+                    self.walk(item.other, guards + (Guard(decision.tensor, not decision.present),))
+                else:
+                    self.walk(item.then if decision else item.other, guards)
+
+    def assume(self, item: ast.Assume) -> None:
+        e = item.value.expr
+        if not isinstance(e, ex.Var):
+            self.error("assume takes one dim: assume I % 64 == 0", item.value.pos)
+        elif e.name not in self.dims:
+            self.error(f"assume names {e.name!r}, which is not a declared dim", item.value.pos,
+                       suggest(e.name, self.dims))
+        else:
+            self.assumptions.append(Assumption(e.name, item.multiple, item.pos))
+
+    def check_dims_in(self, value: ast.ExprValue, what: str) -> bool:
+        unknown = sorted(ex.free_vars(value.expr) - set(self.dims))
+        for name in unknown:
+            self.error(f"{what} uses {name!r}, which is not a declared dim", value.pos,
+                       suggest(name, self.dims) or f"declare it: dims {', '.join(self.dims + [name])}")
+        return not unknown
+
+    def declare(self, d: ast.TensorDecl) -> None:
+        name = d.name.text
+        table = self.inputs if d.direction == "input" else self.outputs
+        if name in table:
+            self.error(f"{d.direction} {name!r} is declared twice", d.name.pos, tensors=[name])
+            return
+        elem = ELEMENT_TYPES.get(d.elem.text)
+        if elem is None:
+            self.error(f"unknown element type {d.elem.text!r}", d.elem.pos,
+                       suggest(d.elem.text, list(ELEMENT_TYPES)) or f"types: {', '.join(ELEMENT_TYPES)}")
+            return
+        ok = all(self.check_dims_in(v, f"the shape of {name}") for v in d.shape)
+        if not ok:
+            return
+        tie = None
+        if d.tie is not None:
+            if d.direction == "output":
+                self.error("ties are declared on inputs (the checkpoint contract)", d.tie.pos)
+            target = d.tie.weight.text
+            if target not in self.inputs:
+                self.error(f"{name} is tied to {target!r}, which is not a declared input (declare it first)",
+                           d.tie.weight.pos, suggest(target, list(self.inputs)), tensors=[name])
+            if isinstance(d.tie, ast.ScaleTie):
+                tie = Tie("scales", target, d.tie.block, d.tie.pos)
+            else:
+                tie = Tie("bias", target, None, d.tie.pos)
+        rows = None
+        if d.rows is not None:
+            kind = "stacked" if isinstance(d.rows, ast.StackedRows) else "interleaved"
+            group = d.rows.group if isinstance(d.rows, ast.InterleavedRows) else 1
+            rows = RowLayout(kind, tuple(n.text for n in d.rows.shards), group, d.rows.pos)
+        packing = None
+        if d.packing is not None:
+            packing = d.packing.family.text
+            if packing not in KNOWN_FAMILIES + ("none",):
+                self.error(f"unknown packing family {packing!r}", d.packing.family.pos,
+                           suggest(packing, list(KNOWN_FAMILIES)) or f"families: {', '.join(KNOWN_FAMILIES)}")
+            if packing == "none":
+                packing = None
+        divisions = tuple((num, den, v.pos) for v in d.shape for num, den in v.divisions)
+        table[name] = TensorSpec(
+            name, d.direction, elem, tuple(v.expr for v in d.shape), tuple(v.text for v in d.shape),
+            d.optional, tie, rows, packing, d.pos, divisions,
+        )
+
+    def statement(self, t: ast.Transform, guards: tuple[Guard, ...]) -> None:
+        if not t.args or t.args[0].name is not None:
+            self.error(f"{t.op.text}() needs a tensor (or a list of tensors) as its first argument", t.pos)
+            return
+        first = t.args[0].value
+        names: list[tuple[str, ast.Pos]] = []
+        items = first.items if isinstance(first, ast.ListValue) else (first,)
+        for v in items:
+            if not (isinstance(v, ast.ExprValue) and isinstance(v.expr, ex.Var)):
+                self.error(f"{v.text} is not a tensor name", v.pos)
+                return
+            names.append((v.expr.name, v.pos))
+        ok = True
+        for n, pos in names:
+            if n not in self.inputs:
+                self.error(f"unknown tensor {n!r}", pos, suggest(n, list(self.inputs)) or "tensors are declared with 'input'")
+                ok = False
+        if not ok:
+            return
+        positional, keywords, seen = [], [], set()
+        for a in t.args[1:]:
+            if a.name is None:
+                if keywords:
+                    self.error("positional argument after keyword arguments", a.pos)
+                    return
+                positional.append((_arg_value(a.value), a.pos))
+            else:
+                if a.name.text in seen:
+                    self.error(f"{a.name.text}= is given twice", a.name.pos)
+                    return
+                seen.add(a.name.text)
+                keywords.append((a.name.text, _arg_value(a.value), a.pos))
+        self.statements.append(
+            Statement(t.op.text, t.op.pos, tuple(names), tuple(positional), tuple(keywords), guards, t.text, t.pos)
+        )
+
+    def finish(self) -> Program:
+        if not self.dims:
+            used = set()
+            for spec in list(self.inputs.values()) + list(self.outputs.values()):
+                for s in spec.shape:
+                    used |= ex.free_vars(s)
+            if used:
+                self.error("no 'dims' declaration", None, f"add: dims {', '.join(sorted(used))}")
+        if self.name is None:
+            self.name = _default_name(self.spec.filename)
+        if self.diags:
+            raise SpecError(self.diags, self.spec.filename, self.spec.source)
+        return Program(
+            self.name, self.spec.filename, self.spec.source, tuple(sorted(self.params.items())), tuple(self.dims),
+            tuple(self.assumptions), tuple(self.requires), tuple(self.inputs.values()), tuple(self.outputs.values()),
+            tuple(self.statements),
+        )
+
+
+def _default_name(filename: str) -> str:
+    base = filename.rsplit("/", 1)[-1]
+    return base[:-4] if base.endswith(".lyt") else base
+
+
+def resolve(spec: ast.Spec, params: Mapping[str, Any] | None = None) -> Program:
+    r = _Resolver(spec, params or {})
+    r.collect_params(spec.items)
+    r.walk(spec.items, ())
+    return r.finish()

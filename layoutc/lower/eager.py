@@ -1,0 +1,52 @@
+"""Eager lowering: a chain becomes one torch call per statement (the reference lowering).
+
+Each step calls the op's function from :mod:`layoutc.ops.torch_impl` with its
+arguments rendered as Python source; size expressions refer to the dims, which
+generated code binds as local variables. The generated line carries the spec
+line it comes from, so a reader can walk the spec and the converter side by side.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .. import expr as ex
+from ..compiler import Chain
+
+
+def render(value: Any) -> str:
+    """Python source for an op argument."""
+    if isinstance(value, bool) or isinstance(value, int):
+        return repr(value)
+    if isinstance(value, ex.Expr):
+        return ex.to_python(value)
+    if isinstance(value, torch.dtype):
+        return "torch." + str(value).removeprefix("torch.")
+    if isinstance(value, tuple):
+        inner = ", ".join(render(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    raise TypeError(f"cannot render op argument {value!r}")
+
+
+def functions_used(chains: list[Chain]) -> list[Callable[..., Any]]:
+    seen: dict[str, Callable[..., Any]] = {}
+    for c in chains:
+        for s in c.steps:
+            fn, _ = s.op.impl()
+            seen.setdefault(fn.__name__, fn)
+    return list(seen.values())
+
+
+def emit_chain(chain: Chain, filename: str, var: str = "x") -> list[str]:
+    """Source lines applying ``chain`` to the tensor in ``var``, one per step."""
+    lines = []
+    for s in chain.steps:
+        fn, args = s.op.impl()
+        call = f"{var} = {fn.__name__}({', '.join([var] + [render(a) for a in args])})"
+        origin = f"{filename}:{s.statement.pos.line}: {s.statement.text}" if s.statement else str(s.op)
+        if s.statement and s.op.name != s.statement.op:
+            origin += f"  [{s.op.name}]"
+        lines.append(f"{call:<48}  # {origin}")
+    return lines

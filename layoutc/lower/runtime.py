@@ -1,0 +1,153 @@
+"""Run-time checks of generated converters: the contract at the module boundary.
+
+Like :mod:`layoutc.ops.torch_impl`, this module's functions are copied verbatim
+into every generated converter, which must depend on torch alone (plus the
+standard library). They check what a kernel never checks: names, dtypes,
+devices and shapes of the tensors handed over, the sizes the transforms need,
+and the library version the layout belongs to.
+"""
+
+import importlib.metadata
+from fractions import Fraction
+
+import torch
+
+
+class LayoutError(ValueError):
+    """Tensors handed to a converter do not match its spec's contract."""
+
+
+def _fmt_dims(d):
+    return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+def _fmt_shape(shape):
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _bind_dims(tensors, axes, given, all_dims, what):
+    # Solve each dim from an axis that is linear in it, e.g. H from w13_weight [E, 2*I, H/2].
+    # Returns the dims and, for messages, where each one was read.
+    d, origin = {}, {}
+    for k, v in dict(given or {}).items():
+        if k not in all_dims:
+            raise LayoutError(f"{what}: dims={{{k!r}: ...}} is not a dim of this spec ({', '.join(all_dims)})")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise LayoutError(f"{what}: dim {k} must be a positive integer, got {v!r}")
+        d[k] = v
+        origin[k] = "given"
+    progress = True
+    while progress:
+        progress = False
+        for name, axis, coefs, const, text in axes:
+            if tensors.get(name) is None:
+                continue
+            unknown = [v for v in coefs if v not in d]
+            if len(unknown) != 1:
+                continue
+            v = unknown[0]
+            actual = tensors[name].shape[axis]
+            rest = Fraction(*const) + sum(Fraction(*c) * d[k] for k, c in coefs.items() if k != v)
+            value = (actual - rest) / Fraction(*coefs[v])
+            if value.denominator != 1 or value < 1:
+                raise LayoutError(
+                    f"{name}: axis {axis} has size {actual}, but the spec says {text}, "
+                    f"which no positive integer {v} gives (shape {_fmt_shape(tensors[name].shape)})"
+                )
+            d[v] = int(value)
+            origin[v] = f"{name}.shape[{axis}] = {text}"
+            progress = True
+    missing = [k for k in all_dims if k not in d]
+    if missing:
+        raise LayoutError(f"{what}: cannot infer dim {missing[0]} from the given tensors; pass dims={{'{missing[0]}': ...}}")
+    return {k: d[k] for k in all_dims}, origin
+
+
+def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
+    # Names, types, dtypes and devices first; then dims from the shapes; then every shape.
+    if not hasattr(tensors, "keys") or not hasattr(tensors, "__getitem__"):
+        raise LayoutError(f"{what}() takes a mapping from tensor names to tensors, got {type(tensors).__name__}")
+    for name in tensors:
+        if name not in contract:
+            known = ", ".join(contract)
+            raise LayoutError(f"{what}: unexpected tensor {name!r}; this spec takes {known}")
+    given = {k: tensors[k] for k in tensors if tensors[k] is not None}
+    for name, c in contract.items():
+        if name not in given and not c["optional"]:
+            raise LayoutError(f"{what}: missing tensor {name!r} ({c['dtype']}{_fmt_shape(c['shape'])})")
+    first = None
+    for name, t in given.items():
+        c = contract[name]
+        if not isinstance(t, torch.Tensor):
+            raise LayoutError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if str(t.dtype).removeprefix("torch.") not in c["torch_dtypes"]:
+            allowed = " or ".join("torch." + n for n in c["torch_dtypes"])
+            raise LayoutError(f"{name}: expected {c['dtype']} ({allowed}), got {t.dtype}")
+        if first is None:
+            first = (name, t.device)
+        elif t.device != first[1]:
+            raise LayoutError(f"{name} is on {t.device} but {first[0]} is on {first[1]}; pass all tensors on one device")
+        if t.dim() != len(c["shape"]):
+            raise LayoutError(
+                f"{name}: expected {len(c['shape'])} axes {_fmt_shape(c['shape'])}, got shape {_fmt_shape(t.shape)}"
+            )
+    d, origin = _bind_dims(given, axes, dims, all_dims, what)
+    for name, t in given.items():
+        expected = tuple(shapes[name](**d))
+        if tuple(t.shape) != expected:
+            sym = _fmt_shape(contract[name]["shape"])
+            read = "; ".join(f"{k}={v} from {origin[k]}" for k, v in d.items())
+            raise LayoutError(
+                f"{name}: expected shape {sym} = {_fmt_shape(expected)}, got {_fmt_shape(t.shape)} ({read})"
+            )
+    present = frozenset(k for k in given if contract[k]["optional"])
+    return d, present
+
+
+def _check_divisibility(checks, d, given, present):
+    for tensor, value, multiple, message, variants in checks:
+        if tensor not in given or (variants is not None and present not in variants):
+            continue
+        v = value(**d)
+        if v % multiple:
+            raise LayoutError(f"{message}; here it is {v} ({_fmt_dims(d)})")
+
+
+def _owned(x, inputs):
+    # Outputs never share memory with inputs: a later in-place edit of one must not change the other.
+    x = x.contiguous()
+    ptr = x.untyped_storage().data_ptr()
+    for t in inputs.values():
+        if t is not None and t.untyped_storage().data_ptr() == ptr:
+            return x.clone()
+    return x
+
+
+def _version_ok(installed, op, wanted):
+    try:
+        from packaging.version import Version
+    except ImportError:  # torch vendors packaging
+        from torch._vendor.packaging.version import Version
+    a, b = Version(installed), Version(wanted)
+    return {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b, "==": a == b, "!=": a != b,
+            "~=": a >= b and a.release[: max(1, len(b.release) - 1)] == b.release[: max(1, len(b.release) - 1)]}[op]
+
+
+_REQUIRES_CHECKED = []
+
+
+def _check_requires(requires, spec_name):
+    # The layout belongs to a library version; a different installed version may expect another layout.
+    if _REQUIRES_CHECKED:
+        return
+    for lib, dist, op, version in requires:
+        try:
+            installed = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if not _version_ok(installed, op, version):
+            raise LayoutError(
+                f"{spec_name} produces the layout of {lib} {op} {version}, but {lib} {installed} is installed; "
+                f"its kernels may expect another layout"
+            )
+    _REQUIRES_CHECKED.append(True)

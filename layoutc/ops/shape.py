@@ -1,0 +1,156 @@
+"""Shape primitives: padding (also per half of a gated w13), cropping, reshape, transpose.
+
+``pad(x, dim, multiple=m, parts=p)`` splits axis ``dim`` into ``p`` equal parts
+and zero-extends *each* to a multiple of ``m``: with ``p = 2`` on a gated
+``w13 = [w1; w3]`` of ``2I`` rows this gives ``[w1, 0..; w3, 0..]``, the
+per-half padding kernels need (vLLM issue 55649 padded at the end instead)::
+
+    rows I = 3, multiple 4, parts 2:   out row  0 1 2 3 4 5 6 7
+                                       in  row  0 1 2 - 3 4 5 -   (- = fill)
+
+Sizes are in storage elements: for ``fp4x2`` weights a K padding of 128 values is
+``multiple=64`` bytes along the packed axis.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from .. import expr as ex
+from ..indexmap import IndexMap, crop_map, out_vars, pad_map, reshape_map
+from . import torch_impl
+from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType, check_dim, with_shape
+
+
+def _part_size(t: TensorType, dim: int, parts: int) -> ex.Expr:
+    return ex.floordiv(t.shape[dim], parts)
+
+
+@attrs.frozen
+class Pad(Op):
+    dim: int = attrs.field(default=1, metadata={"kind": "dim"})
+    multiple: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
+    parts: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
+    value: int = attrs.field(default=0, kw_only=True, metadata={"kind": "int", "min": 0})
+
+    name: ClassVar[str] = "pad"
+    category: ClassVar[Category] = Category.LOGICAL
+    summary: ClassVar[str] = "zero-extend each of `parts` equal parts of dim to a multiple of `multiple`"
+
+    def padded_part(self, t: TensorType, dim: int) -> ex.Expr:
+        return ex.round_up(_part_size(t, dim, self.parts), self.multiple)
+
+    def infer(self, t: TensorType) -> Inferred:
+        d = check_dim(t, self.dim)
+        if self.value >= 1 << t.elem.bits:
+            raise OpTypeError(f"pad value {self.value} does not fit a {t.elem.name} element")
+        reqs = (Requirement(t.shape[d], self.parts, "size"),) if self.parts > 1 else ()
+        return Inferred(with_shape(t, d, ex.mul(self.padded_part(t, d), self.parts)), reqs)
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        d = check_dim(t, self.dim)
+        return pad_map(t.shape, d, self.padded_part(t, d), self.parts, self.value)
+
+    def impl(self):
+        return torch_impl.pad, (self.dim, self.multiple, self.parts, self.value)
+
+    def inverse(self, t):
+        d = check_dim(t, self.dim)
+        return Crop(d, size=_part_size(t, d, self.parts), parts=self.parts)
+
+
+@attrs.frozen
+class Crop(Op):
+    dim: int = attrs.field(default=1, metadata={"kind": "dim"})
+    size: ex.Expr = attrs.field(default=None, kw_only=True, metadata={"kind": "expr"})
+    parts: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
+
+    name: ClassVar[str] = "crop"
+    category: ClassVar[Category] = Category.LOGICAL
+    summary: ClassVar[str] = "keep the first `size` entries of each of `parts` equal parts of dim"
+
+    def infer(self, t: TensorType) -> Inferred:
+        d = check_dim(t, self.dim)
+        if self.size is None:
+            raise OpTypeError("crop needs size=<expression>")
+        reqs = (Requirement(t.shape[d], self.parts, "size"),) if self.parts > 1 else ()
+        return Inferred(with_shape(t, d, ex.mul(self.size, self.parts)), reqs)
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        return crop_map(t.shape, check_dim(t, self.dim), self.size, self.parts)
+
+    def impl(self):
+        return torch_impl.crop, (self.dim, self.size, self.parts)
+
+
+def same_numel(a: tuple[ex.Expr, ...], b: tuple[ex.Expr, ...]) -> bool:
+    """Element counts equal for every binding of the dims (checked on bindings that
+    satisfy any exact division: each dim a distinct multiple of 2^12 * 3^2 * 5)."""
+    names = sorted(set().union(*(ex.free_vars(s) for s in a + b)))
+    for trial in range(3):
+        env = {n: 46080 * (7 + 2 * i + trial) for i, n in enumerate(names)}
+        na = nb = 1
+        for s in a:
+            na *= ex.evaluate(s, env)
+        for s in b:
+            nb *= ex.evaluate(s, env)
+        if na != nb:
+            return False
+    return True
+
+
+@attrs.frozen
+class Reshape(Op):
+    shape: tuple[ex.Expr, ...] = attrs.field(metadata={"kind": "shape"})
+
+    name: ClassVar[str] = "reshape"
+    category: ClassVar[Category] = Category.SHAPE
+    summary: ClassVar[str] = "row-major reshape to a shape with the same number of elements"
+
+    def infer(self, t: TensorType) -> Inferred:
+        if not same_numel(t.shape, self.shape):
+            new = "[" + ", ".join(ex.to_str(s) for s in self.shape) + "]"
+            raise OpTypeError(f"reshape to {new} changes the number of elements of {t}")
+        return Inferred(attrs.evolve(t, shape=self.shape))
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        return reshape_map(t.shape, self.shape)
+
+    def impl(self):
+        return torch_impl.reshape, (self.shape,)
+
+    def inverse(self, t):
+        return Reshape(t.shape)
+
+
+@attrs.frozen
+class Transpose(Op):
+    dim0: int = attrs.field(metadata={"kind": "dim"})
+    dim1: int = attrs.field(metadata={"kind": "dim"})
+
+    name: ClassVar[str] = "transpose"
+    category: ClassVar[Category] = Category.SHAPE
+    summary: ClassVar[str] = "swap two axes"
+
+    def infer(self, t: TensorType) -> Inferred:
+        a, b = check_dim(t, self.dim0), check_dim(t, self.dim1)
+        shape = list(t.shape)
+        shape[a], shape[b] = shape[b], shape[a]
+        return Inferred(attrs.evolve(t, shape=tuple(shape)))
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        a, b = check_dim(t, self.dim0), check_dim(t, self.dim1)
+        src = list(out_vars(t.rank))
+        src[a], src[b] = src[b], src[a]
+        return IndexMap(t.shape, self.infer(t).type.shape, tuple(src))
+
+    def impl(self):
+        return torch_impl.transpose, (self.dim0, self.dim1)
+
+    def inverse(self, t):
+        return self
+
+
+OPS = (Pad, Crop, Reshape, Transpose)

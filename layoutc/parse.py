@@ -1,0 +1,305 @@
+"""Text to syntax tree: the Lark parser and the transformer into :mod:`layoutc.ast` nodes."""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import lark
+from lark import Lark, Token, Transformer, v_args
+
+from . import ast
+from . import expr as ex
+from .errors import Diagnostic, SpecError
+
+_FRIENDLY = {
+    "NAME": "a name",
+    "INT": "an integer",
+    "STRING": "a string",
+    "VERSION": "a version number",
+    "VERSION_OP": "a comparison (>=, <, ==, ...)",
+    "OPTIONAL": "'?'",
+    "$END": "end of file",
+}
+
+FUNCTIONS = {"round_up": ex.round_up, "ceil_div": ex.ceil_div}
+
+
+@functools.lru_cache(maxsize=1)
+def parser() -> Lark:
+    grammar = resources.files("layoutc").joinpath("grammar.lark").read_text()
+    return Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=True, maybe_placeholders=True, strict=True)
+
+
+def _pos(meta_or_token) -> ast.Pos:
+    return ast.Pos(meta_or_token.line, meta_or_token.column, meta_or_token.end_line, meta_or_token.end_column)
+
+
+class _Fail(Exception):
+    def __init__(self, message: str, pos: ast.Pos, hint: str | None = None):
+        super().__init__(message)
+        self.diagnostic = Diagnostic("error", message, pos, hint)
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    def __init__(self, source: str):
+        super().__init__()
+        self.source = source
+
+    def _text(self, meta) -> str:
+        return self.source[meta.start_pos : meta.end_pos]
+
+    def _name(self, tok: Token) -> ast.Name:
+        return ast.Name(str(tok), _pos(tok))
+
+    # -- expressions --
+    def int(self, meta, children):
+        (tok,) = children
+        return ast.ExprValue(ex.Const(int(tok)), str(tok), _pos(tok))
+
+    def name(self, meta, children):
+        (tok,) = children
+        return ast.ExprValue(ex.Var(str(tok)), str(tok), _pos(tok))
+
+    def _binary(self, meta, children, fn, extra_division=False):
+        a, b = children
+        for side in (a, b):
+            if not isinstance(side, ast.ExprValue):
+                raise _Fail(f"{side.text} is not a number or size expression", side.pos)
+        divisions = a.divisions + b.divisions
+        if extra_division:
+            if isinstance(b.expr, ex.Const) and b.expr.value <= 0:
+                raise _Fail(f"division by {b.expr.value}", b.pos)
+            divisions += ((a.expr, b.expr),)
+        return ast.ExprValue(fn(a.expr, b.expr), self._text(meta), _pos(meta), divisions)
+
+    def add(self, meta, children):
+        return self._binary(meta, children, ex.add)
+
+    def sub(self, meta, children):
+        return self._binary(meta, children, lambda a, b: ex.add(a, ex.mul(-1, b)))
+
+    def mul(self, meta, children):
+        return self._binary(meta, children, ex.mul)
+
+    def div(self, meta, children):
+        return self._binary(meta, children, ex.floordiv, extra_division=True)
+
+    def neg(self, meta, children):
+        (a,) = children
+        return ast.ExprValue(ex.mul(-1, a.expr), self._text(meta), _pos(meta), a.divisions)
+
+    def call(self, meta, children):
+        fn_tok, *args = children
+        fn = FUNCTIONS.get(str(fn_tok))
+        if fn is None:
+            raise _Fail(
+                f"unknown function {str(fn_tok)!r} in an expression",
+                _pos(fn_tok),
+                f"functions: {', '.join(FUNCTIONS)}",
+            )
+        if len(args) != 2:
+            raise _Fail(f"{fn_tok}() takes 2 arguments, got {len(args)}", _pos(meta))
+        if not isinstance(args[1].expr, ex.Const) or args[1].expr.value <= 0:
+            raise _Fail(f"{fn_tok}(): the second argument must be a positive integer", args[1].pos)
+        divisions = tuple(d for a in args for d in a.divisions)
+        return ast.ExprValue(fn(args[0].expr, args[1].expr), self._text(meta), _pos(meta), divisions)
+
+    # -- other values --
+    def string(self, meta, children):
+        (tok,) = children
+        return ast.StrValue(str(tok)[1:-1], str(tok), _pos(tok))
+
+    def true(self, meta, children):
+        return ast.BoolValue(True, "true", _pos(meta))
+
+    def false(self, meta, children):
+        return ast.BoolValue(False, "false", _pos(meta))
+
+    def list(self, meta, children):
+        items = tuple(c for c in children if c is not None)
+        return ast.ListValue(items, self._text(meta), _pos(meta))
+
+    # -- declarations --
+    def spec_name(self, meta, children):
+        return ast.SpecName(self._name(children[0]), _pos(meta))
+
+    def requires(self, meta, children):
+        lib, op, version = children
+        return ast.Requires(self._name(lib), str(op), str(version), _pos(meta))
+
+    def dims(self, meta, children):
+        return ast.Dims(tuple(self._name(t) for t in children), _pos(meta))
+
+    def assume(self, meta, children):
+        value, multiple = children
+        if int(multiple) <= 0:
+            raise _Fail("assume needs a positive multiple", _pos(multiple))
+        return ast.Assume(value, int(multiple), _pos(meta))
+
+    def param(self, meta, children):
+        name, default, choices = children
+        return ast.Param(self._name(name), default, choices, _pos(meta))
+
+    def choices(self, meta, children):
+        return children[0]
+
+    def scales_attr(self, meta, children):
+        weight, block = children
+        if int(block) <= 0:
+            raise _Fail("a scale block must be a positive number of elements", _pos(block))
+        return ast.ScaleTie(self._name(weight), int(block), _pos(meta))
+
+    def bias_attr(self, meta, children):
+        return ast.BiasTie(self._name(children[0]), _pos(meta))
+
+    def rows_attr(self, meta, children):
+        return children[0]
+
+    def stacked_rows(self, meta, children):
+        return ast.StackedRows(tuple(self._name(t) for t in children), _pos(meta))
+
+    def interleaved_rows(self, meta, children):
+        a, b, group = children
+        return ast.InterleavedRows((self._name(a), self._name(b)), int(group) if group is not None else 1, _pos(meta))
+
+    def packing_attr(self, meta, children):
+        return ast.Packing(self._name(children[0]), _pos(meta))
+
+    def _decl(self, direction, meta, children):
+        name, optional, elem, *rest = children
+        shape, tie, rows, packing = [], None, None, None
+        for item in rest:
+            if item is None:
+                continue
+            if isinstance(item, ast.ExprValue):
+                shape.append(item)
+            elif isinstance(item, (ast.ScaleTie, ast.BiasTie)):
+                if tie is not None:
+                    raise _Fail(f"{name} already has a tie ({'scales' if isinstance(tie, ast.ScaleTie) else 'bias'} ...)", item.pos)
+                tie = item
+            elif isinstance(item, (ast.StackedRows, ast.InterleavedRows)):
+                if rows is not None:
+                    raise _Fail(f"{name} declares its rows twice", item.pos)
+                rows = item
+            elif isinstance(item, ast.Packing):
+                if packing is not None:
+                    raise _Fail(f"{name} declares its packing twice", item.pos)
+                packing = item
+        return ast.TensorDecl(
+            direction, self._name(name), optional is not None, self._name(elem), tuple(shape), tie, rows, packing, _pos(meta)
+        )
+
+    def input_decl(self, meta, children):
+        return self._decl("input", meta, children)
+
+    def output_decl(self, meta, children):
+        return self._decl("output", meta, children)
+
+    # -- statements --
+    def kwarg(self, meta, children):
+        name, value = children
+        return ast.Arg(self._name(name), value, _pos(meta))
+
+    def posarg(self, meta, children):
+        (value,) = children
+        return ast.Arg(None, value, _pos(meta))
+
+    def op_call(self, meta, children):
+        op, *args = children
+        return ast.Transform(self._name(op), tuple(a for a in args if a is not None), _pos(meta), self._text(meta))
+
+    def _cond(self, kind, meta, children):
+        name = children[0]
+        value = children[1] if len(children) > 1 else None
+        return ast.Condition(kind, self._name(name), value, _pos(meta), self._text(meta))
+
+    def cond_true(self, meta, children):
+        return self._cond("true", meta, children)
+
+    def cond_not(self, meta, children):
+        return self._cond("not", meta, children)
+
+    def cond_eq(self, meta, children):
+        return self._cond("eq", meta, children)
+
+    def cond_ne(self, meta, children):
+        return self._cond("ne", meta, children)
+
+    def cond_in(self, meta, children):
+        return self._cond("in", meta, children)
+
+    def block(self, meta, children):
+        return tuple(children)
+
+    def if_stmt(self, meta, children):
+        cond, then, other = children
+        if isinstance(other, ast.If):
+            other = (other,)
+        return ast.If(cond, then, other or (), _pos(meta))
+
+    def start(self, meta, children):
+        return tuple(children)
+
+
+def _describe_expected(expected: set[str]) -> str:
+    p = parser()
+    names = []
+    for term in sorted(expected):
+        if term in _FRIENDLY:
+            names.append(_FRIENDLY[term])
+            continue
+        try:
+            pattern = p.get_terminal(term).pattern
+        except KeyError:
+            names.append(term)
+            continue
+        names.append(f"'{pattern.value}'" if pattern.type == "str" else term.lower())
+    names = sorted(set(names))
+    if len(names) > 8:
+        names = names[:8] + ["..."]
+    return ", ".join(names)
+
+
+def _token_text(tok: Token) -> str:
+    if tok.type == "$END":
+        return "end of file"
+    return repr(str(tok))
+
+
+def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str) -> Diagnostic:
+    line = getattr(err, "line", None) or 1
+    column = getattr(err, "column", None) or 1
+    if line < 1:  # Lark reports -1 for an empty file
+        line, column = max(1, source.count("\n")), 1
+    pos = ast.Pos(line, column, line, column + 1)
+    if isinstance(err, lark.exceptions.UnexpectedCharacters):
+        ch = source[err.pos_in_stream] if err.pos_in_stream < len(source) else "?"
+        expected = _describe_expected(set(err.allowed or ()))
+        return Diagnostic("error", f"unexpected character {ch!r}", pos, f"expected {expected}" if expected else None)
+    if isinstance(err, lark.exceptions.UnexpectedToken):
+        tok = err.token
+        if tok.type != "$END" and tok.end_column:
+            pos = ast.Pos(tok.line, tok.column, tok.end_line, tok.end_column)
+        expected = _describe_expected(set(err.expected or ()))
+        return Diagnostic("error", f"unexpected {_token_text(tok)}", pos, f"expected {expected}")
+    if isinstance(err, lark.exceptions.UnexpectedEOF):
+        expected = _describe_expected(set(err.expected or ()))
+        return Diagnostic("error", "unexpected end of file", pos, f"expected {expected}")
+    return Diagnostic("error", str(err).splitlines()[0], pos)  # pragma: no cover
+
+
+def parse(source: str, filename: str = "<spec>") -> ast.Spec:
+    """Parse spec text; raises :class:`SpecError` with a positioned diagnostic."""
+    try:
+        tree = parser().parse(source)
+    except lark.exceptions.UnexpectedInput as err:
+        raise SpecError([_syntax_error(err, source)], filename, source) from None
+    try:
+        items = _ToAst(source).transform(tree)
+    except lark.exceptions.VisitError as err:
+        if isinstance(err.orig_exc, _Fail):
+            raise SpecError([err.orig_exc.diagnostic], filename, source) from None
+        raise
+    return ast.Spec(items, source, filename)
