@@ -25,7 +25,6 @@ from .indexmap import IndexMap, compose_all, identity
 from .ir import Program, Statement, TensorSpec
 from .ops import BindError, Op, OpTypeError, TensorType, bind
 from .ops.base import Category
-from .ops.shape import same_numel
 
 
 @attrs.frozen
@@ -119,7 +118,7 @@ def classify(value: ex.Expr, multiple: int, assumptions: Mapping[str, int]) -> s
     'impossible' when it is a constant that fails, 'runtime' otherwise."""
     if multiple == 1:
         return "proven"
-    form = ex.linear_form(value, exact_division=True)
+    form = ex.linear_form(value)
     if form is None:
         return "runtime"
     coefs, const = form
@@ -198,7 +197,7 @@ class _Builder:
         target = next((o for o in self.program.outputs if o.name == spec.name), None)
         return Chain(spec.name, spec, target, tuple(steps), tuple(constraints))
 
-    def check_output(self, chain: Chain) -> None:
+    def check_output(self, chain: Chain, variant_constraints: Iterable[Constraint] = ()) -> None:
         spec, out = chain.source, chain.target
         last = chain.steps[-1].statement.pos if chain.steps and chain.steps[-1].statement else spec.pos
         related = (("the last statement on this tensor", last),) if chain.steps else ()
@@ -213,9 +212,19 @@ class _Builder:
                 f"{spec.name}: the transforms produce {got.elem.name} but the output declares {out.elem.name}",
                 out.pos, f"add {conv}({spec.name}, {out.elem.name})", tensors=[spec.name], related=related,
             )
-        if len(got.shape) != len(out.shape) or not _same_shape(got.shape, out.shape):
+        known = [(c.value, c.multiple) for c in (*chain.constraints, *variant_constraints)] + [
+            (ex.Var(a.dim), a.multiple) for a in self.program.assumptions]
+        witness = shapes_differ(got.shape, out.shape, sample_dims(self.program.dims, known))
+        if witness is not None:
+            example = ""
+            if witness:
+                at = ", ".join(f"{k}={v}" for k, v in witness.items())
+                g = [ex.evaluate(x, witness) for x in got.shape]
+                o = [ex.evaluate(x, witness) for x in out.shape]
+                example = f" (with {at}: {g} vs {o})"
             self.error(
-                f"{spec.name}: the transforms produce shape {got.shape_str()} but the output declares {out.shape_str()}",
+                f"{spec.name}: the transforms produce shape {got.shape_str()} but the output declares "
+                f"{out.shape_str()}{example}",
                 out.pos, tensors=[spec.name], related=related,
             )
         applied = chain.packings()
@@ -258,7 +267,7 @@ class _Builder:
             progress = False
             for spec in required:
                 for s in spec.shape:
-                    form = ex.linear_form(s, exact_division=True)
+                    form = ex.linear_form(s)
                     if form is None:
                         continue
                     unknown = set(form[0]) - known
@@ -271,14 +280,51 @@ class _Builder:
                            f"use {d} linearly in some input shape, e.g. [{d}, ...]")
 
 
-def _same_shape(a: tuple[ex.Expr, ...], b: tuple[ex.Expr, ...]) -> bool:
+def sample_dims(dims: tuple[str, ...], constraints: Iterable[tuple[ex.Expr, int]], per_dim: int = 4) -> list[dict]:
+    """Small dims values that satisfy every divisibility constraint: the instances on which
+    shape claims that are not linear (round_up, padding) are checked exhaustively."""
+    single: dict[str, list] = {d: [] for d in dims}
+    multi = []
+    for value, multiple in constraints:
+        names = ex.free_vars(value)
+        if len(names) == 1 and next(iter(names)) in single:
+            single[next(iter(names))].append((value, multiple))
+        elif names:
+            multi.append((value, multiple))
+    candidates = []
+    for d in dims:
+        ok = [v for v in range(1, 8193) if all(ex.evaluate(val, {d: v}) % m == 0 for val, m in single[d])]
+        if not ok:
+            return []
+        candidates.append(ok[:per_dim])
+    out = []
+    for combo in itertools.product(*candidates):
+        env = dict(zip(dims, combo))
+        if all(ex.evaluate(val, env) % m == 0 for val, m in multi):
+            out.append(env)
+    return out
+
+
+def shapes_differ(a: tuple[ex.Expr, ...], b: tuple[ex.Expr, ...], samples: list[dict]) -> dict | None:
+    """None when the shapes agree (provably for linear sizes, else on every sample);
+    otherwise a dims binding where they differ (empty when nothing could be decided)."""
+    if len(a) != len(b):
+        return {}
+    undecided = []
     for x, y in zip(a, b):
         same = ex.same_value(x, y)
+        if same is False:
+            return samples[0] if samples else {}
         if same is None:
-            same = same_numel((x,), (y,))
-        if not same:
-            return False
-    return True
+            undecided.append((x, y))
+    if not undecided:
+        return None
+    if not samples:
+        return {}
+    for env in samples:
+        if any(ex.evaluate(x, env) != ex.evaluate(y, env) for x, y in undecided):
+            return env
+    return None
 
 
 @attrs.frozen
@@ -324,13 +370,15 @@ def build(program: Program) -> Compiled:
             c = b.chain(spec, present)
             if c is None:
                 continue
-            b.check_output(c)
             chains.append(c)
             inv = b.inverse_chain(c)
             if inv is None:
                 invertible = False
             else:
                 inv_chains.append(inv)
+        everything = [k for c in chains for k in c.constraints]
+        for c in chains:
+            b.check_output(c, everything)
         variants.append(Variant(present, tuple(chains)))
         inverses.append(Variant(present, tuple(inv_chains)))
     if b.diags:

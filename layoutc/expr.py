@@ -11,6 +11,9 @@ Triton's integer arithmetic use::
 
     Const(7)  Var("I")  a + b  a * b  a // b  a % b  a < b  a & b  where(c, a, b)  table(T, i)
 
+plus ``a / b``, the *exact* division sizes are written with (``H/32``): it evaluates
+like ``//`` but, its divisibility being checked separately, reads as a rational.
+
 Constructors (``add``, ``mul``, ``floordiv``, ...) fold constants and apply only
 rules that hold for every integer value, e.g. ``(64*x + y) // 64 == x + y // 64``.
 Rules that need to know a variable's range (``r // 2I == 0`` when ``r < 2I``) live
@@ -118,6 +121,18 @@ class FloorDiv(Expr):
 
 
 @attrs.frozen(repr=False)
+class Div(Expr):
+    """Exact division ``num / den`` of sizes (``H/32``): its divisibility is a separate,
+    checked constraint, so it is a rational in linear forms and ``//`` when evaluated."""
+
+    num: Expr
+    den: Expr
+
+    def __repr__(self) -> str:
+        return f"Div({self.num!r}, {self.den!r})"
+
+
+@attrs.frozen(repr=False)
 class Mod(Expr):
     num: Expr
     den: Expr
@@ -183,7 +198,7 @@ def as_expr(x: ExprLike) -> Expr:
     raise TypeError(f"cannot make an index expression from {x!r}")
 
 
-_RANK = {"Var": 0, "Mul": 1, "FloorDiv": 2, "Mod": 3}
+_RANK = {"Var": 0, "Mul": 1, "Div": 2, "FloorDiv": 2, "Mod": 3}
 
 
 def _sort_key(e: Expr) -> tuple:
@@ -255,6 +270,11 @@ def mul(*xs: ExprLike) -> Expr:
     # Distribute a constant over a single sum so linear forms stay flat: 2*(r + I) -> 2*r + 2*I.
     if len(factors) == 1 and isinstance(factors[0], Add) and const != 1:
         return add(*(mul(const, t) for t in factors[0].args))
+    # Cancel against an exact division: 64*(I/32) -> 2*I.
+    if len(factors) == 1 and isinstance(factors[0], Div) and isinstance(factors[0].den, Const) and const != 1:
+        g = math.gcd(const, factors[0].den.value)
+        if g > 1:
+            return mul(const // g, div(factors[0].num, factors[0].den.value // g))
     factors.sort(key=_sort_key)
     if not factors:
         return Const(const)
@@ -292,6 +312,26 @@ def floordiv(a: ExprLike, b: ExprLike) -> Expr:
     elif a == b:
         return Const(1)
     return FloorDiv(a, b)
+
+
+def div(a: ExprLike, b: ExprLike) -> Expr:
+    """Exact division (sizes): ``(2*I)/2 -> I``, ``(H/2)/16 -> H/32``."""
+    a, b = as_expr(a), as_expr(b)
+    if isinstance(b, Const):
+        if b.value <= 0:
+            raise ValueError(f"division by non-positive {b.value}")
+        if b.value == 1:
+            return a
+        if isinstance(a, Const) and a.value % b.value == 0:
+            return Const(a.value // b.value)
+        g = math.gcd(b.value, *(_split_coef(t)[0] for t in _terms(a)))
+        if g > 1:  # (2*I)/64 -> I/32
+            return div(add(*(_scaled(_split_coef(t)[0] // g, _split_coef(t)[1]) for t in _terms(a))), b.value // g)
+        if isinstance(a, Div) and isinstance(a.den, Const):
+            return div(a.num, a.den.value * b.value)
+    elif a == b:
+        return Const(1)
+    return Div(a, b)
 
 
 def mod(a: ExprLike, b: ExprLike) -> Expr:
@@ -371,7 +411,7 @@ def round_up(a: ExprLike, multiple: ExprLike) -> Expr:
 def children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, (Add, Mul, And)):
         return e.args
-    if isinstance(e, (FloorDiv, Mod)):
+    if isinstance(e, (FloorDiv, Div, Mod)):
         return (e.num, e.den)
     if isinstance(e, Lt):
         return (e.lhs, e.rhs)
@@ -392,6 +432,8 @@ def rebuild(e: Expr, kids: tuple[Expr, ...]) -> Expr:
         return and_(*kids)
     if isinstance(e, FloorDiv):
         return floordiv(*kids)
+    if isinstance(e, Div):
+        return div(*kids)
     if isinstance(e, Mod):
         return mod(*kids)
     if isinstance(e, Lt):
@@ -466,7 +508,7 @@ def evaluate(e: Expr, env: Mapping[str, Any]) -> Any:
             r = go(x.args[0])
             for a in x.args[1:]:
                 r = r * go(a)
-        elif isinstance(x, FloorDiv):
+        elif isinstance(x, (FloorDiv, Div)):
             r = go(x.num) // go(x.den)
         elif isinstance(x, Mod):
             r = go(x.num) % go(x.den)
@@ -531,7 +573,7 @@ def bounds(e: Expr, ranges: Mapping[str, Bounds]) -> Bounds:
             prods = [lo * alo, lo * ahi, hi * alo, hi * ahi]
             lo, hi = min(prods), max(prods)
         return lo, hi
-    if isinstance(e, FloorDiv):
+    if isinstance(e, (FloorDiv, Div)):
         nlo, nhi = bounds(e.num, ranges)
         dlo, dhi = bounds(e.den, ranges)
         if dlo is not None and dlo > 0 and dlo == dhi:
@@ -601,11 +643,11 @@ def simplify(e: Expr, ranges: Mapping[str, Bounds]) -> Expr:
 LinearForm = tuple[dict[str, Fraction], Fraction]
 
 
-def linear_form(e: Expr, exact_division: bool = False) -> LinearForm | None:
+def linear_form(e: Expr) -> LinearForm | None:
     """``e`` as ``sum(coef[v] * v) + const`` with rational coefficients, or None.
 
-    With ``exact_division`` a floor division by a constant is read as exact
-    division (shape expressions, whose divisibility is a separate constraint).
+    Exact divisions by constants (``H/32``) are rational; floor divisions and
+    modulos are not linear.
     """
     if isinstance(e, Const):
         return {}, Fraction(e.value)
@@ -615,7 +657,7 @@ def linear_form(e: Expr, exact_division: bool = False) -> LinearForm | None:
         coefs: dict[str, Fraction] = {}
         const = Fraction(0)
         for a in e.args:
-            f = linear_form(a, exact_division)
+            f = linear_form(a)
             if f is None:
                 return None
             for k, v in f[0].items():
@@ -626,7 +668,7 @@ def linear_form(e: Expr, exact_division: bool = False) -> LinearForm | None:
         scale = Fraction(1)
         lin: LinearForm | None = None
         for a in e.args:
-            f = linear_form(a, exact_division)
+            f = linear_form(a)
             if f is None:
                 return None
             if not f[0]:
@@ -638,8 +680,8 @@ def linear_form(e: Expr, exact_division: bool = False) -> LinearForm | None:
         if lin is None:
             return {}, scale
         return {k: v * scale for k, v in lin[0].items()}, lin[1] * scale
-    if isinstance(e, FloorDiv) and exact_division and isinstance(e.den, Const):
-        f = linear_form(e.num, exact_division)
+    if isinstance(e, Div) and isinstance(e.den, Const):
+        f = linear_form(e.num)
         if f is None:
             return None
         return {k: v / e.den.value for k, v in f[0].items()}, f[1] / e.den.value
@@ -651,14 +693,14 @@ def from_linear_form(form: LinearForm) -> Expr:
     coefs, const = form
     den = math.lcm(*(c.denominator for c in list(coefs.values()) + [const]))
     num = add(*(mul(int(c * den), Var(k)) for k, c in sorted(coefs.items())), int(const * den))
-    return floordiv(num, den) if den != 1 else num
+    return div(num, den) if den != 1 else num
 
 
-def same_value(a: Expr, b: Expr, exact_division: bool = True) -> bool | None:
+def same_value(a: Expr, b: Expr) -> bool | None:
     """True/False when decidable from linear forms or structure, None otherwise."""
     if a == b:
         return True
-    fa, fb = linear_form(a, exact_division), linear_form(b, exact_division)
+    fa, fb = linear_form(a), linear_form(b)
     if fa is None or fb is None:
         return None
     return fa == fb
@@ -667,7 +709,7 @@ def same_value(a: Expr, b: Expr, exact_division: bool = True) -> bool | None:
 # ---------------------------------------------------------------------------
 # printing
 
-_PREC = {Add: 1, Mul: 2, FloorDiv: 2, Mod: 2}
+_PREC = {Add: 1, Mul: 2, FloorDiv: 2, Div: 2, Mod: 2}
 
 
 def _fmt(e: Expr, py: bool, parent_prec: int = 0, slash: bool = False) -> str:
@@ -697,6 +739,8 @@ def _fmt(e: Expr, py: bool, parent_prec: int = 0, slash: bool = False) -> str:
         return wrap("*".join(_f(a, 3) for a in e.args), 2)
     if isinstance(e, FloorDiv):
         return wrap(f"{_f(e.num, 2)}{'/' if slash else ' // '}{_f(e.den, 3)}", 2)
+    if isinstance(e, Div):
+        return wrap(f"{_f(e.num, 2)}{' // ' if py else '/'}{_f(e.den, 3)}", 2)
     if isinstance(e, Mod):
         op = " % " if py else " mod "
         return wrap(f"{_f(e.num, 2)}{op}{_f(e.den, 3)}", 2)

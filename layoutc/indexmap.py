@@ -252,7 +252,7 @@ def table_map(in_shape: Sequence[Expr], dim: int, values: Sequence[int]) -> Inde
 def pad_map(in_shape: Sequence[Expr], dim: int, size: Expr, parts: int = 1, fill: int = 0) -> IndexMap:
     """Split axis ``dim`` into ``parts`` equal parts and extend each to ``size`` with ``fill``."""
     in_shape = tuple(ex.as_expr(s) for s in in_shape)
-    part = ex.floordiv(in_shape[dim], parts)
+    part = ex.div(in_shape[dim], parts)
     o = out_var(dim)
     src = list(out_vars(len(in_shape)))
     src[dim] = ex.floordiv(o, size) * part + ex.mod(o, size) if parts > 1 else o
@@ -265,7 +265,7 @@ def pad_map(in_shape: Sequence[Expr], dim: int, size: Expr, parts: int = 1, fill
 def crop_map(in_shape: Sequence[Expr], dim: int, size: Expr, parts: int = 1) -> IndexMap:
     """Keep the first ``size`` entries of each of ``parts`` equal parts of axis ``dim``."""
     in_shape = tuple(ex.as_expr(s) for s in in_shape)
-    part = ex.floordiv(in_shape[dim], parts)
+    part = ex.div(in_shape[dim], parts)
     o = out_var(dim)
     src = list(out_vars(len(in_shape)))
     src[dim] = ex.floordiv(o, size) * part + ex.mod(o, size) if parts > 1 else o

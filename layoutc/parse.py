@@ -84,7 +84,7 @@ class _ToAst(Transformer):
         return self._binary(meta, children, ex.mul)
 
     def div(self, meta, children):
-        return self._binary(meta, children, ex.floordiv, extra_division=True)
+        return self._binary(meta, children, ex.div, extra_division=True)
 
     def neg(self, meta, children):
         (a,) = children

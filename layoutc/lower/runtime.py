@@ -106,7 +106,7 @@ def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
 
 def _check_divisibility(checks, d, given, present):
     for tensor, value, multiple, message, variants in checks:
-        if tensor not in given or (variants is not None and present not in variants):
+        if tensor is not None and (tensor not in given or (variants is not None and present not in variants)):
             continue
         v = value(**d)
         if v % multiple:

@@ -69,7 +69,7 @@ class SwapHalves(_RowOp):
     summary: ClassVar[str] = "[A; B] -> [B; A] along dim (w13 [w1; w3] -> [w3; w1])"
 
     def source_row(self, r, n):
-        return ex.mod(r + ex.floordiv(n, 2), n)
+        return ex.mod(r + ex.div(n, 2), n)
 
     def impl(self):
         return torch_impl.swap_halves, (self.dim,)
@@ -91,7 +91,7 @@ class InterleaveRows(_RowOp):
     def source_row(self, r, n):
         g = self.group
         half = ex.mod(ex.floordiv(r, g), 2)
-        return half * ex.floordiv(n, 2) + ex.floordiv(r, 2 * g) * g + ex.mod(r, g)
+        return half * ex.div(n, 2) + ex.floordiv(r, 2 * g) * g + ex.mod(r, g)
 
     def impl(self):
         return torch_impl.interleave_rows, (self.dim, self.group)
@@ -129,7 +129,7 @@ class Deinterleave(_RowOp):
 
     def source_row(self, r, n):
         g = self.group
-        half_n = ex.floordiv(n, 2)
+        half_n = ex.div(n, 2)
         j = ex.mod(r, half_n)
         return ex.floordiv(j, g) * (2 * g) + ex.floordiv(r, half_n) * g + ex.mod(j, g)
 

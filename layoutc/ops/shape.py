@@ -25,7 +25,7 @@ from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType, 
 
 
 def _part_size(t: TensorType, dim: int, parts: int) -> ex.Expr:
-    return ex.floordiv(t.shape[dim], parts)
+    return ex.div(t.shape[dim], parts)
 
 
 @attrs.frozen

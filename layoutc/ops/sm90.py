@@ -87,7 +87,7 @@ class Sm90InterleaveWeights(Op):
         *lead, n, kb = t.shape
         k = len(lead)
         lead = tuple(lead)
-        g, p = ex.floordiv(n, 16), ex.floordiv(kb, 32)
+        g, p = ex.div(n, 16), ex.div(kb, 32)
         tiles = lead + (g, 2, 8, p, 2, 2, 2, 4)  # g tr r8 p a h tc j
         words_perm = tuple(range(k)) + tuple(k + d for d in (0, 2, 3, 4, 5, 7, 6, 1))  # g r8 p a h j tc tr
         words = lead + (g, 8, p, 2, 2, 4, 4)  # ... j t'   (t' = tr + 2*tc)
@@ -138,7 +138,7 @@ class Sm90DeinterleaveWeights(Op):
         *lead, n, kb = t.shape
         k = len(lead)
         lead = tuple(lead)
-        g, p = ex.floordiv(n, 16), ex.floordiv(kb, 32)
+        g, p = ex.div(n, 16), ex.div(kb, 32)
         stored = lead + (g, 2, 8, p, 2, 4, 4)  # g h r8 p a j t
         fields_perm = tuple(range(k)) + tuple(k + d for d in (0, 2, 3, 4, 1, 5, 6))  # g r8 p a h j t
         fields = tuple(stored[i] for i in fields_perm)
@@ -182,7 +182,7 @@ class Sm90FoldScales(Op):
         _need_rank(self.name, t, 2, "[..., R, K/32]")
         _need_one_byte(self.name, t, "scales (E8M0, group 32)")
         *lead, rows, cols = t.shape
-        out = tuple(lead) + (ex.floordiv(rows, 64), ex.floordiv(cols, 4), ex.Const(16), ex.Const(16))
+        out = tuple(lead) + (ex.div(rows, 64), ex.div(cols, 4), ex.Const(16), ex.Const(16))
         return Inferred(
             attrs.evolve(t, shape=out),
             (Requirement(rows, 64, "rows"), Requirement(cols, 4, "scale columns")),
@@ -192,7 +192,7 @@ class Sm90FoldScales(Op):
         *lead, rows, cols = t.shape
         k = len(lead)
         lead = tuple(lead)
-        split = lead + (ex.floordiv(rows, 64), 4, 16, ex.floordiv(cols, 4), 4)  # rb ms f kb g
+        split = lead + (ex.div(rows, 64), 4, 16, ex.div(cols, 4), 4)  # rb ms f kb g
         perm = tuple(range(k)) + tuple(k + d for d in (0, 3, 2, 1, 4))  # rb kb f ms g
         out = self.infer(t).type.shape
         return compose_all(

@@ -33,7 +33,7 @@ def _padded(t: TensorType) -> tuple[ex.Expr, ex.Expr]:
 
 def _tile_maps(lead: tuple, prow: ex.Expr, pcol: ex.Expr, forward: bool) -> IndexMap:
     k = len(lead)
-    natural = lead + (ex.floordiv(prow, 128), 4, 32, ex.floordiv(pcol, 4), 4)  # m r4 r32 kc c4
+    natural = lead + (ex.div(prow, 128), 4, 32, ex.div(pcol, 4), 4)  # m r4 r32 kc c4
     perm = tuple(range(k)) + tuple(k + d for d in (0, 3, 2, 1, 4))  # m kc r32 r4 c4 (self-inverse)
     swizzled = tuple(natural[i] for i in perm)
     src, dst = (natural, swizzled) if forward else (swizzled, natural)
