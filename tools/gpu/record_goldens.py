@@ -30,7 +30,7 @@ def meta() -> dict:
 
     return {
         "flashinfer": flashinfer.__version__,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "gpu": torch.cuda.get_device_name(),
         "date": datetime.date.today().isoformat(),
         "recorded_by": "tools/gpu/record_goldens.py",
