@@ -14,6 +14,7 @@ that names the tensor, the statement and the dims.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Iterable, Mapping
 
 import attrs
@@ -197,7 +198,7 @@ class _Builder:
         target = next((o for o in self.program.outputs if o.name == spec.name), None)
         return Chain(spec.name, spec, target, tuple(steps), tuple(constraints))
 
-    def check_output(self, chain: Chain, variant_constraints: Iterable[Constraint] = ()) -> None:
+    def check_output(self, chain: Chain, samples: list[dict]) -> None:
         spec, out = chain.source, chain.target
         last = chain.steps[-1].statement.pos if chain.steps and chain.steps[-1].statement else spec.pos
         related = (("the last statement on this tensor", last),) if chain.steps else ()
@@ -212,9 +213,7 @@ class _Builder:
                 f"{spec.name}: the transforms produce {got.elem.name} but the output declares {out.elem.name}",
                 out.pos, f"add {conv}({spec.name}, {out.elem.name})", tensors=[spec.name], related=related,
             )
-        known = [(c.value, c.multiple) for c in (*chain.constraints, *variant_constraints)] + [
-            (ex.Var(a.dim), a.multiple) for a in self.program.assumptions]
-        witness = shapes_differ(got.shape, out.shape, sample_dims(self.program.dims, known))
+        witness = shapes_differ(got.shape, out.shape, samples)
         if witness is not None:
             example = ""
             if witness:
@@ -280,23 +279,45 @@ class _Builder:
                            f"use {d} linearly in some input shape, e.g. [{d}, ...]")
 
 
+def _step(value: ex.Expr, multiple: int, dim: str) -> int | None:
+    """The period m' with ``value % multiple == 0  <=>  dim % m' == 0``, for ``value = (p/q) * dim``."""
+    form = ex.linear_form(value)
+    if form is None or form[1] != 0 or set(form[0]) != {dim}:
+        return None
+    coef = form[0][dim]
+    p, q = coef.numerator, coef.denominator
+    return multiple * q // math.gcd(abs(p), multiple * q)
+
+
 def sample_dims(dims: tuple[str, ...], constraints: Iterable[tuple[ex.Expr, int]], per_dim: int = 4) -> list[dict]:
     """Small dims values that satisfy every divisibility constraint: the instances on which
     shape claims that are not linear (round_up, padding) are checked exhaustively."""
     single: dict[str, list] = {d: [] for d in dims}
+    period = {d: 1 for d in dims}
     multi = []
-    for value, multiple in constraints:
+    for value, multiple in set(constraints):
         names = ex.free_vars(value)
         if len(names) == 1 and next(iter(names)) in single:
-            single[next(iter(names))].append((value, multiple))
+            d = next(iter(names))
+            step = _step(value, multiple, d)
+            if step is None:
+                single[d].append((value, multiple))
+            else:
+                period[d] = math.lcm(period[d], step)
         elif names:
             multi.append((value, multiple))
     candidates = []
     for d in dims:
-        ok = [v for v in range(1, 8193) if all(ex.evaluate(val, {d: v}) % m == 0 for val, m in single[d])]
+        ok = []
+        for k in range(1, 4097):
+            v = k * period[d]
+            if all(ex.evaluate(val, {d: v}) % m == 0 for val, m in single[d]):
+                ok.append(v)
+                if len(ok) == per_dim:
+                    break
         if not ok:
             return []
-        candidates.append(ok[:per_dim])
+        candidates.append(ok)
     out = []
     for combo in itertools.product(*candidates):
         env = dict(zip(dims, combo))
@@ -376,9 +397,11 @@ def build(program: Program) -> Compiled:
                 invertible = False
             else:
                 inv_chains.append(inv)
-        everything = [k for c in chains for k in c.constraints]
+        known = [(k.value, k.multiple) for c in chains for k in c.constraints]
+        known += [(ex.Var(a.dim), a.multiple) for a in program.assumptions]
+        samples = sample_dims(program.dims, known)
         for c in chains:
-            b.check_output(c, everything)
+            b.check_output(c, samples)
         variants.append(Variant(present, tuple(chains)))
         inverses.append(Variant(present, tuple(inv_chains)))
     if b.diags:

@@ -1,0 +1,203 @@
+"""The ``layoutc`` command line.
+
+    layoutc check specs/*.lyt                 parse and verify (every parameter combination)
+    layoutc compile SPEC -o converter.py      write a standalone converter module
+    layoutc demo [SPEC]                       convert a deterministic synthetic layer and report
+    layoutc ops                               the primitives and their signatures
+
+Spec problems print as ``file:line:col: error: ...`` with the source line and a
+caret, and exit with status 2. Nothing here prints a Python traceback for bad
+input; an unexpected internal failure exits with status 3 and asks for a report.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from . import __version__
+from .errors import SpecError
+
+EXIT_SPEC_ERROR = 2
+EXIT_INTERNAL = 3
+
+
+def _parse_defines(defines: tuple[str, ...]) -> dict[str, Any]:
+    from .ir import parse_param_value
+
+    out = {}
+    for item in defines:
+        if "=" not in item:
+            raise click.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint="-D")
+        name, value = item.split("=", 1)
+        out[name.strip()] = parse_param_value(value)
+    return out
+
+
+def _print_diagnostics(diags, filename: str, source: str | None) -> None:
+    for d in diags:
+        click.echo(d.format(filename, source), err=True)
+
+
+def _guard(fn: Callable[..., int | None]) -> Callable[..., None]:
+    """Spec errors -> diagnostics and exit 2; anything unexpected -> a short message and exit 3."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            code = fn(*args, **kwargs)
+        except SpecError as err:
+            _print_diagnostics(err.diagnostics, err.filename, err.source)
+            n = len(err.errors)
+            click.echo(f"{n} error{'s' if n != 1 else ''}", err=True)
+            sys.exit(EXIT_SPEC_ERROR)
+        except click.exceptions.ClickException:
+            raise
+        except BrokenPipeError:  # output piped into `head` and closed
+            sys.stderr.close()
+            sys.exit(0)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as err:  # noqa: BLE001 - the last line of defence against tracebacks
+            if "--debug" in sys.argv or _DEBUG[0]:
+                raise
+            click.echo(f"layoutc: internal error: {type(err).__name__}: {err}", err=True)
+            click.echo("please report this with the spec that caused it (rerun with --debug for a traceback)", err=True)
+            sys.exit(EXIT_INTERNAL)
+        sys.exit(code or 0)
+
+    return wrapper
+
+
+_DEBUG = [False]
+
+define_option = click.option(
+    "-D", "--define", "defines", multiple=True, metavar="NAME=VALUE", help="Set a spec parameter (repeatable)."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="layoutc")
+@click.option("--debug", is_flag=True, hidden=True, help="Show tracebacks of internal errors.")
+def main(debug: bool) -> None:
+    """Compile MoE weight-layout specs (.lyt) into verified converters."""
+    _DEBUG[0] = debug
+
+
+def _param_domains(spec_path: Path, fixed: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every combination of the spec's finite parameters (bools, choices), with ``fixed`` applied."""
+    from . import ast
+    from .ir import _value_to_python
+    from .parse import parse
+
+    tree = parse(spec_path.read_text(), str(spec_path))
+    domains: dict[str, tuple] = {}
+    for item in tree.items:
+        if isinstance(item, ast.Param) and item.name.text not in fixed:
+            default = _value_to_python(item.default)
+            if item.choices is not None:
+                domains[item.name.text] = tuple(_value_to_python(item.choices))
+            elif isinstance(default, bool):
+                domains[item.name.text] = (default, not default)
+    names = sorted(domains)
+    return [dict(fixed, **dict(zip(names, combo))) for combo in itertools.product(*(domains[n] for n in names))]
+
+
+@main.command()
+@click.argument("specs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@define_option
+@click.option("--quiet", "-q", is_flag=True, help="Print only problems.")
+@_guard
+def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool) -> int:
+    """Parse and verify SPECS; every parameter combination unless fixed with -D."""
+    from .api import compile_file
+
+    fixed = _parse_defines(defines)
+    failed = 0
+    for path in specs:
+        if not path.exists():
+            click.echo(f"{path}: error: no such file", err=True)
+            failed += 1
+            continue
+        try:
+            combos = _param_domains(path, fixed)
+            for params in combos:
+                spec = compile_file(path, params)
+                _print_diagnostics(spec.warnings, str(path), spec.program.source)
+                if not quiet:
+                    shown = ", ".join(f"{k}={v}" for k, v in params.items())
+                    click.echo(f"{path}: ok{f' ({shown})' if shown else ''}: {spec.name}")
+        except SpecError as err:
+            _print_diagnostics(err.diagnostics, err.filename, err.source)
+            failed += 1
+    if failed:
+        click.echo(f"{failed} spec{'s' if failed != 1 else ''} failed", err=True)
+        return EXIT_SPEC_ERROR
+    return 0
+
+
+@main.command(name="compile")
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Where to write the module.")
+@define_option
+@_guard
+def compile_cmd(spec: Path, output: Path | None, defines: tuple[str, ...]) -> int:
+    """Compile SPEC into a standalone converter module (torch only)."""
+    from .api import compile_file
+
+    compiled = compile_file(spec, _parse_defines(defines))
+    _print_diagnostics(compiled.warnings, str(spec), compiled.program.source)
+    if output is None:
+        click.echo(compiled.source, nl=False)
+    else:
+        compiled.write(output)
+        click.echo(f"wrote {output} ({compiled.name}, sha256 {compiled.sha256[:12]})", err=True)
+    return 0
+
+
+@main.command()
+@click.argument(
+    "spec", required=False, default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option("--shape", default="E=8,I=256,H=512", show_default=True, help="Dims of the synthetic layer.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@define_option
+@_guard
+def demo(spec: Path | None, shape: str, seed: int, device: str, defines: tuple[str, ...]) -> int:
+    """Compile SPEC (default: the FlashInfer CUTLASS BF16 spec), verify it, convert a
+    deterministic synthetic MoE layer, check the round trip and print a short report."""
+    from .demo import run_demo
+
+    dims = {}
+    for item in shape.split(","):
+        k, _, v = item.partition("=")
+        try:
+            dims[k.strip()] = int(v)
+        except ValueError:
+            raise click.BadParameter(f"expected NAME=INT, got {item!r}", param_hint="--shape") from None
+    ok = run_demo(spec, dims, seed, device, _parse_defines(defines), echo=click.echo)
+    return 0 if ok else 1
+
+
+@main.command()
+def ops() -> None:
+    """List the layout primitives."""
+    from .ops import INTERLEAVE_FAMILIES, REGISTRY, describe_signature
+
+    width = max(len(describe_signature(c)) for c in REGISTRY.values())
+    for name in sorted(REGISTRY):
+        cls = REGISTRY[name]
+        kind = cls.category.value + (f"/{cls.family}" if cls.family else "")
+        click.echo(f"{describe_signature(cls):<{width}}  {kind:<18} {cls.summary}")
+    fams = ", ".join(f"{f} ({' / '.join(f'{r}: {c.name}' for r, c in t.items())})" for f, t in INTERLEAVE_FAMILIES.items())
+    click.echo(f"{'interleave(tensor, family)':<{width}}  {'packing':<18} picks the family's packing for the tensor's role: {fams}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
