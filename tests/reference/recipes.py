@@ -96,5 +96,5 @@ def swizzle_blockscale_cpu(s: torch.Tensor) -> torch.Tensor:
     rp, cp = -(-r // 128) * 128, -(-c // 4) * 4
     padded = torch.zeros(e, rp, cp, dtype=s.dtype)
     padded[:, :r, :c] = s
-    tiles = padded.view(torch.uint8).reshape(e, rp // 128, 4, 32, cp // 4, 4).permute(0, 1, 4, 3, 2, 5)
-    return tiles.reshape(e, rp, cp).view(s.dtype)
+    tiles = padded.reshape(e, rp // 128, 4, 32, cp // 4, 4).permute(0, 1, 4, 3, 2, 5)
+    return tiles.reshape(e, rp, cp)

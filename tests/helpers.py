@@ -1,0 +1,29 @@
+"""Small helpers shared by tests (bit-exact comparison, golden loading)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+GOLDENS = ROOT / "tests" / "goldens"
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns as same-width integers (NaN-safe exact comparison)."""
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert tuple(actual.shape) == tuple(expected.shape), f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    a, b = bits(actual), bits(expected)
+    if not torch.equal(a, b):
+        diff = (a != b).nonzero()
+        raise AssertionError(f"{what}: {diff.shape[0]} of {a.numel()} elements differ, first at {diff[0].tolist()}")
+
+
+def load_golden(name: str) -> dict:
+    return torch.load(GOLDENS / name)
