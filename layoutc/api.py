@@ -55,6 +55,14 @@ class CompiledSpec:
         return self.program.param_values
 
     @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.program.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.program.outputs)
+
+    @property
     def invertible(self) -> bool:
         return self.compiled.inverse_variants is not None
 
