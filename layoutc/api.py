@@ -26,6 +26,7 @@ from .indexmap import IndexMap
 from .ir import Program, resolve
 from .lower.runtime import LayoutError
 from .parse import parse
+from .verify import verify
 from .versions import check_requires
 
 
@@ -115,6 +116,9 @@ def _compile_cached(source: str, filename: str, params: tuple, check_versions: b
             raise SpecError(version_diags, filename, source)
         warnings = tuple(version_diags)
     compiled = build(program)
+    findings = verify(compiled)
+    if findings:
+        raise SpecError(findings, filename, source)
     return CompiledSpec(compiled, warnings)
 
 

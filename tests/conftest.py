@@ -1,0 +1,119 @@
+"""Shared fixtures for the layoutc test suite.
+
+* ``spec_text``       -- dedent an inline spec (so tests can indent it like code)
+* ``compile_text``    -- compile inline spec text
+* ``spec_error``      -- compile inline spec text that must fail; returns the SpecError
+* ``synthetic_inputs`` -- a deterministic synthetic layer for a compiled spec
+* ``run_cli``         -- run the ``layoutc`` command line in a subprocess
+* ``check_points_at`` -- assert a rendered diagnostic shows ``file:line:col``, the line and a caret
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Mapping
+
+import pytest
+
+import layoutc
+from layoutc.demo import synthetic_inputs as _demo_synthetic_inputs
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS_DIR = ROOT / "specs"
+SPEC_BF16 = SPECS_DIR / "flashinfer_cutlass_bf16.lyt"
+SPEC_MXFP8 = SPECS_DIR / "flashinfer_cutlass_mxfp8.lyt"
+SPEC_NVFP4 = SPECS_DIR / "flashinfer_cutedsl_nvfp4.lyt"
+SHIPPED_SPECS = (SPEC_BF16, SPEC_MXFP8, SPEC_NVFP4)
+
+#: Small dims every shipped spec accepts (mxfp8 assumes I, H multiples of 128).
+SMALL_DIMS = {"E": 2, "I": 128, "H": 256}
+
+
+def dedent_spec(text: str) -> str:
+    """Inline spec text as written in a test: dedented, leading blank line removed."""
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def layoutc_command() -> list[str]:
+    exe = ROOT / ".venv" / "bin" / "layoutc"
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-m", "layoutc.cli"]  # pragma: no cover
+
+
+def points_at(rendered: str, filename: str, line: int, column: int, source_line: str | None = None) -> None:
+    """Assert ``rendered`` has ``filename:line:col: error:`` followed by the source line and a caret under ``column``."""
+    lines = rendered.splitlines()
+    header = f"{filename}:{line}:{column}: "
+    idx = next((i for i, text in enumerate(lines) if text.startswith(header)), None)
+    assert idx is not None, f"no diagnostic at {header!r} in:\n{rendered}"
+    assert idx + 2 < len(lines), f"diagnostic at {header!r} has no source excerpt:\n{rendered}"
+    code, caret = lines[idx + 1], lines[idx + 2]
+    gutter, sep, text = code.partition(" | ")
+    assert sep and gutter.strip() == str(line), f"excerpt line {code!r} is not line {line}:\n{rendered}"
+    if source_line is not None:
+        assert text == source_line.expandtabs(1), f"excerpt {text!r} != {source_line!r}"
+    cgutter, csep, marks = caret.partition(" | ")
+    assert csep and cgutter.strip() == "", f"no caret line after {code!r}:\n{rendered}"
+    assert marks.startswith(" " * (column - 1) + "^"), f"caret {marks!r} is not under column {column}:\n{rendered}"
+    assert set(marks.strip()) == {"^"}, f"caret line {marks!r}"
+
+
+@pytest.fixture
+def spec_text():
+    return dedent_spec
+
+
+@pytest.fixture
+def compile_text():
+    def _compile(text: str, params: Mapping[str, Any] | None = None, filename: str = "test.lyt", **kw):
+        return layoutc.compile_source(dedent_spec(text), filename, params, **kw)
+
+    return _compile
+
+
+@pytest.fixture
+def spec_error():
+    def _error(text: str, params: Mapping[str, Any] | None = None, filename: str = "bad.lyt", **kw) -> layoutc.SpecError:
+        with pytest.raises(layoutc.SpecError) as info:
+            layoutc.compile_source(dedent_spec(text), filename, params, **kw)
+        return info.value
+
+    return _error
+
+
+@pytest.fixture
+def check_points_at():
+    return points_at
+
+
+@pytest.fixture
+def synthetic_inputs():
+    """``make(spec, dims=SMALL_DIMS, seed=0, drop=())``: deterministic input tensors for a compiled spec."""
+
+    def _make(spec, dims: Mapping[str, int] | None = None, seed: int = 0, drop=()):
+        dims = dict(SMALL_DIMS if dims is None else dims)
+        dims = {k: v for k, v in dims.items() if k in spec.program.dims}
+        out = _demo_synthetic_inputs(spec, dims, seed)
+        for name in drop:
+            out.pop(name, None)
+        return out
+
+    return _make
+
+
+@pytest.fixture
+def run_cli():
+    def _run(*args: str, cwd: Path | str = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)
+        return subprocess.run(
+            layoutc_command() + [str(a) for a in args],
+            cwd=str(cwd), capture_output=True, text=True, timeout=timeout, env=env,
+        )
+
+    return _run

@@ -1,0 +1,422 @@
+"""Tests of the index-map algebra (:mod:`layoutc.indexmap`) over whole small domains.
+
+The building blocks are checked against torch's own reshape / permute / indexing /
+padding; composition, bit lifting and gather are checked as laws on random chains
+of building blocks (hypothesis).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from layoutc import expr as ex
+from layoutc import indexmap as im
+from layoutc.expr import Const, Var
+from layoutc.indexmap import IndexMap
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def C(*xs):
+    return tuple(Const(v) for v in xs)
+
+
+def rand_u8(shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, tuple(shape), dtype=torch.uint8, generator=g)
+
+
+def ints(shape):
+    return tuple(int(ex.evaluate(s, {})) for s in shape)
+
+
+def divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# ---------------------------------------------------------------------------
+# random building blocks on concrete shapes
+
+shapes = st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple)
+
+
+def _factorize(draw, n):
+    out = []
+    for _ in range(draw(st.integers(0, 2))):
+        d = draw(st.sampled_from(divisors(n)))
+        out.append(d)
+        n //= d
+    out.append(n)
+    return tuple(draw(st.permutations(out)))
+
+
+def _byte_map(draw, shape):
+    """A random byte-level building block whose input shape is ``shape`` (ints)."""
+    rank = len(shape)
+    kind = draw(st.sampled_from(["identity", "reshape", "permute", "table", "pad", "crop"]))
+    in_shape = C(*shape)
+    if kind == "identity":
+        return im.identity(in_shape)
+    if kind == "reshape":
+        return im.reshape_map(in_shape, C(*_factorize(draw, math.prod(shape))))
+    if kind == "permute":
+        return im.permute_map(in_shape, draw(st.permutations(range(rank))))
+    d = draw(st.integers(0, rank - 1))
+    n = shape[d]
+    if kind == "table":
+        values = draw(st.lists(st.integers(0, n - 1), min_size=n, max_size=n))
+        return im.table_map(in_shape, d, values)
+    parts = draw(st.sampled_from(divisors(n)))
+    part = n // parts
+    if kind == "pad":
+        size = part + draw(st.integers(0, 3))
+        return im.pad_map(in_shape, d, Const(size), parts, draw(st.integers(0, 255)))
+    return im.crop_map(in_shape, d, Const(draw(st.integers(1, part))), parts)
+
+
+def _bit_shuffle(draw, shape):
+    """A bit-level map that moves bits across the bytes of the last axis (perm of n*8 bits)."""
+    n = shape[-1]
+    perm = draw(st.permutations(range(8 * n)))
+    rank = len(shape)
+    o = im.out_vars(rank + 1)
+    lin = ex.table(perm, 8 * o[rank - 1] + o[rank])
+    src = o[: rank - 1] + (ex.floordiv(lin, 8), ex.mod(lin, 8))
+    full = C(*shape, 8)
+    return IndexMap(full, full, src, bit_level=True)
+
+
+def _bits_within_byte(draw, shape):
+    perm = draw(st.permutations(range(8)))
+    full = C(*shape, 8)
+    return IndexMap(full, full, im.out_vars(len(shape)) + (ex.table(perm, im.out_var(len(shape))),), bit_level=True)
+
+
+def _any_map(draw, shape, allow_bits=True):
+    kind = draw(st.sampled_from(["byte"] * 4 + (["lifted", "bitshuffle", "bitperm"] if allow_bits else [])))
+    if kind == "byte":
+        return _byte_map(draw, shape)
+    if kind == "lifted":
+        return im.lift_to_bits(_byte_map(draw, shape))
+    if kind == "bitshuffle":
+        return _bit_shuffle(draw, shape)
+    return _bits_within_byte(draw, shape)
+
+
+def _byte_out_shape(m):
+    s = ints(m.out_shape)
+    return s[:-1] if m.bit_level else s
+
+
+@st.composite
+def chains(draw, length=2, allow_bits=True):
+    shape = draw(shapes)
+    maps = []
+    cur = shape
+    for _ in range(length):
+        m = _any_map(draw, cur, allow_bits)
+        maps.append(m)
+        cur = _byte_out_shape(m)
+        if 0 in cur:
+            break
+    return shape, maps
+
+
+def sequential(maps, x):
+    for m in maps:
+        x = im.gather(m, x)
+    return x
+
+
+# ---------------------------------------------------------------------------
+# composition law
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(chains(length=2), st.integers(0, 2**16))
+def test_compose_is_apply_first_then_second(chain, seed):
+    shape, maps = chain
+    x = rand_u8(shape, seed)
+    composed = im.compose_all(maps)
+    assert torch.equal(im.gather(composed, x), sequential(maps, x))
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(chains(length=2, allow_bits=False), st.integers(0, 2**16))
+def test_compose_byte_maps_on_float_tensors(chain, seed):
+    shape, maps = chain
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g)
+    composed = im.compose_all(maps)
+    assert torch.equal(im.gather(composed, x), sequential(maps, x))
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(chains(length=3), st.integers(0, 2**16))
+def test_compose_is_associative(chain, seed):
+    shape, maps = chain
+    if len(maps) < 3:
+        return
+    a, b, c = maps
+    x = rand_u8(shape, seed)
+    left = im.compose(im.compose(a, b), c)
+    right = im.compose(a, im.compose(b, c))
+    expected = sequential(maps, x)
+    assert torch.equal(im.gather(left, x), expected)
+    assert torch.equal(im.gather(right, x), expected)
+
+
+# Compose a table on an axis with a padding of the same axis: the composed source
+# coordinate reads the table at the padded (out-of-range) positions.
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: gather(compose(table_map, pad_map)) indexes the Table out of range at padded positions (IndexError)",
+)
+def test_compose_table_then_pad_same_axis():
+    table = im.table_map(C(3, 2), 0, (2, 0, 1))
+    pad = im.pad_map(C(3, 2), 0, Const(4))
+    x = rand_u8((3, 2), 1)
+    expected = sequential([table, pad], x)
+    assert torch.equal(im.gather(im.compose(table, pad), x), expected)
+
+
+def test_compose_rank_mismatch_raises():
+    with pytest.raises(ValueError):
+        im.compose(im.identity(C(2, 3)), im.identity(C(6)))
+
+
+def test_compose_total_flags():
+    pad = im.pad_map(C(3), 0, Const(4))
+    assert not pad.is_total()
+    assert im.identity(C(3)).is_total()
+    assert not im.compose(im.identity(C(3)), pad).is_total()
+    crop = im.crop_map(C(4), 0, Const(3))
+    back = im.compose(pad, crop)
+    x = rand_u8((3,), 3)
+    assert torch.equal(im.gather(back, x), x)
+
+
+# ---------------------------------------------------------------------------
+# bit granularity
+
+
+@st.composite
+def byte_maps(draw):
+    shape = draw(shapes)
+    return shape, _byte_map(draw, shape)
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(byte_maps(), st.integers(0, 2**16))
+def test_lift_to_bits_equals_the_byte_map(sm, seed):
+    shape, m = sm
+    x = rand_u8(shape, seed)
+    lifted = im.lift_to_bits(m)
+    assert lifted.bit_level and ints(lifted.out_shape)[-1] == 8
+    assert torch.equal(im.gather(lifted, x), im.gather(m, x))
+    # also for another one-byte dtype
+    x8 = x.view(torch.int8)
+    assert torch.equal(im.gather(lifted, x8), im.gather(m, x8))
+    assert im.lift_to_bits(lifted) is lifted
+
+
+@settings(max_examples=100, **SETTINGS)
+@given(byte_maps())
+def test_drop_bit_axis_undoes_lift(sm):
+    shape, m = sm
+    back = im.drop_bit_axis(im.lift_to_bits(m))
+    if m.fill == Const(0):
+        assert back == m
+    else:
+        # documented: a non-zero byte fill pattern is not reassembled from its bits
+        assert back is None or back == m
+    assert im.drop_bit_axis(m) is m
+
+
+def test_drop_bit_axis_of_a_bit_shuffle_is_none():
+    full = C(2, 8)
+    o0, o1 = im.out_vars(2)
+    cross = IndexMap(full, full, (1 - o0, o1), bit_level=True)  # moves whole bytes: droppable
+    assert im.drop_bit_axis(cross) is not None
+    mixing = IndexMap(full, full, (ex.mod(o1, 2), ex.floordiv(o1, 2) + 4 * o0), bit_level=True)
+    assert im.drop_bit_axis(mixing) is None
+    within = IndexMap(full, full, (o0, 7 - o1), bit_level=True)
+    assert im.drop_bit_axis(within) is None
+
+
+def test_bytes_bits_round_trip_and_order():
+    x = torch.arange(256, dtype=torch.uint8)
+    bits = im.bytes_to_bits(x)
+    assert bits.shape == (256, 8)
+    for v in (0, 1, 2, 128, 0xA5, 255):
+        assert [int(b) for b in bits[v]] == [(v >> i) & 1 for i in range(8)]
+    assert torch.equal(im.bits_to_bytes(bits), x)
+
+
+def test_bit_level_gather_on_a_known_permutation():
+    # reverse the bits of every byte: a naive per-element reference
+    full = C(4, 8)
+    o0, o1 = im.out_vars(2)
+    rev = IndexMap(full, full, (o0, 7 - o1), bit_level=True)
+    x = torch.tensor([0b00000001, 0b10110000, 0xFF, 0x0F], dtype=torch.uint8)
+    want = [int(f"{v:08b}"[::-1], 2) for v in x.tolist()]
+    assert im.gather(rev, x).tolist() == want
+
+
+def test_bit_level_gather_needs_one_byte_elements():
+    m = im.lift_to_bits(im.identity(C(3)))
+    with pytest.raises(ValueError):
+        im.gather(m, torch.zeros(3, dtype=torch.float32))
+
+
+def test_lift_keeps_a_nonzero_fill_bit_by_bit():
+    pad = im.pad_map(C(2), 0, Const(4), fill=0xA5)
+    x = torch.tensor([1, 2], dtype=torch.uint8)
+    assert im.gather(im.lift_to_bits(pad), x).tolist() == [1, 2, 0xA5, 0xA5]
+    assert im.gather(pad, x).tolist() == [1, 2, 0xA5, 0xA5]
+
+
+# ---------------------------------------------------------------------------
+# building blocks against torch, whole domains
+
+
+def arange_t(shape):
+    return torch.arange(math.prod(shape), dtype=torch.int64).reshape(shape)
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(st.data())
+def test_reshape_map_is_torch_reshape(data):
+    shape = data.draw(shapes)
+    new = _factorize(data.draw, math.prod(shape))
+    x = arange_t(shape)
+    assert torch.equal(im.gather(im.reshape_map(C(*shape), C(*new)), x), x.reshape(new))
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(st.data())
+def test_permute_map_is_torch_permute(data):
+    shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4).map(tuple))
+    perm = data.draw(st.permutations(range(len(shape))))
+    x = arange_t(shape)
+    m = im.permute_map(C(*shape), perm)
+    assert ints(m.out_shape) == tuple(x.permute(*perm).shape)
+    assert torch.equal(im.gather(m, x), x.permute(*perm))
+
+
+def test_permute_map_rejects_non_permutations():
+    with pytest.raises(ValueError):
+        im.permute_map(C(2, 3), (0, 0))
+    with pytest.raises(ValueError):
+        im.permute_map(C(2, 3), (0,))
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(st.data())
+def test_table_map_is_index_select(data):
+    shape = data.draw(shapes)
+    d = data.draw(st.integers(0, len(shape) - 1))
+    values = data.draw(st.lists(st.integers(0, shape[d] - 1), min_size=shape[d], max_size=shape[d]))
+    x = arange_t(shape)
+    m = im.table_map(C(*shape), d, values)
+    assert torch.equal(im.gather(m, x), x.index_select(d, torch.tensor(values, dtype=torch.long)))
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(st.data())
+def test_pad_map_is_per_part_torch_padding(data):
+    shape = data.draw(shapes)
+    d = data.draw(st.integers(0, len(shape) - 1))
+    n = shape[d]
+    parts = data.draw(st.sampled_from(divisors(n)))
+    extra = data.draw(st.integers(0, 3))
+    fill = data.draw(st.integers(0, 99))
+    part = n // parts
+    x = arange_t(shape) + 100
+    m = im.pad_map(C(*shape), d, Const(part + extra), parts, fill)
+    # torch: split dim into parts, pad the end of each part, merge back
+    chunks = x.unflatten(d, (parts, part))
+    pad_spec = [0, 0] * (chunks.dim() - (d + 1) - 1) + [0, extra]
+    want = F.pad(chunks, pad_spec, value=fill).flatten(d, d + 1)
+    assert ints(m.out_shape) == tuple(want.shape)
+    assert torch.equal(im.gather(m, x), want)
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(st.data())
+def test_crop_map_is_per_part_narrow(data):
+    shape = data.draw(shapes)
+    d = data.draw(st.integers(0, len(shape) - 1))
+    n = shape[d]
+    parts = data.draw(st.sampled_from(divisors(n)))
+    part = n // parts
+    size = data.draw(st.integers(1, part))
+    x = arange_t(shape)
+    m = im.crop_map(C(*shape), d, Const(size), parts)
+    want = x.unflatten(d, (parts, part)).narrow(d + 1, 0, size).flatten(d, d + 1)
+    assert torch.equal(im.gather(m, x), want)
+
+
+def test_pad_map_docstring_example():
+    # rows I = 3, multiple 4, parts 2: out rows 0..7 read 0 1 2 - 3 4 5 -
+    m = im.pad_map(C(6), 0, Const(4), parts=2, fill=9)
+    x = torch.tensor([10, 11, 12, 13, 14, 15])
+    assert im.gather(m, x).tolist() == [10, 11, 12, 9, 13, 14, 15, 9]
+
+
+# ---------------------------------------------------------------------------
+# symbolic shapes and gather details
+
+
+def test_gather_with_symbolic_shapes_and_dims():
+    E, I = Var("E"), Var("I")
+    shape = (E, 2 * I, Const(3))
+    o0, o1, o2 = im.out_vars(3)
+    swap = IndexMap(shape, shape, (o0, ex.mod(o1 + I, 2 * I), o2))
+    dims = {"E": 2, "I": 3}
+    x = arange_t((2, 6, 3))
+    want = torch.cat([x[:, 3:], x[:, :3]], dim=1)
+    assert torch.equal(im.gather(swap, x, dims), want)
+    assert im.concrete_shape(shape, dims) == (2, 6, 3)
+    with pytest.raises(ValueError):
+        im.gather(swap, x, {"E": 2, "I": 2})
+
+
+def test_gather_rejects_wrong_input_shape():
+    with pytest.raises(ValueError):
+        im.gather(im.identity(C(2, 3)), torch.zeros(3, 2))
+
+
+def test_index_map_needs_one_source_per_input_axis():
+    with pytest.raises(ValueError):
+        IndexMap(C(2, 3), C(6), (im.out_var(0),))
+
+
+def test_gather_on_empty_input():
+    m = im.pad_map(C(0), 0, Const(2), fill=7)
+    assert im.gather(m, torch.zeros(0, dtype=torch.uint8)).tolist() == [7, 7]
+
+
+def test_coordinate_grids_broadcast():
+    g = im.coordinate_grids((2, 3, 4))
+    assert g["o0"].shape == (2, 1, 1) and g["o1"].shape == (1, 3, 1) and g["o2"].shape == (1, 1, 4)
+    assert g["o2"].flatten().tolist() == [0, 1, 2, 3]
+
+
+def test_source_indices_linear_order():
+    m = im.permute_map(C(2, 3), (1, 0))
+    linear, valid, _ = im.source_indices(m, {})
+    assert linear.tolist() == [[0, 3], [1, 4], [2, 5]]
+    assert bool(valid.all())
+
+
+def test_describe_mentions_sources_and_padding():
+    m = im.pad_map(C(3, 2), 0, Const(4), fill=0)
+    text = m.describe()
+    assert text.startswith("out[o0, o1] = in[o0, o1]") and " if " in text
