@@ -112,10 +112,12 @@ def _param_domains(spec_path: Path, fixed: dict[str, Any]) -> list[dict[str, Any
 @click.argument("specs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @define_option
 @click.option("--quiet", "-q", is_flag=True, help="Print only problems.")
+@click.option("--probe", is_flag=True, help="Also verify dynamically: run the converter on self-describing inputs.")
 @_guard
-def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool) -> int:
+def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe: bool) -> int:
     """Parse and verify SPECS; every parameter combination unless fixed with -D."""
     from .api import compile_file
+    from .probe import probe as run_probe
 
     fixed = _parse_defines(defines)
     failed = 0
@@ -129,9 +131,14 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool) -> int
             for params in combos:
                 spec = compile_file(path, params)
                 _print_diagnostics(spec.warnings, str(path), spec.program.source)
+                if probe:
+                    findings = run_probe(spec)
+                    if findings:
+                        raise SpecError(findings, str(path), spec.program.source)
                 if not quiet:
                     shown = ", ".join(f"{k}={v}" for k, v in params.items())
-                    click.echo(f"{path}: ok{f' ({shown})' if shown else ''}: {spec.name}")
+                    how = "ok, static and probed" if probe else "ok"
+                    click.echo(f"{path}: {how}{f' ({shown})' if shown else ''}: {spec.name}")
         except SpecError as err:
             _print_diagnostics(err.diagnostics, err.filename, err.source)
             failed += 1

@@ -87,22 +87,39 @@ def _prefix(chain: Chain, with_row_packings: bool) -> list[Step]:
     return out
 
 
+def prefix_length(chain: Chain, with_row_packings: bool = False) -> int:
+    return len(_prefix(chain, with_row_packings))
+
+
+def static_sources(chain: Chain, dims: dict, upto: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]] | None:
+    """(source linear index, valid) over the output of the first ``upto`` steps, from the index maps."""
+    steps = chain.steps[:upto]
+    if not steps:
+        shape = concrete_shape(chain.source.shape, dims)
+        n = 1
+        for v in shape:
+            n *= v
+        return torch.arange(n).reshape(shape), torch.ones(shape, dtype=torch.bool), shape
+    m = compose_all([s.op.index_map(s.in_type) for s in steps])
+    linear, valid, _ = source_indices(m, dims)
+    return linear, valid, concrete_shape(m.out_shape, dims)
+
+
 def axis_map(chain: Chain, dims: dict, with_row_packings: bool = False) -> AxisMap:
-    """The logical part of ``chain`` evaluated on ``dims``, reduced to its row and K functions."""
-    steps = _prefix(chain, with_row_packings)
-    spec = chain.source
+    """The logical part of ``chain`` evaluated on ``dims`` from its index maps."""
+    linear, valid, out_shape = static_sources(chain, dims, prefix_length(chain, with_row_packings))
+    return reduce_to_axes(chain.source, dims, linear, valid, out_shape)
+
+
+def reduce_to_axes(spec: TensorSpec, dims: dict, linear: torch.Tensor, valid: torch.Tensor,
+                   out_shape: tuple[int, ...]) -> AxisMap:
+    """Row and K functions of a gather given as (source linear index, valid) per output element."""
     in_shape = concrete_shape(spec.shape, dims)
     rank = len(in_shape)
     ra = _row_axis(spec, rank)
     has_k = spec.role != "bias"
-    if not steps:
-        cols = tuple(range(in_shape[-1])) if has_k else None
-        return AxisMap(tuple(range(in_shape[ra])), _elements(spec, cols) if has_k else None, True)
-    m = compose_all([s.op.index_map(s.in_type) for s in steps])
-    out_shape = concrete_shape(m.out_shape, dims)
     if len(out_shape) != rank:
         return AxisMap((), None, False)
-    linear, valid, _ = source_indices(m, dims)
     coords, rem = [], linear
     for size in reversed(in_shape):
         coords.append(rem % size)
@@ -214,6 +231,10 @@ class _Verifier:
         self.compiled = compiled
         self.program: Program = compiled.program
         self.diags: list[Diagnostic] = []
+
+    def axis(self, chain: Chain, dims: dict, with_row_packings: bool = False) -> AxisMap:
+        """Where the verdict's maps come from: the index maps (static), or a probe run (dynamic)."""
+        return axis_map(chain, dims, with_row_packings)
 
     def error(self, message: str, pos: Pos | None, tensors: Iterable[str], hint: str | None = None,
               related: Iterable[tuple[str, Pos]] = ()) -> None:
@@ -328,9 +349,9 @@ class _Verifier:
         row_packed = any(s.op.name in ROW_PACKINGS for c in [weight] + tied for s in c.steps)
         for dims in samples:
             for with_packing in (False, True) if row_packed else (False,):
-                wmap = axis_map(weight, dims, with_packing)
+                wmap = self.axis(weight, dims, with_packing)
                 for c in tied:
-                    cmap = axis_map(c, dims, with_packing)
+                    cmap = self.axis(c, dims, with_packing)
                     if wmap.rows != cmap.rows:
                         self.report_row_desync(weight, c, wmap, cmap, with_packing, dims)
                     elif c.source.role == "scale" and wmap.cols is not None and cmap.cols is not None:
@@ -390,7 +411,7 @@ class _Verifier:
                        f"declare the checkpoint order, e.g. input {chain.tensor} : ... rows [...]")
             return
         for dims in samples[:2]:
-            amap = axis_map(chain, dims)
+            amap = self.axis(chain, dims)
             n_in = _n_rows(chain.source, dims)
             src = row_labels(src_layout, n_in)
             actual = [src[r] if r >= 0 else None for r in amap.rows]
@@ -420,13 +441,17 @@ class _Verifier:
         return None
 
     # -- run --
+    def samples(self, variant: Variant) -> list[dict]:
+        return verification_dims(self.program, variant)
+
+    def variants(self) -> Sequence[Variant]:
+        return self.compiled.variants
+
     def run(self) -> list[Diagnostic]:
         self.check_ties_declared()
-        for variant in self.compiled.variants:
+        for variant in self.variants():
             before = len(self.diags)
-            known = [(k.value, k.multiple) for c in variant.chains for k in c.constraints]
-            known += [(ex.Var(a.dim), a.multiple) for a in self.program.assumptions]
-            samples = _pick(sample_dims(self.program.dims, known))
+            samples = self.samples(variant)
             for c in variant.chains:
                 self.check_order(c)
                 self.check_shards(c)
@@ -486,6 +511,13 @@ def _pick(samples: list[dict]) -> list[dict]:
     if len(samples) > 1:
         out.append(samples[len(samples) // 2])
     return out
+
+
+def verification_dims(program: Program, variant: Variant) -> list[dict]:
+    """The small instances a variant is verified on (every divisibility rule holds)."""
+    known = [(k.value, k.multiple) for c in variant.chains for k in c.constraints]
+    known += [(ex.Var(a.dim), a.multiple) for a in program.assumptions]
+    return _pick(sample_dims(program.dims, known))
 
 
 def verify(compiled: Compiled) -> list[Diagnostic]:

@@ -1,0 +1,190 @@
+"""Dynamic verification: run the converter on inputs that encode their own coordinates.
+
+The static verifier reasons about index maps; this module checks the same claims with
+an independent mechanism, the generated converter itself (the eager torch lowering):
+
+1. *Encode.* Every input element carries its own position. Packed and one-byte data
+   are probed bit by bit: in run ``d`` each input bit is bit ``d`` of its own bit index,
+   so a bit-level permutation (the SM90 FP4 interleave) is traced exactly. Wider types
+   (fp32 biases, possibly cast to bf16) carry base-256 digits of their element index,
+   values 0..255 that survive the casts. Two extra runs with all-zero and all-one inputs
+   tell real elements from padding.
+2. *Decode.* Each run's outputs are taken back through the inverses of the tensor's
+   physical packings (their eager implementations), which leaves the logical layout;
+   the digits then spell, for every logical output element, the input element it holds.
+3. *Compare.* Those sources must equal what the composed index maps say (a mismatch
+   means a primitive's map and its implementation disagree), and the verifier's sync
+   and contract checks run again on the probed maps; a verdict that differs from the
+   static one is itself an error.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import expr as ex
+from .api import CompiledSpec
+from .compiler import Chain, Variant
+from .errors import Diagnostic
+from .indexmap import bits_to_bytes, bytes_to_bits, concrete_shape
+from .verify import AxisMap, _Verifier, prefix_length, reduce_to_axes, static_sources, verification_dims
+
+
+def _numel(shape) -> int:
+    return math.prod(shape) if shape else 1
+
+
+class ProbeRun:
+    """All converter runs for one spec variant on one set of dims."""
+
+    def __init__(self, spec: CompiledSpec, variant: Variant, dims: dict):
+        self.spec = spec
+        self.variant = variant
+        self.dims = dims
+        self.shapes = {c.tensor: concrete_shape(c.source.shape, dims) for c in variant.chains}
+        self.bitwise = {c.tensor: c.source.elem.bits == 8 for c in variant.chains}
+        digits = []
+        for c in variant.chains:
+            n = _numel(self.shapes[c.tensor])
+            digits.append(max(1, math.ceil(math.log2(n * 8))) if self.bitwise[c.tensor] else max(1, math.ceil(math.log(max(n, 2), 256))))
+        self.digits = max(digits)
+        self.zero = spec.convert(self._inputs(lambda name, n: 0), dims)
+        self.one = spec.convert(self._inputs(lambda name, n: 1), dims)
+        self.runs = [spec.convert(self._inputs(self._digit(d)), dims) for d in range(self.digits)]
+
+    def _digit(self, d: int):
+        def fill(name: str, n: int):
+            if self.bitwise[name]:
+                bit_index = torch.arange(n * 8, dtype=torch.int64)
+                return ((bit_index >> d) & 1).to(torch.uint8).reshape(n, 8)
+            return (torch.arange(n, dtype=torch.int64) >> (8 * d)) & 255
+
+        return fill
+
+    def _inputs(self, fill) -> dict:
+        out = {}
+        for c in self.variant.chains:
+            shape, elem = self.shapes[c.tensor], c.source.elem
+            n = _numel(shape)
+            v = fill(c.tensor, n)
+            if self.bitwise[c.tensor]:
+                raw = bits_to_bytes(v) if isinstance(v, torch.Tensor) else torch.full((n,), 0xFF * v, dtype=torch.uint8)
+                t = raw.reshape(shape).view(elem.torch_dtype)
+            else:
+                values = v if isinstance(v, torch.Tensor) else torch.full((n,), v, dtype=torch.int64)
+                t = values.to(elem.torch_dtype).reshape(shape)
+            out[c.tensor] = t
+        return out
+
+    def _undo(self, chain: Chain, upto: int, x: torch.Tensor) -> torch.Tensor:
+        """Take a converter output back through the inverses of steps ``upto..`` (eager)."""
+        for step in reversed(chain.steps[upto:]):
+            inv = step.op.inverse(step.in_type)
+            if inv is None:
+                raise ValueError(f"{chain.tensor}: {step.op.name} has no inverse, so the probe cannot decode it")
+            fn, args = inv.impl()
+            x = fn(x, *[ex.evaluate(a, self.dims) if isinstance(a, ex.Expr) else a for a in args])
+        return x
+
+    def sources(self, chain: Chain, upto: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+        """(source linear index, valid) of every element after the first ``upto`` steps, as run."""
+        name = chain.tensor
+        zero = self._undo(chain, upto, self.zero[name])
+        one = self._undo(chain, upto, self.one[name])
+        runs = [self._undo(chain, upto, r[name]) for r in self.runs]
+        shape = tuple(zero.shape)
+        if self.bitwise[name]:
+            as_bits = lambda t: bytes_to_bits(t.contiguous().view(torch.uint8)).to(torch.int64)  # noqa: E731
+            real = as_bits(zero) != as_bits(one)
+            src_bit = sum(as_bits(r) << d for d, r in enumerate(runs))
+            # a logical element is a whole byte read from one source byte, bit for bit
+            byte = src_bit // 8
+            same = torch.all(byte == byte[..., :1], dim=-1) & torch.all(src_bit % 8 == torch.arange(8), dim=-1)
+            valid = torch.all(real, dim=-1)
+            return torch.where(valid, byte[..., 0], 0), valid & same, shape
+        values = lambda t: t.to(torch.float64).round().to(torch.int64)  # noqa: E731
+        valid = values(zero) != values(one)
+        src = sum((values(r) & 255) << (8 * d) for d, r in enumerate(runs))
+        return torch.where(valid, src, 0), valid, shape
+
+
+class _DynamicVerifier(_Verifier):
+    def __init__(self, spec: CompiledSpec, samples_per_variant: int = 1):
+        super().__init__(spec.compiled)
+        self.spec = spec
+        self.per_variant = samples_per_variant
+        self.runs: dict[tuple, ProbeRun] = {}
+        self.variant_of: dict[str, Variant] = {}
+
+    def samples(self, variant: Variant) -> list[dict]:
+        return verification_dims(self.program, variant)[: self.per_variant]
+
+    def run_for(self, chain: Chain, dims: dict) -> ProbeRun:
+        variant = next(v for v in self.compiled.variants if chain in v.chains)
+        key = (variant.present, tuple(sorted(dims.items())))
+        if key not in self.runs:
+            self.runs[key] = ProbeRun(self.spec, variant, dims)
+        return self.runs[key]
+
+    def axis(self, chain: Chain, dims: dict, with_row_packings: bool = False) -> AxisMap:
+        upto = prefix_length(chain, with_row_packings)
+        linear, valid, shape = self.run_for(chain, dims).sources(chain, upto)
+        return reduce_to_axes(chain.source, dims, linear, valid, shape)
+
+    def agreement(self) -> list[Diagnostic]:
+        """The probed logical maps must equal the index maps, element for element."""
+        out = []
+        for variant in self.compiled.variants:
+            for dims in self.samples(variant):
+                for chain in variant.chains:
+                    for packing in (False, True):
+                        upto = prefix_length(chain, packing)
+                        s_lin, s_valid, s_shape = static_sources(chain, dims, upto)
+                        d_lin, d_valid, d_shape = self.run_for(chain, dims).sources(chain, upto)
+                        if s_shape != d_shape:
+                            diff = f"the maps give shape {list(s_shape)}, the converter {list(d_shape)}"
+                        else:
+                            bad = (s_valid != d_valid) | (s_valid & (s_lin != d_lin))
+                            if not bool(bad.any()):
+                                continue
+                            at = tuple(int(i) for i in bad.nonzero()[0])
+                            src = lambda lin, ok: f"input element {int(lin[at])}" if bool(ok[at]) else "padding"  # noqa: E731
+                            diff = (f"at logical element {list(at)} the index maps read {src(s_lin, s_valid)} but the "
+                                    f"converter put {src(d_lin, d_valid)} there ({int(bad.sum())} elements differ)")
+                        dims_text = ", ".join(f"{k}={v}" for k, v in dims.items())
+                        steps = chain.steps[:upto]
+                        pos = steps[-1].statement.pos if steps and steps[-1].statement else chain.source.pos
+                        out.append(Diagnostic(
+                            "error", f"{chain.tensor}: static and dynamic verification disagree with {dims_text}: {diff}",
+                            pos, "a primitive's index map and its torch implementation differ; this is a layoutc bug",
+                            (chain.tensor,),
+                        ))
+                        break
+        return out
+
+
+def probe(spec: CompiledSpec, samples_per_variant: int = 1) -> list[Diagnostic]:
+    """Dynamic verification of a compiled (statically verified) spec; empty when both agree."""
+    dyn = _DynamicVerifier(spec, samples_per_variant)
+    findings = dyn.agreement()
+    verdict = dyn.run()
+    if verdict:
+        findings.append(Diagnostic(
+            "error",
+            f"the probed converter breaks {len(verdict)} rule(s) that the static verifier accepted: "
+            + "; ".join(d.message for d in verdict[:3]),
+            verdict[0].pos, "the static and dynamic verdicts disagree; this is a layoutc bug",
+            tuple(t for d in verdict for t in d.tensors),
+        ))
+        findings.extend(verdict)
+    return findings
+
+
+def probe_maps(spec: CompiledSpec, tensor: str, dims: dict, present=()) -> tuple[torch.Tensor, torch.Tensor]:
+    """(source, valid) of the whole converter for one tensor (no decoding), for tests and tools."""
+    variant = spec.compiled.variant(present)
+    chain = variant.chain(tensor)
+    lin, valid, _ = ProbeRun(spec, variant, dims).sources(chain, len(chain.steps))
+    return lin, valid
