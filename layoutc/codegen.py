@@ -24,7 +24,7 @@ from . import __version__
 from . import expr as ex
 from .compiler import Chain, Compiled, Constraint, Variant
 from .ir import TensorSpec
-from .lower import eager, runtime
+from .lower import eager, guard_rt, runtime
 from .ops import torch_impl
 from .versions import distribution
 
@@ -39,6 +39,9 @@ RUNTIME_NAMES = (
     "_version_ok",
     "_check_requires",
 )
+
+
+GUARD_NAMES = ("_provenance_registry", "_installed", "_stamp", "_provenance", "_guard_layer")
 
 
 def _source_of(obj: Any) -> str:
@@ -183,6 +186,8 @@ def _emit_direction(
             body.append(f"{inner}x = tensors[{spec.name!r}]")
             body += [inner + line for line in eager.emit_chain(chain, filename)]
             body.append(f"{inner}out[{spec.name!r}] = _owned(x, tensors)")
+    if fn_name == "convert":
+        body.append("    _stamp(out, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES)")
     body.append("    return out")
     return body
 
@@ -216,6 +221,9 @@ def generate(compiled: Compiled) -> str:
         '"""',
         "",
         "import importlib.metadata",
+        "import itertools",
+        "import sys",
+        "import types",
         "from fractions import Fraction",
         "",
         "import torch",
@@ -229,8 +237,8 @@ def generate(compiled: Compiled) -> str:
         f"INPUTS = {_contract(p.inputs)}",
         f"OUTPUTS = {_contract(p.outputs)}",
         "",
-        "__all__ = ['convert', 'inverse', 'LayoutError', 'SPEC_NAME', 'SPEC_SHA256', 'PARAMS', 'REQUIRES', "
-        "'DIMS', 'INPUTS', 'OUTPUTS', 'INVERTIBLE']",
+        "__all__ = ['convert', 'inverse', 'guard', 'provenance', 'LayoutError', 'SPEC_NAME', 'SPEC_SHA256', "
+        "'PARAMS', 'REQUIRES', 'DIMS', 'INPUTS', 'OUTPUTS', 'INVERTIBLE']",
         "",
         "",
         "# -- contract checks (layoutc.lower.runtime) " + "-" * 40,
@@ -241,6 +249,10 @@ def generate(compiled: Compiled) -> str:
     for name in RUNTIME_NAMES:
         lines.append("")
         lines.append(_source_of(getattr(runtime, name)))
+    lines += ["", "# -- provenance and the pre-kernel guard (layoutc.lower.guard_rt) " + "-" * 17, ""]
+    for name in GUARD_NAMES:
+        lines.append("")
+        lines.append(_source_of(getattr(guard_rt, name)))
     lines += ["", "# -- primitives (layoutc.ops.torch_impl) " + "-" * 43, ""]
     for chunk in _impl_closure(eager.functions_used(chains)):
         lines.append("")
@@ -277,4 +289,21 @@ def generate(compiled: Compiled) -> str:
             "def inverse(tensors, dims=None):",
             f'    raise NotImplementedError("{p.name}: some transform has no inverse, so this layout cannot be undone")',
         ]
+    lines += ["", "", *GUARD_FUNCTIONS]
     return "\n".join(lines).rstrip() + "\n"
+
+
+GUARD_FUNCTIONS = [
+    "def guard(tensors, same_call=False):",
+    '    """Right before the kernel: assert that these outputs (one layer) all come from this spec,',
+    "    with these parameters, unmodified since conversion, with the contract's names, dtypes and shapes.",
+    '    Returns the provenance record. Costs microseconds (no device work)."""',
+    "    record = _guard_layer(tensors, SPEC_SHA256, PARAMS, same_call, 'guard')",
+    "    _check_tensors(tensors, OUTPUTS, _OUTPUT_SHAPES, _OUTPUT_AXES, None, DIMS, 'guard')",
+    "    return record",
+    "",
+    "",
+    "def provenance(tensor):",
+    '    """The record of the converter run that produced ``tensor`` (None if it was not)."""',
+    "    return _provenance(tensor)",
+]

@@ -243,13 +243,17 @@ class _Builder:
         if chain.target is None:
             return None
         steps: list[Step] = []
-        t = TensorType(chain.target.elem, chain.target.shape)
+        # Typed from what the transforms produce; that the output declares the same is checked elsewhere.
+        t = chain.out_type
         constraints: list[Constraint] = self.input_constraints(chain.target)
         for s in reversed(chain.steps):
             inv = s.op.inverse(s.in_type)
             if inv is None:
                 return None
-            inferred = inv.infer(t)
+            try:
+                inferred = inv.infer(t)
+            except OpTypeError:
+                return None
             context = f"inverse of {s.statement.text if s.statement else s.op} at {_where(self.program, s.statement.pos if s.statement else None)}"
             for r in inferred.requires:
                 constraints.append(self.constraint(chain.tensor, r.value, r.multiple, r.what, context,

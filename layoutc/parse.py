@@ -162,6 +162,8 @@ class _ToAst(Transformer):
 
     def interleaved_rows(self, meta, children):
         a, b, group = children
+        if group is not None and int(group) < 1:
+            raise _Fail("an interleave group is at least 1 row", _pos(group))
         return ast.InterleavedRows((self._name(a), self._name(b)), int(group) if group is not None else 1, _pos(meta))
 
     def packing_attr(self, meta, children):

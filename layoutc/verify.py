@@ -105,10 +105,63 @@ def static_sources(chain: Chain, dims: dict, upto: int) -> tuple[torch.Tensor, t
     return linear, valid, concrete_shape(m.out_shape, dims)
 
 
+def _spread(n: int, full: bool) -> torch.Tensor:
+    """All of ``range(n)``, or a few positions spread over it (ends, middle, a stride)."""
+    if full or n <= 12:
+        return torch.arange(n)
+    picks = {0, 1, n // 3, n // 2, n - 2, n - 1} | set(range(0, n, max(1, n // 5)))
+    return torch.tensor(sorted(picks))
+
+
 def axis_map(chain: Chain, dims: dict, with_row_packings: bool = False) -> AxisMap:
-    """The logical part of ``chain`` evaluated on ``dims`` from its index maps."""
-    linear, valid, out_shape = static_sources(chain, dims, prefix_length(chain, with_row_packings))
-    return reduce_to_axes(chain.source, dims, linear, valid, out_shape)
+    """The logical part of ``chain`` evaluated on ``dims`` from its index maps.
+
+    Evaluated twice on cross-sections rather than the whole domain: every row against a
+    spread of columns and experts (the row function), and every column against a spread
+    of rows (the K function); both also check that other axes stay where they are."""
+    steps = chain.steps[: prefix_length(chain, with_row_packings)]
+    spec = chain.source
+    in_shape = concrete_shape(spec.shape, dims)
+    rank = len(in_shape)
+    ra = _row_axis(spec, rank)
+    has_k = spec.role != "bias"
+    if not steps:
+        cols = tuple(range(in_shape[-1])) if has_k else None
+        return AxisMap(tuple(range(in_shape[ra])), _elements(spec, cols) if has_k else None, True)
+    m = compose_all([s.op.index_map(s.in_type) for s in steps])
+    out_shape = concrete_shape(m.out_shape, dims)
+    if len(out_shape) != rank:
+        return AxisMap((), None, False)
+
+    def section(full_axis: int):
+        picks = [_spread(n, a == full_axis) for a, n in enumerate(out_shape)]
+        env = dict(dims)
+        for a, idx in enumerate(picks):
+            view = [1] * rank
+            view[a] = len(idx)
+            env[f"o{a}"] = idx.view(view)
+        shape = tuple(len(i) for i in picks)
+        valid = torch.as_tensor(ex.evaluate(m.valid, env)).to(torch.bool).expand(shape)
+        coords = [torch.as_tensor(ex.evaluate(e, env)).expand(shape) for e in m.src]
+        return picks, valid, coords
+
+    def function_of(axis: int):
+        picks, valid, coords = section(axis)
+        ok = all(bool(torch.all(~valid | (coords[a] == picks[a].view([-1 if b == a else 1 for b in range(rank)]))))
+                 for a in range(rank) if a not in special)
+        src = torch.where(valid, coords[axis], -1).movedim(axis, 0).contiguous()
+        src = src.reshape(src.shape[0], -1)
+        value = src.amax(dim=1)
+        ok &= bool(torch.all((src == value[:, None]) | (src == -1)))
+        return tuple(value.tolist()), ok
+
+    special = {ra, rank - 1} if has_k else {ra}
+    rows, ok_rows = function_of(ra)
+    cols, ok_cols = None, True
+    if has_k:
+        raw, ok_cols = function_of(rank - 1)
+        cols = _elements(spec, raw)
+    return AxisMap(rows, cols, ok_rows and ok_cols)
 
 
 def reduce_to_axes(spec: TensorSpec, dims: dict, linear: torch.Tensor, valid: torch.Tensor,
@@ -132,9 +185,10 @@ def reduce_to_axes(spec: TensorSpec, dims: dict, linear: torch.Tensor, valid: to
     def function_of(axis: int) -> tuple[tuple[int, ...], bool]:
         src = torch.where(valid, coords[axis], torch.full_like(linear, -1)).movedim(axis, 0)
         src = src.reshape(out_shape[axis], -1)
-        value = src.max(dim=1).values if src.shape[1] else torch.full((out_shape[axis],), -1)
+        src = src.contiguous()
+        value = src.amax(dim=1) if src.shape[1] else torch.full((out_shape[axis],), -1)
         ok = bool(torch.all((src == value[:, None]) | (src == -1)))
-        return tuple(int(v) for v in value), ok
+        return tuple(value.tolist()), ok
 
     rows, ok_rows = function_of(ra)
     cols = None
@@ -350,8 +404,12 @@ class _Verifier:
         for dims in samples:
             for with_packing in (False, True) if row_packed else (False,):
                 wmap = self.axis(weight, dims, with_packing)
+                if not self.followable(weight, wmap):
+                    return
                 for c in tied:
                     cmap = self.axis(c, dims, with_packing)
+                    if not self.followable(c, cmap):
+                        return
                     if wmap.rows != cmap.rows:
                         self.report_row_desync(weight, c, wmap, cmap, with_packing, dims)
                     elif c.source.role == "scale" and wmap.cols is not None and cmap.cols is not None:
@@ -361,6 +419,20 @@ class _Verifier:
                             self.report_col_desync(weight, c, dims)
                 if len(self.diags) > before:
                     return
+
+    def followable(self, chain: Chain, amap: AxisMap) -> bool:
+        """Logical transforms move whole rows and whole K columns within each expert; anything else
+        (moving data across experts, or rows differently per column) is not a layout we can vouch for."""
+        if amap.consistent:
+            return True
+        steps = [s for s in chain.steps if s.op.category is Category.LOGICAL]
+        pos = steps[0].statement.pos if steps and steps[0].statement else chain.source.pos
+        self.error(
+            f"{chain.tensor}: the logical transforms move data across experts (or move rows differently "
+            f"per column), which no MoE kernel layout does",
+            pos, [chain.tensor], "check the dim= of the transforms: rows are dim 1 of [E, rows, K]",
+        )
+        return False
 
     def report_row_desync(self, w: Chain, c: Chain, wmap: AxisMap, cmap: AxisMap, packing: bool, dims) -> None:
         layout = self.declared_rows(w.source, "input")
@@ -412,6 +484,8 @@ class _Verifier:
             return
         for dims in samples[:2]:
             amap = self.axis(chain, dims)
+            if not self.followable(chain, amap):
+                return
             n_in = _n_rows(chain.source, dims)
             src = row_labels(src_layout, n_in)
             actual = [src[r] if r >= 0 else None for r in amap.rows]
@@ -504,13 +578,18 @@ def _agree(a: ex.Expr, b: ex.Expr, samples: list[dict]) -> bool:
 
 
 def _pick(samples: list[dict]) -> list[dict]:
-    """Two small instances: the smallest, and one with every dim at its second valid value."""
+    """Two instances, with every dim at its second and at its third smallest valid value:
+    the smallest one can hide a transform (a 64-row group interleave of 128 rows is the identity)."""
     if not samples:
         return []
-    out = [samples[0]]
-    if len(samples) > 1:
-        out.append(samples[len(samples) // 2])
-    return out
+    dims = list(samples[0])
+    values = {d: sorted({s[d] for s in samples}) for d in dims}
+    out = []
+    for rank in (1, 2):
+        want = {d: values[d][min(rank, len(values[d]) - 1)] for d in dims}
+        if want in samples and want not in out:
+            out.append(want)
+    return out or [samples[0]]
 
 
 def verification_dims(program: Program, variant: Variant) -> list[dict]:

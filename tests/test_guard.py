@@ -1,0 +1,119 @@
+"""The runtime guard: provenance recorded by every converter, checked before the kernel."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+
+import pytest
+import torch
+
+import layoutc
+import layoutc.guard as guard
+from layoutc.demo import synthetic_inputs
+from tests.helpers import SPECS
+
+DIMS = {"E": 2, "I": 128, "H": 128}
+
+
+@pytest.fixture(scope="module")
+def bf16():
+    return layoutc.compile_file(SPECS / "flashinfer_cutlass_bf16.lyt")
+
+
+@pytest.fixture(scope="module")
+def mxfp8():
+    return layoutc.compile_file(SPECS / "flashinfer_cutlass_mxfp8.lyt")
+
+
+def test_outputs_carry_their_provenance_through_nn_parameter(bf16):
+    out = bf16.convert(synthetic_inputs(bf16, DIMS, 0))
+    params = {k: torch.nn.Parameter(v, requires_grad=False) for k, v in out.items()}
+    record = guard.check(params, bf16)
+    assert record["spec"] == "flashinfer_cutlass_bf16"
+    assert record["sha256"] == bf16.sha256
+    assert dict(record["library"])["flashinfer"].startswith("0.7")
+    assert guard.provenance(params["w2_weight"])["tensor"] == "w2_weight"
+
+
+def test_mixing_specs_is_caught(bf16, mxfp8):
+    x = synthetic_inputs(bf16, DIMS, 1)
+    a, b = bf16.convert(x), mxfp8.convert(x)
+    with pytest.raises(layoutc.LayoutError, match="w2_weight_scale and w13_weight come from different spec"):
+        guard.check({**a, "w2_weight_scale": b["w2_weight_scale"]})
+    with pytest.raises(layoutc.LayoutError, match="converted by spec flashinfer_cutlass_mxfp8"):
+        guard.check({**a, "w13_weight": b["w13_weight"]}, bf16)
+
+
+def test_mixing_parameters_is_caught():
+    silu = layoutc.compile_file(SPECS / "flashinfer_cutedsl_nvfp4.lyt", {"activation": "silu"})
+    relu = layoutc.compile_file(SPECS / "flashinfer_cutedsl_nvfp4.lyt", {"activation": "relu2"})
+    dims = {"E": 1, "I": 64, "H": 64}
+    a = silu.convert(synthetic_inputs(silu, dims, 0))
+    b = relu.convert(synthetic_inputs(relu, dims, 0))
+    with pytest.raises(layoutc.LayoutError, match="different parameters"):
+        guard.check({**a, "w2_weight": b["w2_weight"]})
+
+
+def test_edits_after_conversion_are_caught(bf16):
+    out = bf16.convert(synthetic_inputs(bf16, DIMS, 2))
+    out["w2_bias"].mul_(2)
+    with pytest.raises(layoutc.LayoutError, match="w2_bias was modified in place"):
+        guard.check(out, bf16)
+    out = bf16.convert(synthetic_inputs(bf16, DIMS, 2))
+    with pytest.raises(layoutc.LayoutError, match="reshaped or reinterpreted"):
+        guard.check({**out, "w13_weight": out["w13_weight"].view(torch.int8)}, bf16)
+
+
+def test_foreign_and_misplaced_tensors_are_caught(bf16):
+    x = synthetic_inputs(bf16, DIMS, 3)
+    out = bf16.convert(x)
+    with pytest.raises(layoutc.LayoutError, match="w2_bias was not produced by a layoutc converter"):
+        guard.check({**out, "w2_bias": x["w2_bias"].to(torch.bfloat16)}, bf16)
+    with pytest.raises(layoutc.LayoutError, match="w13_bias holds the converted w2_bias"):
+        guard.check({**out, "w13_bias": out["w2_bias"]}, bf16)
+
+
+def test_layers_converted_separately_can_be_told_apart(bf16):
+    a = bf16.convert(synthetic_inputs(bf16, DIMS, 4))
+    b = bf16.convert(synthetic_inputs(bf16, DIMS, 5))
+    mixed = {**a, "w2_weight": b["w2_weight"]}
+    guard.check(mixed, bf16)  # same spec: fine by default
+    with pytest.raises(layoutc.LayoutError, match="different calls"):
+        guard.check(mixed, bf16, same_call=True)
+
+
+def test_contract_shapes_are_checked(bf16):
+    small = bf16.convert(synthetic_inputs(bf16, DIMS, 6))
+    big = bf16.convert(synthetic_inputs(bf16, {"E": 2, "I": 256, "H": 128}, 6))
+    with pytest.raises(layoutc.LayoutError):
+        guard.check({**small, "w13_weight": big["w13_weight"]}, bf16)
+
+
+def test_records_of_freed_tensors_do_not_vouch_for_new_ones(bf16):
+    out = bf16.convert(synthetic_inputs(bf16, DIMS, 7))
+    key = out["w2_bias"]
+    ptr = key.untyped_storage().data_ptr()
+    del out, key
+    gc.collect()
+    reused = torch.empty(0)
+    assert guard.provenance(reused) is None
+    from layoutc.lower.guard_rt import _provenance_registry
+    stale = [r for k, r in _provenance_registry().records.items() if k[0] == ptr]
+    assert all(r["storage"].expired() for r in stale)
+
+
+def test_standalone_module_has_the_same_guard(bf16, tmp_path):
+    path = bf16.write(tmp_path / "conv.py")
+    spec = importlib.util.spec_from_file_location("conv_guard_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.convert(synthetic_inputs(bf16, DIMS, 8))
+    assert mod.guard(out)["sha256"] == mod.SPEC_SHA256
+    # Registry is process-wide: the library sees the module's records and vice versa.
+    assert guard.provenance(out["w13_weight"])["spec"] == "flashinfer_cutlass_bf16"
+    other = bf16.convert(synthetic_inputs(bf16, DIMS, 8))
+    mod.guard(other)
+    out["w2_weight"].add_(1)
+    with pytest.raises(mod.LayoutError, match="modified in place"):
+        mod.guard(out)

@@ -1,0 +1,79 @@
+"""Mutation testing of the verifier: every mutant of a shipped spec must be rejected
+(at compile time, or loudly at convert time) or convert exactly like the original."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import torch
+
+import layoutc
+
+from layoutc.demo import synthetic_inputs
+from tests.helpers import bits
+from tests.verify.mutants import mutants
+
+#: Per shipped spec: the parameter sets to try and two layer shapes that satisfy it.
+SPEC_CASES = {
+    "flashinfer_cutlass_bf16": ([{}], [{"E": 2, "I": 128, "H": 128}, {"E": 1, "I": 256, "H": 384}]),
+    "flashinfer_cutlass_mxfp8": ([{}], [{"E": 2, "I": 128, "H": 128}, {"E": 1, "I": 256, "H": 384}]),
+    "flashinfer_cutedsl_nvfp4": ([{"activation": "silu"}, {"activation": "relu2"}],
+                                 [{"E": 2, "I": 64, "H": 128}, {"E": 1, "I": 192, "H": 80}]),
+}
+
+
+@attrs.frozen
+class Outcome:
+    description: str
+    verdict: str  # "rejected" | "rejected at convert" | "equivalent" | "SURVIVED"
+    detail: str = ""
+
+
+def _same(a: dict, b: dict) -> bool:
+    return set(a) == set(b) and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(bits(a[k]), bits(b[k])) for k in a
+    )
+
+
+def run(path: Path) -> list[Outcome]:
+    params_list, dims_list = SPEC_CASES[path.stem]
+    text = path.read_text()
+    reference = {}
+    for params in params_list:
+        spec = layoutc.compile_file(path, params)
+        for dims in dims_list:
+            x = synthetic_inputs(spec, dims, seed=11)
+            reference[(tuple(params.items()), tuple(dims.items()))] = (x, spec.convert(x))
+    out = []
+    for description, mutated in mutants(text):
+        verdict, detail = "equivalent", ""
+        for params in params_list:
+            try:
+                spec = layoutc.compile_source(mutated, f"{path.stem}-mutant.lyt", params)
+            except layoutc.SpecError as err:
+                verdict, detail = "rejected", err.errors[0].message if err.errors else ""
+                break
+            for dims in dims_list:
+                x, expected = reference[(tuple(params.items()), tuple(dims.items()))]
+                try:
+                    got = spec.convert(x)
+                except layoutc.LayoutError as err:
+                    verdict, detail = "rejected at convert", str(err)
+                    break
+                if not _same(got, expected):
+                    verdict, detail = "SURVIVED", f"params {params}, dims {dims}: outputs differ"
+                    break
+            if verdict != "equivalent":
+                break
+        out.append(Outcome(description, verdict, detail))
+    return out
+
+
+def score(outcomes: list[Outcome]) -> tuple[int, int, int]:
+    killed = sum(o.verdict.startswith("rejected") for o in outcomes)
+    survived = sum(o.verdict == "SURVIVED" for o in outcomes)
+    equivalent = sum(o.verdict == "equivalent" for o in outcomes)
+    return killed, survived, equivalent
+
+
