@@ -67,10 +67,15 @@ class CompiledSpec:
     def invertible(self) -> bool:
         return self.compiled.inverse_variants is not None
 
-    def convert(self, tensors: Mapping[str, torch.Tensor], dims: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
-        """Checkpoint tensors -> kernel layout. Inputs are never modified."""
+    def convert(
+        self, tensors: Mapping[str, torch.Tensor], dims: Mapping[str, int] | None = None, lowering: str = "auto"
+    ) -> dict[str, torch.Tensor]:
+        """Checkpoint tensors -> kernel layout. Inputs are never modified.
+
+        ``lowering``: "auto" (fused Triton kernels on CUDA, one torch gather per tensor on CPU),
+        "fused", "gather", or "eager" (op by op, the reference)."""
         try:
-            return self.module.convert(tensors, dims)
+            return self.module.convert(tensors, dims, lowering)
         except self.module.LayoutError as err:
             raise LayoutError(str(err)) from None
 
@@ -135,7 +140,10 @@ def compile_file(
     """Compile a ``.lyt`` file (see :func:`compile_source`)."""
     path = Path(path)
     try:
-        source = path.read_text()
+        source = path.read_bytes().decode("utf-8")  # no newline translation: SPEC_SHA256 is the file's hash
     except OSError as err:
         raise SpecError([Diagnostic("error", f"cannot read spec: {err.strerror}")], str(path)) from None
+    except UnicodeDecodeError as err:
+        raise SpecError([Diagnostic("error", f"the spec is not UTF-8 text ({err.reason} at byte {err.start})")],
+                        str(path)) from None
     return compile_source(source, str(path), params, check_versions)

@@ -64,6 +64,11 @@ def _guard(fn: Callable[..., int | None]) -> Callable[..., None]:
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as err:  # noqa: BLE001 - the last line of defence against tracebacks
+            from .lower.runtime import LayoutError
+
+            if isinstance(err, LayoutError):  # tensors that break a spec's contract: bad input, not a bug
+                click.echo(f"error: {err}", err=True)
+                sys.exit(EXIT_SPEC_ERROR)
             if "--debug" in sys.argv or _DEBUG[0]:
                 raise
             click.echo(f"layoutc: internal error: {type(err).__name__}: {err}", err=True)
@@ -75,6 +80,7 @@ def _guard(fn: Callable[..., int | None]) -> Callable[..., None]:
 
 
 _DEBUG = [False]
+
 
 define_option = click.option(
     "-D", "--define", "defines", multiple=True, metavar="NAME=VALUE", help="Set a spec parameter (repeatable)."

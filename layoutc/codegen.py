@@ -24,12 +24,14 @@ from . import __version__
 from . import expr as ex
 from .compiler import Chain, Compiled, Constraint, Variant
 from .ir import TensorSpec
-from .lower import eager, guard_rt, runtime
+from .lower import eager, fused, guard_rt, runtime
 from .ops import torch_impl
 from .versions import distribution
 
 RUNTIME_NAMES = (
     "LayoutError",
+    "_triton_kernels",
+    "_choose_lowering",
     "_fmt_dims",
     "_fmt_shape",
     "_bind_dims",
@@ -150,9 +152,11 @@ def _checks(variants: tuple[Variant, ...], dims: tuple[str, ...], assumptions: l
 def _emit_direction(
     fn_name: str, doc: str, variants: tuple[Variant, ...], contract: str, shapes: str, axes: str, checks: str,
     tensors: Iterable[TensorSpec], dims: tuple[str, ...], filename: str, out_specs: dict[str, TensorSpec],
+    fused_names: dict | None = None,
 ) -> list[str]:
+    lowered = fn_name == "convert"
     body = [
-        f"def {fn_name}(tensors, dims=None):",
+        f"def {fn_name}(tensors, dims=None{', lowering=' + repr('auto') if lowered else ''}):",
         textwrap.indent(f'"""{doc}"""', "    "),
         "    _check_requires(REQUIRES, SPEC_NAME)",
         f"    d, present = _check_tensors(tensors, {contract}, {shapes}, {axes}, dims, DIMS, {fn_name!r})",
@@ -160,6 +164,9 @@ def _emit_direction(
     ]
     if dims:
         body.append(f"    {', '.join(dims)} = {', '.join(f'd[{n!r}]' for n in dims)}")
+    if lowered:
+        body.append("    how = _choose_lowering(lowering, tensors)")
+        body.append("    kernels = _triton_kernels(_TRITON_SOURCE, _TRITON_FILE) if how == 'fused' else None")
     body.append("    out = {}")
     for spec in tensors:
         groups: dict[tuple, tuple[Chain, list[frozenset]]] = {}
@@ -184,7 +191,18 @@ def _emit_direction(
                 body.append(f"{indent}{'if' if i == 0 else 'elif'} {cond}:")
                 inner = indent + "    "
             body.append(f"{inner}x = tensors[{spec.name!r}]")
-            body += [inner + line for line in eager.emit_chain(chain, filename)]
+            if len(spec.elem.accepts) > 1:  # same bits under another torch dtype: work on the canonical one
+                body.append(f"{inner}x = x.view(torch.{spec.elem.canonical})")
+            if lowered and fused_names is not None and chain.steps and chain.signature() in fused_names:
+                launch, gather_fn = fused_names[chain.signature()]
+                body.append(f"{inner}if how == 'fused':")
+                body.append(f"{inner}    x = {launch}(x, d, kernels)")
+                body.append(f"{inner}elif how == 'gather':")
+                body.append(f"{inner}    x = {gather_fn}(x, {', '.join(dims)})")
+                body.append(f"{inner}else:")
+                body += [inner + "    " + line for line in eager.emit_chain(chain, filename) or ["pass"]]
+            else:
+                body += [inner + line for line in eager.emit_chain(chain, filename)]
             body.append(f"{inner}out[{spec.name!r}] = _owned(x, tensors)")
     if fn_name == "convert":
         body.append("    _stamp(out, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES)")
@@ -222,6 +240,7 @@ def generate(compiled: Compiled) -> str:
         "",
         "import importlib.metadata",
         "import itertools",
+        "import linecache",
         "import sys",
         "import types",
         "from fractions import Fraction",
@@ -244,6 +263,7 @@ def generate(compiled: Compiled) -> str:
         "# -- contract checks (layoutc.lower.runtime) " + "-" * 40,
         "",
         "_REQUIRES_CHECKED = []",
+        "_KERNELS = {}",
         "",
     ]
     for name in RUNTIME_NAMES:
@@ -255,6 +275,34 @@ def generate(compiled: Compiled) -> str:
         lines.append(_source_of(getattr(guard_rt, name)))
     lines += ["", "# -- primitives (layoutc.ops.torch_impl) " + "-" * 43, ""]
     for chunk in _impl_closure(eager.functions_used(chains)):
+        lines.append("")
+        lines.append(chunk)
+    plans: dict[tuple, tuple[str, str]] = {}
+    kernel_sources, fused_defs = [], []
+    for v in compiled.variants:
+        for c in v.chains:
+            if c.signature() in plans:
+                continue
+            pl = fused.plan(c)
+            if not pl.is_fused:
+                continue
+            tag = f"{c.tensor}_{len(plans)}"
+            kernel_sources.append(fused.triton_kernel(pl, f"_k_{tag}", dims))
+            fused_defs.append(fused.launcher(pl, f"_fused_{tag}", f"_k_{tag}", dims))
+            fused_defs.append(fused.torch_function(pl, f"_gather_{tag}", dims))
+            plans[c.signature()] = (f"_fused_{tag}", f"_gather_{tag}")
+    kernel_text = "\n\n".join(kernel_sources)
+    lines += [
+        "",
+        "# -- fused lowering (layoutc.lower.fused): one pass per tensor " + "-" * 20,
+        "# On CUDA, the Triton kernels below (compiled on first use); on the CPU, one torch",
+        "# gather per tensor computed from the same composed index maps.",
+        "",
+        f"_TRITON_FILE = {f'<layoutc triton kernels of {p.name}>'!r}",
+        f'_TRITON_SOURCE = """\n{kernel_text}"""',
+        "",
+    ]
+    for chunk in fused_defs:
         lines.append("")
         lines.append(chunk)
     lines += [
@@ -274,7 +322,7 @@ def generate(compiled: Compiled) -> str:
         "convert",
         f"Checkpoint tensors -> {p.name} kernel layout (new tensors; inputs untouched).",
         compiled.variants, "INPUTS", "_INPUT_SHAPES", "_INPUT_AXES", "_CONVERT_CHECKS",
-        p.inputs, dims, p.filename, outputs,
+        p.inputs, dims, p.filename, outputs, plans,
     )
     lines += ["", ""]
     if compiled.inverse_variants is not None:

@@ -532,7 +532,8 @@ def evaluate(e: Expr, env: Mapping[str, Any]) -> Any:
             if _is_tensor(i):
                 import torch
 
-                r = torch.tensor(x.values, dtype=torch.int64, device=i.device)[i]
+                # Clamped: a gather also evaluates its sources where the output is padding (masked later).
+                r = torch.tensor(x.values, dtype=torch.int64, device=i.device)[i.clamp(0, len(x.values) - 1)]
             else:
                 r = x.values[i]
         else:  # pragma: no cover - exhaustive over node kinds
@@ -712,9 +713,22 @@ def same_value(a: Expr, b: Expr) -> bool | None:
 _PREC = {Add: 1, Mul: 2, FloorDiv: 2, Div: 2, Mod: 2}
 
 
-def _fmt(e: Expr, py: bool, parent_prec: int = 0, slash: bool = False) -> str:
+def _fmt(e: Expr, py: bool, parent_prec: int = 0, slash: bool = False, dialect: str = "python") -> str:
     def _f(x: Expr, prec: int) -> str:
-        return _fmt(x, py, prec, slash)
+        return _fmt(x, py, prec, slash, dialect)
+
+    if dialect in ("torch", "triton"):
+        mod = "torch" if dialect == "torch" else "tl"
+        if isinstance(e, Where):
+            return f"{mod}.where({_f(e.cond, 0)}, {_f(e.then, 0)}, {_f(e.other, 0)})"
+        if isinstance(e, Lt):
+            return f"({_f(e.lhs, 1)} < {_f(e.rhs, 1)})"
+        if isinstance(e, And):
+            return "(" + " & ".join(_f(a, 4) for a in e.args) + ")"
+        if isinstance(e, Table):
+            if dialect == "triton":
+                raise ValueError("lookup tables are not lowered to Triton index code")
+            return f"torch.tensor({list(e.values)}, device=_dev)[{_f(e.index, 0)}]"
 
     def wrap(s: str, prec: int) -> str:
         return f"({s})" if prec < parent_prec else s
@@ -766,6 +780,16 @@ def to_str(e: Expr, slash: bool = False) -> str:
 def to_python(e: Expr) -> str:
     """Python source for scalar evaluation (``%`` and ``//``)."""
     return _fmt(e, py=True)
+
+
+def to_torch(e: Expr) -> str:
+    """Python source that evaluates element-wise on integer torch tensors (``torch.where``, ``&``)."""
+    return _fmt(e, py=True, dialect="torch")
+
+
+def to_triton(e: Expr) -> str:
+    """Source for a Triton kernel body (``tl.where``, ``&``); variables are kernel names."""
+    return _fmt(e, py=True, dialect="triton")
 
 
 def rename(e: Expr, names: Mapping[str, str]) -> Expr:

@@ -146,10 +146,21 @@ def drop_bit_axis(m: IndexMap) -> IndexMap | None:
         return None
     if bit.name in ex.free_vars(m.valid):
         return None
-    fill = ex.substitute(m.fill, {bit.name: 0}) if m.fill != ex.Const(0) else m.fill
-    if fill != ex.Const(0):
-        return None  # a byte fill pattern would need reassembling from its bits
+    fill = _byte_fill(m.fill, bit)
+    if fill is None:
+        return None
     return IndexMap(m.in_shape[:-1], m.out_shape[:-1], m.src[:-1], m.valid, fill, bit_level=False)
+
+
+def _byte_fill(fill: Expr, bit: Var) -> Expr | None:
+    """The byte value whose bits ``fill`` spells (the form lift_to_bits writes), or None."""
+    if fill == ex.Const(0):
+        return fill
+    pow2 = ex.table(tuple(1 << b for b in range(BITS_PER_BYTE)), bit)
+    if isinstance(fill, ex.Mod) and fill.den == ex.Const(2) and isinstance(fill.num, ex.FloorDiv) \
+            and fill.num.den == pow2 and bit.name not in ex.free_vars(fill.num.num):
+        return fill.num.num
+    return None
 
 
 def concrete_shape(shape: Sequence[Expr], dims: Mapping[str, int]) -> tuple[int, ...]:
@@ -226,8 +237,14 @@ def reshape_map(in_shape: Sequence[Expr], out_shape: Sequence[Expr]) -> IndexMap
 
     in_shape = tuple(ex.as_expr(s) for s in in_shape)
     out_shape = tuple(ex.as_expr(s) for s in out_shape)
-    linear = ravel(out_vars(len(out_shape)), out_shape)
-    return IndexMap(in_shape, out_shape, unravel(linear, in_shape))
+    # Equal leading axes (experts) reshape independently: keep them as plain coordinates, so the
+    # composed arithmetic stays per expert instead of running over the whole tensor.
+    lead = 0
+    while lead < min(len(in_shape), len(out_shape)) - 1 and in_shape[lead] == out_shape[lead]:
+        lead += 1
+    outs = out_vars(len(out_shape))
+    linear = ravel(outs[lead:], out_shape[lead:])
+    return IndexMap(in_shape, out_shape, tuple(outs[:lead]) + unravel(linear, in_shape[lead:]))
 
 
 def permute_map(in_shape: Sequence[Expr], perm: Sequence[int]) -> IndexMap:

@@ -39,8 +39,9 @@ def _numel(shape) -> int:
 class ProbeRun:
     """All converter runs for one spec variant on one set of dims."""
 
-    def __init__(self, spec: CompiledSpec, variant: Variant, dims: dict):
+    def __init__(self, spec: CompiledSpec, variant: Variant, dims: dict, lowering: str = "eager"):
         self.spec = spec
+        self.lowering = lowering
         self.variant = variant
         self.dims = dims
         self.shapes = {c.tensor: concrete_shape(c.source.shape, dims) for c in variant.chains}
@@ -50,9 +51,10 @@ class ProbeRun:
             n = _numel(self.shapes[c.tensor])
             digits.append(max(1, math.ceil(math.log2(n * 8))) if self.bitwise[c.tensor] else max(1, math.ceil(math.log(max(n, 2), 256))))
         self.digits = max(digits)
-        self.zero = spec.convert(self._inputs(lambda name, n: 0), dims)
-        self.one = spec.convert(self._inputs(lambda name, n: 1), dims)
-        self.runs = [spec.convert(self._inputs(self._digit(d)), dims) for d in range(self.digits)]
+        run = lambda x: spec.convert(x, dims, lowering)  # noqa: E731
+        self.zero = run(self._inputs(lambda name, n: 0))
+        self.one = run(self._inputs(lambda name, n: 1))
+        self.runs = [run(self._inputs(self._digit(d))) for d in range(self.digits)]
 
     def _digit(self, d: int):
         def fill(name: str, n: int):
@@ -111,9 +113,10 @@ class ProbeRun:
 
 
 class _DynamicVerifier(_Verifier):
-    def __init__(self, spec: CompiledSpec, samples_per_variant: int = 1):
+    def __init__(self, spec: CompiledSpec, samples_per_variant: int = 1, lowering: str = "eager"):
         super().__init__(spec.compiled)
         self.spec = spec
+        self.lowering = lowering
         self.per_variant = samples_per_variant
         self.runs: dict[tuple, ProbeRun] = {}
         self.variant_of: dict[str, Variant] = {}
@@ -125,7 +128,7 @@ class _DynamicVerifier(_Verifier):
         variant = next(v for v in self.compiled.variants if chain in v.chains)
         key = (variant.present, tuple(sorted(dims.items())))
         if key not in self.runs:
-            self.runs[key] = ProbeRun(self.spec, variant, dims)
+            self.runs[key] = ProbeRun(self.spec, variant, dims, self.lowering)
         return self.runs[key]
 
     def axis(self, chain: Chain, dims: dict, with_row_packings: bool = False) -> AxisMap:
@@ -157,7 +160,8 @@ class _DynamicVerifier(_Verifier):
                         steps = chain.steps[:upto]
                         pos = steps[-1].statement.pos if steps and steps[-1].statement else chain.source.pos
                         out.append(Diagnostic(
-                            "error", f"{chain.tensor}: static and dynamic verification disagree with {dims_text}: {diff}",
+                            "error", f"{chain.tensor}: static and dynamic verification disagree "
+                                     f"({self.lowering} lowering) with {dims_text}: {diff}",
                             pos, "a primitive's index map and its torch implementation differ; this is a layoutc bug",
                             (chain.tensor,),
                         ))
@@ -165,9 +169,19 @@ class _DynamicVerifier(_Verifier):
         return out
 
 
-def probe(spec: CompiledSpec, samples_per_variant: int = 1) -> list[Diagnostic]:
-    """Dynamic verification of a compiled (statically verified) spec; empty when both agree."""
-    dyn = _DynamicVerifier(spec, samples_per_variant)
+def probe(spec: CompiledSpec, samples_per_variant: int = 1, lowerings: tuple[str, ...] = ("eager", "gather")) -> list[Diagnostic]:
+    """Dynamic verification of a compiled (statically verified) spec; empty when both agree.
+
+    Each lowering is probed: ``eager`` (the op-by-op torch implementations, independent of the
+    index maps) and ``gather`` (the fused plan's code, generated from the composed maps)."""
+    findings: list[Diagnostic] = []
+    for lowering in lowerings:
+        findings += _probe_one(spec, samples_per_variant, lowering)
+    return findings
+
+
+def _probe_one(spec: CompiledSpec, samples_per_variant: int, lowering: str) -> list[Diagnostic]:
+    dyn = _DynamicVerifier(spec, samples_per_variant, lowering)
     findings = dyn.agreement()
     verdict = dyn.run()
     if verdict:
@@ -186,5 +200,5 @@ def probe_maps(spec: CompiledSpec, tensor: str, dims: dict, present=()) -> tuple
     """(source, valid) of the whole converter for one tensor (no decoding), for tests and tools."""
     variant = spec.compiled.variant(present)
     chain = variant.chain(tensor)
-    lin, valid, _ = ProbeRun(spec, variant, dims).sources(chain, len(chain.steps))
+    lin, valid, _ = ProbeRun(spec, variant, dims, "eager").sources(chain, len(chain.steps))
     return lin, valid

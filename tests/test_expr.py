@@ -36,10 +36,20 @@ def _leaf(draw):
 
 
 def _positive(draw, depth):
-    """An expression that is >= 1 for every integer environment: (e mod k) + 1."""
+    """An expression that is >= 1 for every integer environment: (e mod k) + 1,
+    or a product / floor quotient of such (so divisors print as products too)."""
     e, f = _int_expr(draw, depth)
     k = draw(st.integers(1, 7))
-    return ex.add(ex.mod(e, k), 1), (lambda env: f(env) % k + 1)
+    base, fb = ex.add(ex.mod(e, k), 1), (lambda env: f(env) % k + 1)
+    kind = draw(st.sampled_from(["base", "base", "product", "quotient"]))
+    if kind == "product":
+        other, fo = _positive(draw, max(depth - 1, 0))
+        return ex.mul(base, other), (lambda env: fb(env) * fo(env))
+    if kind == "quotient":
+        # ((e mod k) + 1 + 2c) // 2 >= 1 for c >= 1 (it stays a floor division)
+        c = draw(st.integers(1, 3))
+        return ex.floordiv(ex.add(base, 2 * c), 2), (lambda env: (fb(env) + 2 * c) // 2)
+    return base, fb
 
 
 def _bool_expr(draw, depth):
@@ -457,10 +467,11 @@ def test_substitute_examples():
 
 @st.composite
 def ranges(draw):
+    # small offsets, so the ranges of different variables often touch (boundary cases)
     out = {}
     for v in VARS:
-        lo = draw(st.integers(0, 20))
-        out[v] = (lo, lo + draw(st.integers(0, 9)))
+        lo = draw(st.sampled_from([0, 0, 1, 2, 3, 4, 5, 8, 13, 20]))
+        out[v] = (lo, lo + draw(st.sampled_from([0, 1, 2, 3, 4, 9])))
     return out
 
 
@@ -505,6 +516,10 @@ def test_simplify_uses_ranges():
     assert ex.simplify(ex.lt(r, I), rng) == Const(1)
     assert ex.simplify(ex.lt(I, r), rng) == Const(0)
     assert ex.simplify(ex.where(ex.lt(r, 8), r, 5), rng) == r
+    # ranges that touch decide nothing
+    assert ex.simplify(ex.lt(r, I), {"r": (0, 8), "I": (8, 100)}) == ex.lt(r, I)
+    assert ex.simplify(ex.lt(I, r), {"r": (0, 8), "I": (7, 100)}) == ex.lt(I, r)
+    assert ex.simplify(ex.lt(I, r), {"r": (0, 8), "I": (8, 100)}) == Const(0)
     # r // 8 is not 0 without the range
     assert ex.simplify(ex.floordiv(r, 8), {}) == ex.floordiv(r, 8)
     assert ex.simplify(ex.floordiv(r, 8), {"r": (0, 8)}) == ex.floordiv(r, 8)
@@ -536,6 +551,10 @@ def test_to_python_precedence_cases():
         ex.where(ex.and_(ex.lt(x, y), ex.lt(y, z)), x - y, ex.mul(-2, z)),
         ex.mul(-1, x, ex.add(y, 1)),
         ex.floordiv(ex.floordiv(x, y + 100) * 3, 7),
+        ex.floordiv(x, ex.mul(ex.mod(y, 3) + 1, ex.mod(z, 4) + 1)),
+        ex.mod(x, ex.mul(ex.mod(y, 3) + 1, ex.mod(z, 4) + 1)),
+        ex.floordiv(x, ex.floordiv(y * y + 10, 3)),
+        ex.mod(x * 7, ex.mod(y, 5) + ex.mod(z, 2) + 1),
     ]
     for e in cases:
         src = ex.to_python(e)

@@ -45,7 +45,8 @@ def emit_chain(chain: Chain, filename: str, var: str = "x") -> list[str]:
     for s in chain.steps:
         fn, args = s.op.impl()
         call = f"{var} = {fn.__name__}({', '.join([var] + [render(a) for a in args])})"
-        origin = f"{filename}:{s.statement.pos.line}: {s.statement.text}" if s.statement else str(s.op)
+        text = " ".join(s.statement.text.split()) if s.statement else ""  # one line, whatever the spec's layout
+        origin = f"{filename}:{s.statement.pos.line}: {text}" if s.statement else str(s.op)
         if s.statement and s.op.name != s.statement.op:
             origin += f"  [{s.op.name}]"
         lines.append(f"{call:<48}  # {origin}")

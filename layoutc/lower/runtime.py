@@ -8,6 +8,7 @@ and the library version the layout belongs to.
 """
 
 import importlib.metadata
+import linecache
 from fractions import Fraction
 
 import torch
@@ -151,3 +152,38 @@ def _check_requires(requires, spec_name):
                 f"its kernels may expect another layout"
             )
     _REQUIRES_CHECKED.append(True)
+
+
+_KERNELS = {}
+
+
+def _triton_kernels(source, filename):
+    # The generated Triton kernels, compiled on first use (Triton is only needed for CUDA lowering).
+    if "kernels" not in _KERNELS:
+        try:
+            import triton
+            import triton.language as tl
+        except ImportError:
+            raise LayoutError("lowering='fused' needs triton (pip install triton); use 'gather' or 'eager'") from None
+
+        namespace = {"triton": triton, "tl": tl, "__name__": filename}
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        exec(compile(source, filename, "exec"), namespace)
+        _KERNELS["kernels"] = namespace
+    return _KERNELS["kernels"]
+
+
+def _choose_lowering(lowering, tensors):
+    # auto: generated Triton kernels on CUDA, one torch gather per tensor on the CPU.
+    if lowering not in ("auto", "fused", "gather", "eager"):
+        raise LayoutError(f"lowering must be 'auto', 'fused', 'gather' or 'eager', got {lowering!r}")
+    if lowering != "auto":
+        return lowering
+    device = next((t.device for t in tensors.values() if t is not None), torch.device("cpu"))
+    if device.type != "cuda":
+        return "gather"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "eager"
+    return "fused"

@@ -70,6 +70,19 @@ class Requirement:
 
 
 @attrs.frozen
+class WordForm:
+    """A bit-level packing seen as 32-bit little-endian words (for fused lowering).
+
+    Output word ``o`` (coordinates over ``word_shape``) is formed from four input bytes, byte
+    ``t`` at input coordinates ``sources[t]`` (expressions in the word coordinates), then its
+    bits are permuted: ``out_bit[i] = in_bit[table[i]]``."""
+
+    word_shape: tuple[Expr, ...]
+    sources: tuple[tuple[Expr, ...], ...]
+    table: tuple[int, ...]
+
+
+@attrs.frozen
 class Inferred:
     type: TensorType
     requires: tuple[Requirement, ...] = ()

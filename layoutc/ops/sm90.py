@@ -36,9 +36,9 @@ from typing import ClassVar
 import attrs
 
 from .. import expr as ex
-from ..indexmap import IndexMap, compose_all, lift_to_bits, permute_map, reshape_map, table_map
+from ..indexmap import IndexMap, compose_all, lift_to_bits, out_var, permute_map, reshape_map, table_map
 from . import torch_impl
-from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType
+from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType, WordForm
 
 #: out_bit[i] = in_bit[SM90_FP4_BITS[i]] within one 32-bit word (from the kernel's mask/shift list).
 SM90_FP4_BITS = torch_impl.SM90_FP4_BITS
@@ -118,6 +118,23 @@ class Sm90InterleaveWeights(Op):
 
     def inverse(self, t):
         return Sm90DeinterleaveWeights()
+
+    def word_form(self, t: TensorType) -> WordForm:
+        """The op as 32-bit words: output word ``(lead.., n, w)`` (bytes ``4w..4w+3`` of row n)
+        holds the source bytes ``sources[t']`` (input coordinates), bits permuted by ``table``."""
+        *lead, n, kb = t.shape
+        rank = len(t.shape)
+        o = [out_var(k) for k in range(rank)]
+        row, word = o[-2], o[-1]
+        g, h, r8 = ex.floordiv(row, 16), ex.mod(ex.floordiv(row, 8), 2), ex.mod(row, 8)
+        p, a, j = ex.floordiv(word, 8), ex.mod(ex.floordiv(word, 4), 2), ex.mod(word, 4)
+        sources = []
+        for byte in range(4):
+            tr, tc = byte % 2, byte // 2
+            src_row = 16 * g + 8 * tr + r8
+            src_col = 32 * p + 16 * a + 8 * h + 4 * tc + j
+            sources.append(tuple(o[:-2]) + (src_row, src_col))
+        return WordForm(tuple(lead) + (n, ex.div(kb, 4)), tuple(sources), SM90_FP4_BITS)
 
 
 @attrs.frozen

@@ -15,12 +15,14 @@ import torch
 
 def swap_halves(x, dim):
     # [A; B] -> [B; A] along dim.
+    dim = dim % x.dim()
     h = x.shape[dim] // 2
     return torch.cat([x.narrow(dim, h, h), x.narrow(dim, 0, h)], dim=dim)
 
 
 def interleave_rows(x, dim, group):
     # [A; B] -> [A[0:g], B[0:g], A[g:2g], B[g:2g], ...] along dim.
+    dim = dim % x.dim()
     n = x.shape[dim]
     y = x.unflatten(dim, (2, n // (2 * group), group)).transpose(dim, dim + 1)
     return y.flatten(dim, dim + 2)
@@ -28,6 +30,7 @@ def interleave_rows(x, dim, group):
 
 def deinterleave_rows(x, dim, group):
     # [A[0:g], B[0:g], A[g:2g], ...] -> [A; B] along dim (inverse of interleave_rows).
+    dim = dim % x.dim()
     n = x.shape[dim]
     y = x.unflatten(dim, (n // (2 * group), 2, group)).transpose(dim, dim + 1)
     return y.flatten(dim, dim + 2)
@@ -35,18 +38,21 @@ def deinterleave_rows(x, dim, group):
 
 def swap_pairs(x, dim):
     # rows (2i, 2i+1) -> (2i+1, 2i).
+    dim = dim % x.dim()
     n = x.shape[dim]
     return x.unflatten(dim, (n // 2, 2)).flip(dim + 1).flatten(dim, dim + 1)
 
 
 def shuffle_rows(x, dim, block):
     # Within each block of B rows: out[8a + b] = in[(B/8)*b + a]   (B = 16 or 32).
+    dim = dim % x.dim()
     n = x.shape[dim]
     y = x.unflatten(dim, (n // block, 8, block // 8)).transpose(dim + 1, dim + 2)
     return y.flatten(dim, dim + 2)
 
 
 def unshuffle_rows(x, dim, block):
+    dim = dim % x.dim()
     n = x.shape[dim]
     y = x.unflatten(dim, (n // block, block // 8, 8)).transpose(dim + 1, dim + 2)
     return y.flatten(dim, dim + 2)
@@ -54,6 +60,7 @@ def unshuffle_rows(x, dim, block):
 
 def pad(x, dim, multiple, parts, value):
     # Split dim into `parts` equal parts and extend each with `value` to a multiple of `multiple`.
+    dim = dim % x.dim()
     n = x.shape[dim] // parts
     size = -(-n // multiple) * multiple
     chunks = x.unflatten(dim, (parts, n))
@@ -66,6 +73,7 @@ def pad(x, dim, multiple, parts, value):
 
 def crop(x, dim, size, parts):
     # Keep the first `size` entries of each of `parts` equal parts of dim.
+    dim = dim % x.dim()
     n = x.shape[dim] // parts
     return x.unflatten(dim, (parts, n)).narrow(dim + 1, 0, size).flatten(dim, dim + 1)
 

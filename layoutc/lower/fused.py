@@ -1,0 +1,344 @@
+"""Fused lowering: each output tensor in one pass, from its composed index map.
+
+A chain of any length collapses into one gather (DESIGN.md section 2). The plan for a
+tensor is one of:
+
+``copy``    no index transform: one copy (with the value conversion)
+``affine``  the composed map is affine in the output coordinates: one strided view of the
+            input and one copy
+``gather``  any other byte/element map: one kernel that computes each source address with
+            integer arithmetic from the composed map (no index tensor in memory)
+``words``   a bit-level packing at the end of the chain (the SM90 FP4 interleave): one kernel
+            that, per 32-bit output word, loads its four source bytes through the composed
+            map of the steps before it, permutes the bits with masked shifts and stores the word
+
+Casts and views are value conversions applied between load and store. On CUDA the
+kernels are generated Triton; on CPU the same plan runs as torch code (one gather per
+expert chunk, indices computed from the same expressions).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+
+from .. import expr as ex
+from ..compiler import Chain
+from ..dtypes import ElemType
+from ..indexmap import IndexMap, compose_all, identity
+from ..ops.base import Category
+
+TRITON_DTYPES = {
+    "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "float16": "tl.float16",
+    "bfloat16": "tl.bfloat16", "float32": "tl.float32", "float8_e4m3fn": "tl.float8e4nv", "float8_e5m2": "tl.float8e5",
+}
+
+
+@attrs.frozen
+class FusedPlan:
+    tensor: str
+    kind: str  # "copy" | "affine" | "gather" | "words" | "eager"
+    in_elem: ElemType
+    out_elem: ElemType
+    in_shape: tuple[ex.Expr, ...]
+    out_shape: tuple[ex.Expr, ...]
+    map: IndexMap | None = None  # gather / affine: out element -> input element
+    word_shape: tuple[ex.Expr, ...] = ()  # words: the output seen as 32-bit words
+    word_sources: tuple[tuple[ex.Expr, ...], ...] = ()  # words: input coordinates of bytes 0..3
+    word_valid: tuple[ex.Expr, ...] = ()  # words: whether each byte reads the input (else 0)
+    table: tuple[int, ...] = ()
+    conversions: tuple[tuple[str, ElemType], ...] = ()  # ("cast" | "view", type) in chain order
+    reason: str = ""  # why a plan fell back to eager
+
+    @property
+    def is_fused(self) -> bool:
+        return self.kind != "eager"
+
+
+def _ranges(shape: Sequence[ex.Expr]) -> dict:
+    """Bounds of the output coordinates where sizes are constants (enough to fold most reshape arithmetic)."""
+    return {f"o{k}": (0, s.value - 1) if isinstance(s, ex.Const) else (0, None) for k, s in enumerate(shape)}
+
+
+def _tidy(e: ex.Expr, shape: Sequence[ex.Expr], dims: Sequence[str]) -> ex.Expr:
+    ranges = _ranges(shape)
+    ranges.update({d: (1, None) for d in dims})
+    return ex.simplify(e, ranges)
+
+
+def plan(chain: Chain) -> FusedPlan:
+    raw = _plan(chain)
+    dims = sorted(set().union(*(ex.free_vars(s) for s in chain.source.shape)))
+    if raw.map is not None:
+        m = raw.map
+        tidy = lambda e: _tidy(e, m.out_shape, dims)  # noqa: E731
+        raw = attrs.evolve(raw, map=attrs.evolve(m, src=tuple(tidy(s) for s in m.src), valid=tidy(m.valid),
+                                                 fill=tidy(m.fill)))
+    if raw.kind == "words":
+        tidy = lambda e: _tidy(e, raw.word_shape, dims)  # noqa: E731
+        raw = attrs.evolve(raw, word_sources=tuple(tuple(tidy(c) for c in cs) for cs in raw.word_sources),
+                           word_valid=tuple(tidy(v) for v in raw.word_valid))
+    return raw
+
+
+def _plan(chain: Chain) -> FusedPlan:
+    spec = chain.source
+    out_type = chain.out_type
+    base = dict(tensor=chain.tensor, in_elem=spec.elem, out_elem=out_type.elem, in_shape=spec.shape,
+                out_shape=out_type.shape)
+    index_steps = [s for s in chain.steps if s.op.category is not Category.VALUE]
+    conversions = tuple((s.op.name, s.op.to) for s in chain.steps if s.op.category is Category.VALUE)
+    bit_steps = [i for i, s in enumerate(chain.steps) if s.op.bit_level]
+    if bit_steps:
+        i = bit_steps[0]
+        step = chain.steps[i]
+        later = [s for s in chain.steps[i + 1:] if s.op.category is not Category.VALUE]
+        earlier_values = [s for s in chain.steps[:i] if s.op.category is Category.VALUE]
+        if len(bit_steps) > 1 or later or earlier_values or not hasattr(step.op, "word_form"):
+            return FusedPlan(kind="eager", reason="a bit-level packing that is not the last step", **base)
+        prefix = [s.op.index_map(s.in_type) for s in chain.steps[:i] if s.op.category is not Category.VALUE]
+        m = compose_all(prefix) if prefix else identity(spec.shape)
+        form = step.op.word_form(step.in_type)
+        sources, valids = [], []
+        for coords in form.sources:
+            sub = {f"o{k}": c for k, c in enumerate(coords)}
+            sources.append(tuple(ex.substitute(s, sub) for s in m.src))
+            valids.append(ex.substitute(m.valid, sub))
+        return FusedPlan(kind="words", word_shape=form.word_shape, word_sources=tuple(sources),
+                         word_valid=tuple(valids), table=form.table, conversions=conversions, **base)
+    if not index_steps:
+        return FusedPlan(kind="copy", conversions=conversions, **base)
+    m = compose_all([s.op.index_map(s.in_type) for s in index_steps])
+    kind = "affine" if affine_strides(m) is not None else "gather"
+    return FusedPlan(kind=kind, map=m, conversions=conversions, **base)
+
+
+def affine_strides(m: IndexMap) -> tuple[tuple[ex.Expr, ...], ex.Expr] | None:
+    """(input-element stride of each output axis, offset) when ``m`` is a strided view, else None."""
+    if not m.is_total() or m.bit_level:
+        return None
+    rank = m.out_rank
+    zero = {f"o{k}": 0 for k in range(rank)}
+    in_strides = _contiguous_strides(m.in_shape)
+    for sample in (64 * 3, 64 * 5):  # linear in the coordinates for two bindings of the dims
+        dims = {d: sample + 7 * i for i, d in enumerate(sorted(set().union(*(ex.free_vars(s) for s in m.in_shape))))}
+        for s in m.src:
+            form = ex.linear_form(ex.substitute(s, dims))
+            if form is None or any(c.denominator != 1 for c in form[0].values()):
+                return None
+    linear = ex.add(*(ex.mul(s, st) for s, st in zip(m.src, in_strides)))
+    offset = ex.substitute(linear, zero)
+    strides = []
+    for k in range(rank):
+        unit = dict(zero)
+        unit[f"o{k}"] = 1
+        strides.append(ex.add(ex.substitute(linear, unit), ex.mul(-1, offset)))
+    return tuple(strides), offset
+
+
+def _contiguous_strides(shape: Sequence[ex.Expr]) -> tuple[ex.Expr, ...]:
+    strides: list[ex.Expr] = []
+    acc: ex.Expr = ex.Const(1)
+    for size in reversed(shape):
+        strides.append(acc)
+        acc = ex.mul(acc, size)
+    return tuple(reversed(strides))
+
+
+def _linear(coords: Sequence[ex.Expr], shape: Sequence[ex.Expr]) -> ex.Expr:
+    return ex.add(*(ex.mul(c, s) for c, s in zip(coords, _contiguous_strides(shape))))
+
+
+def _unravel_lines(var: str, shape: Sequence[ex.Expr], printer) -> list[str]:
+    """Source lines binding o0.. from a flat index ``var`` over ``shape`` (row-major)."""
+    rank = len(shape)
+    lines = []
+    rest = var
+    for k in reversed(range(rank)):
+        size = printer(shape[k])
+        if k == 0:
+            lines.append(f"o0 = {rest}")
+        else:
+            lines.append(f"o{k} = {rest} % ({size})")
+            lines.append(f"_r{k} = {rest} // ({size})")
+            rest = f"_r{k}"
+    return lines
+
+
+def _bit_permutation_terms(table: Sequence[int]) -> list[tuple[int, int]]:
+    """(mask, shift) pairs with ``out = OR((w & mask) << shift)`` (negative shift: right)."""
+    groups: dict[int, int] = {}
+    for i, s in enumerate(table):
+        groups[i - s] = groups.get(i - s, 0) | (1 << s)
+    return sorted(((mask, shift) for shift, mask in groups.items()), key=lambda t: -t[1])
+
+
+# ---------------------------------------------------------------------------
+# Triton
+
+
+def _conv_triton(plan: FusedPlan, value: str) -> list[str]:
+    lines = []
+    for kind, to in plan.conversions:
+        dtype = TRITON_DTYPES[to.canonical]
+        lines.append(f"{value} = {value}.to({dtype}{', bitcast=True' if kind == 'view' else ''})")
+    return lines
+
+
+def triton_kernel(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
+    """Source of one ``@triton.jit`` kernel for ``plan`` (dims are constexpr: one specialisation per shape)."""
+    params = ", ".join(["x_ptr", "y_ptr"] + [f"{d}: tl.constexpr" for d in dims] + ["WIDE: tl.constexpr", "BLOCK: tl.constexpr"])
+    t = ex.to_triton
+    body = [
+        "pid = tl.program_id(0)",
+        "offs = tl.arange(0, BLOCK)",
+        "if WIDE:",
+        "    offs = offs.to(tl.int64) + pid.to(tl.int64) * BLOCK",
+        "else:",
+        "    offs = offs + pid * BLOCK",
+    ]
+    if plan.kind == "words":
+        total = ex.mul(*plan.word_shape)
+        body.append(f"mask = offs < ({t(total)})")
+        body += _unravel_lines("offs", plan.word_shape, t)
+        body.append("w = tl.zeros([BLOCK], dtype=tl.uint32)")
+        for b, (coords, valid) in enumerate(zip(plan.word_sources, plan.word_valid)):
+            addr = t(_linear(coords, plan.in_shape))
+            load_mask = "mask" if valid == ex.TRUE else f"mask & {t(valid)}"
+            body.append(f"b{b} = tl.load(x_ptr + ({addr}), mask={load_mask}, other=0).to(tl.uint32)")
+            body.append(f"w = w | (b{b} << {8 * b})" if b else "w = w | b0")
+        body.append("r = tl.zeros([BLOCK], dtype=tl.uint32)")
+        for mask, shift in _bit_permutation_terms(plan.table):
+            op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
+            body.append(f"r = r | ((w & {mask:#x}) {op})")
+        body.append("tl.store(y_ptr + offs, r.to(tl.int32, bitcast=True), mask=mask)")
+    else:
+        m = plan.map if plan.map is not None else identity(plan.in_shape)
+        total = ex.mul(*plan.out_shape) if plan.out_shape else ex.Const(1)
+        body.append(f"mask = offs < ({t(total)})")
+        body += _unravel_lines("offs", plan.out_shape, t)
+        addr = t(_linear(m.src, plan.in_shape))
+        if m.is_total():
+            body.append(f"v = tl.load(x_ptr + ({addr}), mask=mask)")
+        else:
+            body.append(f"ok = mask & {t(m.valid)}")
+            body.append(f"v = tl.load(x_ptr + ({addr}), mask=ok, other={t(m.fill)})")
+        body += _conv_triton(plan, "v")
+        body.append("tl.store(y_ptr + offs, v, mask=mask)")
+    return "@triton.jit\n" + f"def {name}({params}):\n" + "\n".join("    " + line for line in body) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# torch (CPU path): the same plan as vectorised torch code, chunked along the first axis
+
+
+def torch_function(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
+    """Source of ``def name(x, <dims>) -> Tensor`` computing ``plan`` with torch ops."""
+    t = ex.to_torch
+    args = ", ".join(["x"] + list(dims))
+    lines = [f"def {name}({args}):", "    _dev = x.device"]
+    if plan.kind == "copy":
+        lines.append("    y = x.clone()" if not plan.conversions else "    y = x")
+        lines += _conv_torch(plan, "y", "    ")
+        lines.append("    return y.contiguous()")
+        return "\n".join(lines) + "\n"
+    if plan.kind == "affine":
+        strides, offset = affine_strides(plan.map)
+        shape = ", ".join(ex.to_python(s) for s in plan.out_shape)
+        st = ", ".join(ex.to_python(s) for s in strides)
+        lines.append(f"    y = x.contiguous().as_strided(({shape},), ({st},), {ex.to_python(offset)})")
+        lines += _conv_torch(plan, "y", "    ")
+        lines.append("    return y.contiguous() if y.data_ptr() != x.data_ptr() else y.clone()")
+        return "\n".join(lines) + "\n"
+    shape = plan.word_shape if plan.kind == "words" else plan.out_shape
+    rank = len(shape)
+    sizes = [ex.to_python(s) for s in shape]
+    if plan.kind == "gather" and not plan.conversions:
+        bits = BIT_VIEWS[plan.in_elem.bits]
+        lines.append(f"    flat = x.contiguous().view(torch.{bits}).reshape(-1)  # move bits, whatever the type")
+        store = f"torch.{bits}"
+    else:
+        lines.append("    flat = x.contiguous().reshape(-1)")
+        store = "torch.int32" if plan.kind == "words" else f"torch.{plan.in_elem.canonical}"
+    lines.append(f"    y = torch.empty(({', '.join(sizes)},), dtype={store}, device=_dev)")
+    for k in range(1, rank):
+        view = ["1"] * rank
+        view[k] = "-1"
+        lines.append(f"    o{k} = torch.arange({sizes[k]}, device=_dev).view({', '.join(view)})")
+    per = " * ".join(f"({s})" for s in sizes[1:]) or "1"
+    lines.append(f"    step = max(1, (1 << 22) // max(1, {per}))  # index tensors of ~4M elements at most")
+    lines.append(f"    for start in range(0, {sizes[0]}, step):")
+    view0 = ", ".join(["-1"] + ["1"] * (rank - 1))
+    lines.append(f"        o0 = torch.arange(start, min(start + step, {sizes[0]}), device=_dev).view({view0})")
+    lines.append("        zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the chunk")
+    if plan.kind == "words":
+        for b, (coords, valid) in enumerate(zip(plan.word_sources, plan.word_valid)):
+            lines.append(f"        byte = flat[({t(_linear(coords, plan.in_shape))}) + zero].to(torch.int64)")
+            if valid != ex.TRUE:
+                lines.append(f"        byte = torch.where(({t(valid)}) & (zero == 0), byte, 0)")
+            lines.append("        w = byte" if b == 0 else f"        w |= byte << {8 * b}")
+        lines.append("        r = torch.zeros_like(w)")
+        for mask, shift in _bit_permutation_terms(plan.table):
+            op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
+            lines.append(f"        r |= (w & {mask:#x}) {op}")
+        lines.append("        y[start:start + step] = torch.where(r >= 2**31, r - 2**32, r).to(torch.int32)")
+        out = ", ".join(ex.to_python(s) for s in plan.out_shape)
+        lines.append(f"    return y.view(torch.uint8).reshape({out})")
+        return "\n".join(lines) + "\n"
+    m = plan.map
+    lines.append(f"        src = ({t(_linear(m.src, plan.in_shape))}) + zero")
+    if m.is_total():
+        lines.append("        y[start:start + step] = flat[src]")
+    else:
+        lines.append(f"        ok = ({t(m.valid)}) & (zero == 0)")
+        lines.append("        v = flat[torch.where(ok, src, 0)]")
+        lines.append(f"        y[start:start + step] = torch.where(ok, v, torch.as_tensor({t(m.fill)}, dtype=v.dtype))")
+    if plan.conversions:
+        lines += _conv_torch(plan, "y", "    ")
+    else:
+        lines.append(f"    y = y.view(torch.{plan.out_elem.canonical})")
+    lines.append("    return y")
+    return "\n".join(lines) + "\n"
+
+
+BIT_VIEWS = {8: "uint8", 16: "int16", 32: "int32", 64: "int64"}
+BLOCK_WORDS = 1024
+BLOCK_ELEMENTS = 2048
+
+
+def launcher(plan: FusedPlan, name: str, kernel: str, dims: Sequence[str]) -> str:
+    """Source of ``def name(x, d, kernels) -> Tensor`` launching ``kernel`` over the whole tensor (all experts)."""
+    out = ", ".join(ex.to_python(s) for s in plan.out_shape)
+    lines = [f"def {name}(x, d, kernels):"]
+    lines.append(f"    {', '.join(d for d in dims)}, = " + ", ".join(f"d[{d!r}]" for d in dims))
+    lines.append(f"    y = torch.empty(({out},), dtype=torch.{plan.out_elem.canonical}, device=x.device)")
+    if plan.kind == "words":
+        total = ex.to_python(ex.mul(*plan.word_shape))
+        lines.append("    xs, ys = x.contiguous().view(torch.uint8), y.view(torch.int32)")
+        block = BLOCK_WORDS
+    else:
+        total = ex.to_python(ex.mul(*plan.out_shape)) if plan.out_shape else "1"
+        if plan.conversions:
+            lines.append("    xs, ys = x.contiguous(), y")
+        else:
+            bits = BIT_VIEWS[plan.in_elem.bits]
+            lines.append(f"    xs, ys = x.contiguous().view(torch.{bits}), y.view(torch.{bits})")
+        block = BLOCK_ELEMENTS
+    lines.append(f"    total = {total}")
+    lines.append("    if total == 0:")
+    lines.append("        return y")
+    lines.append("    wide = max(xs.numel(), ys.numel()) >= 2**30  # 32-bit index arithmetic below that")
+    lines.append(f"    grid = ((total + {block - 1}) // {block},)")
+    args = ", ".join(f"{d}={d}" for d in dims)
+    lines.append(f"    kernels[{kernel!r}][grid](xs, ys, {args}, WIDE=wide, BLOCK={block})")
+    lines.append("    return y")
+    return "\n".join(lines) + "\n"
+
+
+def _conv_torch(plan: FusedPlan, var: str, indent: str) -> list[str]:
+    out = []
+    for kind, to in plan.conversions:
+        call = "view" if kind == "view" else "to"
+        out.append(f"{indent}{var} = {var}.{call}(torch.{to.canonical})")
+    return out
