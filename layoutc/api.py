@@ -68,14 +68,16 @@ class CompiledSpec:
         return self.compiled.inverse_variants is not None
 
     def convert(
-        self, tensors: Mapping[str, torch.Tensor], dims: Mapping[str, int] | None = None, lowering: str = "auto"
+        self, tensors: Mapping[str, torch.Tensor], dims: Mapping[str, int] | None = None, lowering: str = "auto",
+        chunk: int | None = None, inplace: bool = False,
     ) -> dict[str, torch.Tensor]:
-        """Checkpoint tensors -> kernel layout. Inputs are never modified.
+        """Checkpoint tensors -> kernel layout. Inputs are never modified unless ``inplace``.
 
         ``lowering``: "auto" (fused Triton kernels on CUDA, one torch gather per tensor on CPU),
-        "fused", "gather", or "eager" (op by op, the reference)."""
+        "fused", "gather", or "eager" (op by op, the reference). ``chunk=k`` converts k experts
+        at a time; ``inplace=True`` reuses the inputs' memory where the bytes per expert match."""
         try:
-            return self.module.convert(tensors, dims, lowering)
+            return self.module.convert(tensors, dims, lowering, chunk, inplace)
         except self.module.LayoutError as err:
             raise LayoutError(str(err)) from None
 

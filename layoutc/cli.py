@@ -198,6 +198,44 @@ def demo(spec: Path | None, shape: str, seed: int, device: str, defines: tuple[s
     return 0 if ok else 1
 
 
+def _parse_shape(shape: str) -> dict[str, int]:
+    dims = {}
+    for item in shape.split(","):
+        k, _, v = item.partition("=")
+        try:
+            dims[k.strip()] = int(v)
+        except ValueError:
+            raise click.BadParameter(f"expected NAME=INT, got {item!r}", param_hint="--shape") from None
+    return dims
+
+
+@main.command()
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--shape", default="E=128,I=2944,H=2944", show_default=True, help="Dims of the synthetic layer.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--lowering", default="auto", show_default=True, type=click.Choice(["auto", "fused", "compiled", "gather", "eager"]))
+@click.option("--reps", default=20, show_default=True, help="Timed repetitions (the median is reported).")
+@click.option("--eager/--no-eager", default=False, help="Also time the eager lowering.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@define_option
+@_guard
+def bench(spec: Path, shape: str, device: str, lowering: str, reps: int, eager: bool, as_json: bool,
+          defines: tuple[str, ...]) -> int:
+    """Time SPEC's converter, the vLLM-style sequence it replaces and a device copy, in one run."""
+    from .api import compile_file
+    from .bench import bench as run_bench
+    from .bench import report, to_json
+
+    compiled = compile_file(spec, _parse_defines(defines))
+    dims = _parse_shape(shape)
+    missing = [d for d in compiled.program.dims if d not in dims]
+    if missing:
+        raise click.BadParameter(f"--shape must give {', '.join(missing)}", param_hint="--shape")
+    result = run_bench(compiled, {d: dims[d] for d in compiled.program.dims}, device, lowering, reps, eager=eager)
+    click.echo(to_json(result) if as_json else report(result))
+    return 0
+
+
 @main.command()
 def ops() -> None:
     """List the layout primitives."""

@@ -30,8 +30,10 @@ from .versions import distribution
 
 RUNTIME_NAMES = (
     "LayoutError",
+    "_convert_in_chunks",
     "_triton_kernels",
     "_choose_lowering",
+    "_compiled",
     "_fmt_dims",
     "_fmt_shape",
     "_bind_dims",
@@ -70,6 +72,16 @@ def _impl_closure(functions: Iterable[Callable[..., Any]]) -> list[str]:
     constants = [c for n, c in chunks.items() if not c.startswith("def ")]
     defs = [c for n, c in sorted(chunks.items()) if c.startswith("def ")]
     return constants + defs
+
+
+def _chunk_dim(p) -> str | None:
+    """The dim every input and output shape starts with, if there is one (the experts)."""
+    firsts = {t.shape[0] for t in (*p.inputs, *p.outputs) if t.shape}
+    if len(firsts) == 1:
+        first = next(iter(firsts))
+        if isinstance(first, ex.Var):
+            return first.name
+    return None
 
 
 def _globals_read(fn: Callable[..., Any]) -> set[str]:
@@ -155,17 +167,43 @@ def _emit_direction(
     fused_names: dict | None = None,
 ) -> list[str]:
     lowered = fn_name == "convert"
-    body = [
-        f"def {fn_name}(tensors, dims=None{', lowering=' + repr('auto') if lowered else ''}):",
-        textwrap.indent(f'"""{doc}"""', "    "),
-        "    _check_requires(REQUIRES, SPEC_NAME)",
-        f"    d, present = _check_tensors(tensors, {contract}, {shapes}, {axes}, dims, DIMS, {fn_name!r})",
-        f"    _check_divisibility({checks}, d, {{k for k in tensors if tensors[k] is not None}}, present)",
-    ]
+    if lowered:
+        body = [
+            "def convert(tensors, dims=None, lowering='auto', chunk=None, inplace=False):",
+            textwrap.indent(f'"""{doc}', "    "),
+            "",
+            "    lowering: 'auto' (generated Triton kernels on CUDA, one torch gather per tensor on the CPU),",
+            "    'fused', 'gather' or 'eager' (op by op, the reference). chunk=k converts k experts at a",
+            "    time (bounds the eager lowering's temporaries). inplace=True writes each output whose",
+            "    bytes per expert equal its input's into the input's memory, one expert at a time, and",
+            "    returns views of it: the inputs are overwritten, peak extra memory is about one expert.",
+            '    """',
+            "    _check_requires(REQUIRES, SPEC_NAME)",
+            f"    d, present = _check_tensors(tensors, {contract}, {shapes}, {axes}, dims, DIMS, 'convert')",
+            f"    _check_divisibility({checks}, d, {{k for k in tensors if tensors[k] is not None}}, present)",
+            "    how = _choose_lowering(lowering, tensors)",
+            "    if chunk is None and not inplace:",
+            "        out = _convert(tensors, d, present, how)",
+            "    else:",
+            "        out = _convert_in_chunks(_convert, tensors, d, present, how, 1 if chunk is None else chunk, inplace, _OUTPUT_SHAPES, CHUNK_DIM)",
+            "    _stamp(out, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES)",
+            "    return out",
+            "",
+            "",
+            "def _convert(tensors, d, present, how):",
+            "    # One call over the given tensors (all experts, or one chunk of them).",
+        ]
+    else:
+        body = [
+            f"def {fn_name}(tensors, dims=None):",
+            textwrap.indent(f'"""{doc}"""', "    "),
+            "    _check_requires(REQUIRES, SPEC_NAME)",
+            f"    d, present = _check_tensors(tensors, {contract}, {shapes}, {axes}, dims, DIMS, {fn_name!r})",
+            f"    _check_divisibility({checks}, d, {{k for k in tensors if tensors[k] is not None}}, present)",
+        ]
     if dims:
         body.append(f"    {', '.join(dims)} = {', '.join(f'd[{n!r}]' for n in dims)}")
     if lowered:
-        body.append("    how = _choose_lowering(lowering, tensors)")
         body.append("    kernels = _triton_kernels(_TRITON_SOURCE, _TRITON_FILE) if how == 'fused' else None")
     body.append("    out = {}")
     for spec in tensors:
@@ -197,15 +235,13 @@ def _emit_direction(
                 launch, gather_fn = fused_names[chain.signature()]
                 body.append(f"{inner}if how == 'fused':")
                 body.append(f"{inner}    x = {launch}(x, d, kernels)")
-                body.append(f"{inner}elif how == 'gather':")
-                body.append(f"{inner}    x = {gather_fn}(x, {', '.join(dims)})")
+                body.append(f"{inner}elif how in ('gather', 'compiled'):")
+                body.append(f"{inner}    x = {gather_fn}(x, {', '.join(dims)}, compiled=how == 'compiled')")
                 body.append(f"{inner}else:")
                 body += [inner + "    " + line for line in eager.emit_chain(chain, filename) or ["pass"]]
             else:
                 body += [inner + line for line in eager.emit_chain(chain, filename)]
             body.append(f"{inner}out[{spec.name!r}] = _owned(x, tensors)")
-    if fn_name == "convert":
-        body.append("    _stamp(out, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES)")
     body.append("    return out")
     return body
 
@@ -253,6 +289,7 @@ def generate(compiled: Compiled) -> str:
         f"REQUIRES = {requires!r}",
         f"DIMS = {dims!r}",
         f"INVERTIBLE = {compiled.inverse_variants is not None!r}",
+        f"CHUNK_DIM = {_chunk_dim(p)!r}  # the expert axis every tensor starts with (chunked / in-place conversion)",
         f"INPUTS = {_contract(p.inputs)}",
         f"OUTPUTS = {_contract(p.outputs)}",
         "",
@@ -264,6 +301,7 @@ def generate(compiled: Compiled) -> str:
         "",
         "_REQUIRES_CHECKED = []",
         "_KERNELS = {}",
+        "_COMPILE_ABOVE_BYTES = 1 << 28  # auto on the CPU: compiled gathers for layers above 256 MiB",
         "",
     ]
     for name in RUNTIME_NAMES:

@@ -156,7 +156,7 @@ signed_envs = st.fixed_dictionaries({v: st.integers(-40, 60) for v in VARS})
 # constructors keep values
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=500, **SETTINGS)
 @given(int_exprs(), envs)
 def test_simplified_expression_evaluates_like_the_formula(pair, env):
     e, ref = pair

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.helpers import assert_same_bits, load_golden
-from tests.reference import kernels_cpu, recipes
+from layoutc.reference import kernels_cpu, recipes
 
 SM90 = load_golden("sm90_fp4_interleave.pt")
 BSI = load_golden("block_scale_interleave.pt")

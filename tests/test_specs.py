@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import layoutc
 from tests.helpers import SPECS, assert_same_bits, load_golden
-from tests.reference import kernels_cpu, recipes
+from layoutc.reference import kernels_cpu, recipes
 
 GOLDEN_FILES = ["flashinfer_cutlass_bf16.pt", "flashinfer_cutlass_mxfp8.pt", "flashinfer_cutedsl_nvfp4.pt"]
 

@@ -180,9 +180,21 @@ def _bit_permutation_terms(table: Sequence[int]) -> list[tuple[int, int]]:
 
 def _conv_triton(plan: FusedPlan, value: str) -> list[str]:
     lines = []
+    elem = plan.in_elem
     for kind, to in plan.conversions:
         dtype = TRITON_DTYPES[to.canonical]
-        lines.append(f"{value} = {value}.to({dtype}{', bitcast=True' if kind == 'view' else ''})")
+        if kind == "cast" and elem.canonical == "float32" and to.canonical == "bfloat16":
+            # Round to nearest even on the bits, exactly as torch does (NaN -> 0x7FC0), whatever
+            # the backend's conversion (Triton's CPU interpreter truncates).
+            lines += [
+                f"_b = {value}.to(tl.uint32, bitcast=True)",
+                "_r = (_b + 0x7FFF + ((_b >> 16) & 1)) >> 16",
+                "_r = tl.where((_b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, _r)",
+                f"{value} = _r.to(tl.uint16).to(tl.bfloat16, bitcast=True)",
+            ]
+        else:
+            lines.append(f"{value} = {value}.to({dtype}{', bitcast=True' if kind == 'view' else ''})")
+        elem = to
     return lines
 
 
@@ -234,72 +246,88 @@ def triton_kernel(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
 
 
 def torch_function(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
-    """Source of ``def name(x, <dims>) -> Tensor`` computing ``plan`` with torch ops."""
+    """Source of ``def name(x, <dims>, compiled=False) -> Tensor`` computing ``plan`` with torch ops.
+
+    The work is a pure function of a range of the first axis, ``name_part``: the index
+    expressions evaluated on ``arange`` grids and one gather. Run eagerly, the driver calls it
+    on chunks of experts (index tensors of ~4M elements at most); with ``compiled`` it calls
+    ``torch.compile`` of it once over the whole tensor, which fuses the arithmetic and the
+    gather into one loop with no index tensor in memory."""
     t = ex.to_torch
     args = ", ".join(["x"] + list(dims))
-    lines = [f"def {name}({args}):", "    _dev = x.device"]
-    if plan.kind == "copy":
-        lines.append("    y = x.clone()" if not plan.conversions else "    y = x")
+    if plan.kind in ("copy", "affine"):
+        lines = [f"def {name}({args}, compiled=False):"]
+        if plan.kind == "copy":
+            lines.append("    y = x.clone()" if not plan.conversions else "    y = x")
+        else:
+            strides, offset = affine_strides(plan.map)
+            shape = ", ".join(ex.to_python(s) for s in plan.out_shape)
+            st = ", ".join(ex.to_python(s) for s in strides)
+            lines.append(f"    y = x.contiguous().as_strided(({shape},), ({st},), {ex.to_python(offset)})")
         lines += _conv_torch(plan, "y", "    ")
         lines.append("    return y.contiguous()")
-        return "\n".join(lines) + "\n"
-    if plan.kind == "affine":
-        strides, offset = affine_strides(plan.map)
-        shape = ", ".join(ex.to_python(s) for s in plan.out_shape)
-        st = ", ".join(ex.to_python(s) for s in strides)
-        lines.append(f"    y = x.contiguous().as_strided(({shape},), ({st},), {ex.to_python(offset)})")
-        lines += _conv_torch(plan, "y", "    ")
-        lines.append("    return y.contiguous() if y.data_ptr() != x.data_ptr() else y.clone()")
         return "\n".join(lines) + "\n"
     shape = plan.word_shape if plan.kind == "words" else plan.out_shape
     rank = len(shape)
     sizes = [ex.to_python(s) for s in shape]
-    if plan.kind == "gather" and not plan.conversions:
+    part = [f"def {name}_part({args}, start, stop):", "    _dev = x.device"]
+    bitwise = plan.kind == "gather" and not plan.conversions
+    if bitwise:
         bits = BIT_VIEWS[plan.in_elem.bits]
-        lines.append(f"    flat = x.contiguous().view(torch.{bits}).reshape(-1)  # move bits, whatever the type")
-        store = f"torch.{bits}"
+        part.append(f"    flat = x.contiguous().view(torch.{bits}).reshape(-1)  # move bits, whatever the type")
     else:
-        lines.append("    flat = x.contiguous().reshape(-1)")
-        store = "torch.int32" if plan.kind == "words" else f"torch.{plan.in_elem.canonical}"
-    lines.append(f"    y = torch.empty(({', '.join(sizes)},), dtype={store}, device=_dev)")
+        part.append("    flat = x.contiguous().reshape(-1)")
+    view0 = ", ".join(["-1"] + ["1"] * (rank - 1))
+    part.append(f"    o0 = torch.arange(start, stop, device=_dev).view({view0})")
     for k in range(1, rank):
         view = ["1"] * rank
         view[k] = "-1"
-        lines.append(f"    o{k} = torch.arange({sizes[k]}, device=_dev).view({', '.join(view)})")
-    per = " * ".join(f"({s})" for s in sizes[1:]) or "1"
-    lines.append(f"    step = max(1, (1 << 22) // max(1, {per}))  # index tensors of ~4M elements at most")
-    lines.append(f"    for start in range(0, {sizes[0]}, step):")
-    view0 = ", ".join(["-1"] + ["1"] * (rank - 1))
-    lines.append(f"        o0 = torch.arange(start, min(start + step, {sizes[0]}), device=_dev).view({view0})")
-    lines.append("        zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the chunk")
+        part.append(f"    o{k} = torch.arange({sizes[k]}, device=_dev).view({', '.join(view)})")
+    part.append("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the full range")
     if plan.kind == "words":
         for b, (coords, valid) in enumerate(zip(plan.word_sources, plan.word_valid)):
-            lines.append(f"        byte = flat[({t(_linear(coords, plan.in_shape))}) + zero].to(torch.int64)")
+            part.append(f"    byte = flat[({t(_linear(coords, plan.in_shape))}) + zero].to(torch.int64)")
             if valid != ex.TRUE:
-                lines.append(f"        byte = torch.where(({t(valid)}) & (zero == 0), byte, 0)")
-            lines.append("        w = byte" if b == 0 else f"        w |= byte << {8 * b}")
-        lines.append("        r = torch.zeros_like(w)")
+                part.append(f"    byte = torch.where(({t(valid)}) & (zero == 0), byte, 0)")
+            part.append("    w = byte" if b == 0 else f"    w = w | (byte << {8 * b})")
+        part.append("    r = torch.zeros_like(w)")
         for mask, shift in _bit_permutation_terms(plan.table):
             op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
-            lines.append(f"        r |= (w & {mask:#x}) {op}")
-        lines.append("        y[start:start + step] = torch.where(r >= 2**31, r - 2**32, r).to(torch.int32)")
+            part.append(f"    r = r | ((w & {mask:#x}) {op})")
+        part.append("    return torch.where(r >= 2**31, r - 2**32, r).to(torch.int32)")
+        store = "torch.int32"
+    else:
+        m = plan.map
+        part.append(f"    src = ({t(_linear(m.src, plan.in_shape))}) + zero")
+        if m.is_total():
+            part.append("    return flat[src]")
+        else:
+            part.append(f"    ok = ({t(m.valid)}) & (zero == 0)")
+            part.append("    v = flat[torch.where(ok, src, 0)]")
+            part.append(f"    return torch.where(ok, v, torch.as_tensor({t(m.fill)}, dtype=v.dtype))")
+        store = f"torch.{BIT_VIEWS[plan.in_elem.bits]}" if bitwise else f"torch.{plan.in_elem.canonical}"
+    per = " * ".join(f"({s})" for s in sizes[1:]) or "1"
+    drive = [
+        f"def {name}({args}, compiled=False):",
+        "    if compiled:",
+        f"        y = _compiled({name}_part)({args}, 0, {sizes[0]})",
+        "    else:",
+        f"        y = torch.empty(({', '.join(sizes)},), dtype={store}, device=x.device)",
+        f"        step = max(1, (1 << 22) // max(1, {per}))",
+        f"        for start in range(0, {sizes[0]}, step):",
+        f"            stop = min(start + step, {sizes[0]})",
+        f"            y[start:stop] = {name}_part({args}, start, stop)",
+    ]
+    if plan.kind == "words":
         out = ", ".join(ex.to_python(s) for s in plan.out_shape)
-        lines.append(f"    return y.view(torch.uint8).reshape({out})")
-        return "\n".join(lines) + "\n"
-    m = plan.map
-    lines.append(f"        src = ({t(_linear(m.src, plan.in_shape))}) + zero")
-    if m.is_total():
-        lines.append("        y[start:start + step] = flat[src]")
+        drive.append(f"    return y.view(torch.uint8).reshape({out})")
     else:
-        lines.append(f"        ok = ({t(m.valid)}) & (zero == 0)")
-        lines.append("        v = flat[torch.where(ok, src, 0)]")
-        lines.append(f"        y[start:start + step] = torch.where(ok, v, torch.as_tensor({t(m.fill)}, dtype=v.dtype))")
-    if plan.conversions:
-        lines += _conv_torch(plan, "y", "    ")
-    else:
-        lines.append(f"    y = y.view(torch.{plan.out_elem.canonical})")
-    lines.append("    return y")
-    return "\n".join(lines) + "\n"
+        if plan.conversions:
+            drive += _conv_torch(plan, "y", "    ")
+        else:
+            drive.append(f"    y = y.view(torch.{plan.out_elem.canonical})")
+        drive.append("    return y")
+    return "\n".join(part) + "\n\n\n" + "\n".join(drive) + "\n"
 
 
 BIT_VIEWS = {8: "uint8", 16: "int16", 32: "int32", 64: "int64"}
@@ -311,7 +339,7 @@ def launcher(plan: FusedPlan, name: str, kernel: str, dims: Sequence[str]) -> st
     """Source of ``def name(x, d, kernels) -> Tensor`` launching ``kernel`` over the whole tensor (all experts)."""
     out = ", ".join(ex.to_python(s) for s in plan.out_shape)
     lines = [f"def {name}(x, d, kernels):"]
-    lines.append(f"    {', '.join(d for d in dims)}, = " + ", ".join(f"d[{d!r}]" for d in dims))
+    lines += [f"    {d} = d[{d!r}]" for d in dims]
     lines.append(f"    y = torch.empty(({out},), dtype=torch.{plan.out_elem.canonical}, device=x.device)")
     if plan.kind == "words":
         total = ex.to_python(ex.mul(*plan.word_shape))

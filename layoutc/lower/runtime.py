@@ -174,16 +174,55 @@ def _triton_kernels(source, filename):
 
 
 def _choose_lowering(lowering, tensors):
-    # auto: generated Triton kernels on CUDA, one torch gather per tensor on the CPU.
-    if lowering not in ("auto", "fused", "gather", "eager"):
-        raise LayoutError(f"lowering must be 'auto', 'fused', 'gather' or 'eager', got {lowering!r}")
+    # auto: the generated Triton kernels on CUDA; on the CPU, the compiled gathers for large
+    # layers (compiling takes seconds once per shape, cached by torch) and the eager ops otherwise.
+    if lowering not in ("auto", "fused", "compiled", "gather", "eager"):
+        raise LayoutError(f"lowering must be 'auto', 'fused', 'compiled', 'gather' or 'eager', got {lowering!r}")
     if lowering != "auto":
         return lowering
-    device = next((t.device for t in tensors.values() if t is not None), torch.device("cpu"))
-    if device.type != "cuda":
-        return "gather"
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "eager"
-    return "fused"
+    given = [t for t in tensors.values() if t is not None]
+    device = given[0].device if given else torch.device("cpu")
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "eager"
+        return "fused"
+    large = sum(t.numel() * t.element_size() for t in given) >= _COMPILE_ABOVE_BYTES
+    return "compiled" if large else "eager"
+
+
+_COMPILE_ABOVE_BYTES = 1 << 28
+
+
+def _compiled(fn):
+    # torch.compile of a gather part, once per function (inductor specialises per shape).
+    if fn not in _KERNELS:
+        _KERNELS[fn] = torch.compile(fn, dynamic=False)
+    return _KERNELS[fn]
+
+
+def _convert_in_chunks(convert_part, tensors, d, present, how, chunk, inplace, out_shapes, chunk_dim):
+    # Convert `chunk` experts at a time into preallocated outputs (or into the inputs' own memory).
+    if chunk_dim is None:
+        raise LayoutError("chunk/inplace need an expert axis shared by every tensor, which this spec does not have")
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise LayoutError(f"chunk must be a positive number of experts, got {chunk!r}")
+    n = d[chunk_dim]
+    out = {}
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        part = {k: (v[start:stop] if v is not None else None) for k, v in tensors.items()}
+        part_dims = dict(d)
+        part_dims[chunk_dim] = stop - start
+        for name, y in convert_part(part, part_dims, present, how).items():
+            if name not in out:
+                full = tuple(out_shapes[name](**d))
+                x = tensors[name]
+                same_bytes = x.numel() * x.element_size() == y.element_size() * (y.numel() // max(1, y.shape[0])) * n
+                if inplace and x.is_contiguous() and same_bytes:
+                    out[name] = x.view(torch.uint8).reshape(-1).view(y.dtype).reshape(full)
+                else:
+                    out[name] = torch.empty(full, dtype=y.dtype, device=y.device)
+            out[name][start:stop].copy_(y)
+    return out

@@ -21,8 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import layoutc  # noqa: E402
-from tests.reference import recipes  # noqa: E402
-from tools.gpu import kernels  # noqa: E402
+from layoutc.reference import flashinfer_kernels as kernels, recipes  # noqa: E402
 from tools.gpu.record_goldens import mxfp4_layer  # noqa: E402
 
 

@@ -5,7 +5,7 @@ Usage on the GPU machine (see tools/gpu/run.sh):  python tools/gpu/record_golden
 Writes, into OUT_DIR, one torch.save file per golden set:
   sm90_fp4_interleave.pt     raw kernel input/output pairs, several shapes
   block_scale_interleave.pt  raw kernel input/output pairs, with and without padding
-  <spec>.pt                  whole vLLM-style recipes (tests/reference/recipes.py) per shipped spec
+  <spec>.pt                  whole vLLM-style recipes (layoutc/reference/recipes.py) per shipped spec
 Each file carries the FlashInfer and torch versions, the GPU name and the date. Inputs are
 generated on the CPU from fixed seeds and stored with the outputs, so CPU tests need no RNG.
 """
@@ -21,8 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.reference import recipes  # noqa: E402
-from tools.gpu import kernels  # noqa: E402
+from layoutc.reference import flashinfer_kernels as kernels, recipes  # noqa: E402
 
 
 def meta() -> dict:

@@ -1,12 +1,12 @@
 """The conversions engines write by hand today, as the oracle for layoutc's specs.
 
-Each function is the op sequence of one vLLM branch (see tests/reference/README.md
+Each function is the op sequence of one vLLM branch (see README.md beside this file
 for the sources), calling FlashInfer's own helpers. Helpers that exist only as
 CUDA kernels are passed in, so the same recipe runs on the GPU with the real
 kernels (tools/gpu/record_goldens.py records the results) and on the CPU with
 whatever CPU-capable helpers a test has (FlashInfer's pure-torch ones).
 
-Nothing here imports layoutc: the oracle must not share code with what it checks.
+Nothing here uses layoutc's compiler: the oracle must not share code with what it checks.
 """
 
 from __future__ import annotations

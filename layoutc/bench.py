@@ -1,0 +1,143 @@
+"""``layoutc bench``: the converter against the anchor and the physical floor, in one run.
+
+Three things are timed on the same synthetic layer and device:
+
+* the generated converter (fused lowering on CUDA, the torch gather on CPU; ``--lowering`` picks);
+* the *anchor*: the vLLM-style sequence of torch ops and FlashInfer helpers it replaces
+  (:mod:`layoutc.reference`), with FlashInfer's real CUDA kernels on a GPU;
+* a plain copy of the same input bytes (the floor: read every input once, write once).
+
+CUDA timings use events after warm-up and report the median of many runs; CPU timings use a
+monotonic clock around synchronous calls. Bandwidth counts bytes read plus bytes written.
+Peak extra memory is the CUDA allocator's high-water mark during one conversion, minus
+what was allocated before, divided by the size of the outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from typing import Any, Callable, Mapping
+
+import torch
+
+from .api import CompiledSpec
+from .demo import synthetic_inputs
+
+
+def _nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values() if t is not None)
+
+
+def timeit(fn: Callable[[], Any], device: str, warmup: int = 3, reps: int = 20) -> float:
+    """Median seconds of ``fn`` (CUDA events on a GPU)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device.startswith("cuda"):
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def peak_extra(fn: Callable[[], Any], device: str) -> int | None:
+    if not device.startswith("cuda"):
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    result = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del result
+    return peak
+
+
+def bench(spec: CompiledSpec, dims: Mapping[str, int], device: str = "cpu", lowering: str = "auto",
+          reps: int = 20, anchor: bool = True, eager: bool = False, seed: int = 0) -> dict[str, Any]:
+    from . import reference
+
+    x = synthetic_inputs(spec, dims, seed, device)
+    out = spec.convert(x, lowering=lowering)
+    read, written = _nbytes(x), _nbytes(out)
+    moved = read + written
+    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in x.values()])
+    copy_buf = torch.empty_like(flat)
+    result: dict[str, Any] = {
+        "spec": spec.name, "sha256": spec.sha256, "params": spec.params, "dims": dict(dims), "device": device,
+        "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or platform.machine(),
+        "torch": str(torch.__version__), "flashinfer": _version("flashinfer-python"), "triton": _version("triton"),
+        "lowering": lowering, "bytes_read": read, "bytes_written": written, "date": time.strftime("%Y-%m-%d"),
+    }
+    t_copy = timeit(lambda: copy_buf.copy_(flat), device, reps=reps)
+    t_conv = timeit(lambda: spec.convert(x, lowering=lowering), device, reps=reps)
+    copy_bw = 2 * flat.numel() / t_copy
+    result.update(copy_s=t_copy, copy_GBps=copy_bw / 1e9, convert_s=t_conv, convert_GBps=moved / t_conv / 1e9,
+                  fraction_of_copy=moved / t_conv / copy_bw)
+    extra = peak_extra(lambda: spec.convert(x, lowering=lowering), device)
+    if extra is not None:
+        result.update(peak_extra_bytes=extra, peak_extra_vs_outputs=extra / written)
+        for mode, kwargs in (("chunk1", {"chunk": 1}), ("inplace", {"inplace": True})):
+            fresh = {k: v.clone() for k, v in x.items()}
+            extra_mode = peak_extra(lambda: spec.convert(fresh, lowering=lowering, **kwargs), device)
+            result[f"peak_extra_vs_outputs_{mode}"] = extra_mode / written
+            del fresh
+    if anchor and spec.name in reference.ANCHORS:
+        kernels, note = reference.kernels_for(device)
+        run = lambda: reference.anchor(spec.name, x, spec.params, kernels)  # noqa: E731
+        t_anchor = timeit(run, device, reps=reps)
+        result.update(anchor=note, anchor_s=t_anchor, anchor_GBps=moved / t_anchor / 1e9, speedup=t_anchor / t_conv)
+        extra = peak_extra(run, device)
+        if extra is not None:
+            result["anchor_peak_extra_vs_outputs"] = extra / written
+    if eager:
+        t_eager = timeit(lambda: spec.convert(x, lowering="eager"), device, reps=max(3, reps // 4))
+        result.update(eager_s=t_eager, eager_GBps=moved / t_eager / 1e9)
+    return result
+
+
+def _version(dist: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def report(r: Mapping[str, Any]) -> str:
+    ms = lambda s: f"{s * 1e3:9.3f} ms"  # noqa: E731
+    dims = ",".join(f"{k}={v}" for k, v in r["dims"].items())
+    lines = [
+        f"{r['spec']} {dims} on {r['device']} ({r['device_name']}), torch {r['torch']}, "
+        f"flashinfer {r['flashinfer']}, triton {r['triton']}, {r['date']}",
+        f"  bytes read + written   {(r['bytes_read'] + r['bytes_written']) / 1e9:.3f} GB",
+        f"  device copy            {ms(r['copy_s'])}  {r['copy_GBps']:7.0f} GB/s",
+        f"  layoutc ({r['lowering']:<6})       {ms(r['convert_s'])}  {r['convert_GBps']:7.0f} GB/s  "
+        f"{r['fraction_of_copy']:.0%} of copy" + (f"  {r['speedup']:.1f}x vs anchor" if "speedup" in r else ""),
+    ]
+    if "peak_extra_vs_outputs" in r:
+        lines.append(f"  peak extra memory      {r['peak_extra_vs_outputs']:.2f}x outputs (chunk=1: "
+                     f"{r['peak_extra_vs_outputs_chunk1']:.2f}x, inplace: {r['peak_extra_vs_outputs_inplace']:.2f}x)")
+    if "anchor_s" in r:
+        extra = f"  peak extra {r['anchor_peak_extra_vs_outputs']:.2f}x" if "anchor_peak_extra_vs_outputs" in r else ""
+        lines.append(f"  anchor (vLLM-style)    {ms(r['anchor_s'])}  {r['anchor_GBps']:7.0f} GB/s{extra}  [{r['anchor']}]")
+    if "eager_s" in r:
+        lines.append(f"  eager lowering         {ms(r['eager_s'])}  {r['eager_GBps']:7.0f} GB/s")
+    return "\n".join(lines)
+
+
+def to_json(r: Mapping[str, Any]) -> str:
+    return json.dumps(r, indent=2, sort_keys=True)

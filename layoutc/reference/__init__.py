@@ -1,0 +1,39 @@
+"""The hand-written conversions layoutc replaces: vLLM-style sequences calling FlashInfer's helpers.
+
+They are the oracle of the tests (tests/test_specs.py) and the anchor of the benchmarks
+(``layoutc bench``). Nothing here uses layoutc's compiler: the oracle must not share code
+with what it checks. See README.md beside this file for the sources.
+
+``ANCHORS`` maps a shipped spec name to ``(recipe, kernels it needs)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from . import recipes
+
+ANCHORS: dict[str, Callable[..., dict]] = {
+    "flashinfer_cutlass_bf16": lambda t, params, k: recipes.cutlass_sm90_mxfp4_bf16(t, k["sm90_interleave_fp4"]),
+    "flashinfer_cutlass_mxfp8": lambda t, params, k: recipes.cutlass_mxfp4_mxfp8(t, k["block_scale_interleave"]),
+    "flashinfer_cutedsl_nvfp4": lambda t, params, k: recipes.cutedsl_nvfp4(
+        t, k["block_scale_interleave"], params.get("activation", "silu") != "relu2"),
+}
+
+
+def kernels_for(device: str) -> tuple[dict[str, Callable[..., Any]], str]:
+    """The CUDA-only FlashInfer kernels the recipes call: the real ones on CUDA (built or JIT-compiled on
+    first use), the CPU ports elsewhere. Returns them and a note on where they come from."""
+    if device.startswith("cuda"):
+        from . import flashinfer_kernels
+
+        return {"sm90_interleave_fp4": flashinfer_kernels.sm90_interleave_fp4(),
+                "block_scale_interleave": flashinfer_kernels.block_scale_interleave()}, "FlashInfer CUDA kernels"
+    from . import kernels_cpu
+
+    return {"sm90_interleave_fp4": kernels_cpu.sm90_interleave_fp4,
+            "block_scale_interleave": kernels_cpu.block_scale_interleave}, "CPU ports of FlashInfer's kernels"
+
+
+def anchor(spec_name: str, tensors: Mapping, params: Mapping, kernels: Mapping) -> dict:
+    return ANCHORS[spec_name](tensors, params, kernels)
