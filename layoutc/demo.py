@@ -17,18 +17,18 @@ DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "specs" / "flashinfer_cu
 def synthetic_inputs(spec: CompiledSpec, dims: Mapping[str, int], seed: int, device: str = "cpu") -> dict:
     """Deterministic tensors matching the spec's inputs: random bytes for packed and scale
     types, bf16-representable normals for float types (so casts round-trip exactly)."""
-    g = torch.Generator().manual_seed(seed)
+    # Generated on the target device (a CUDA generator there: deterministic, and fast for large layers).
+    g = torch.Generator(device=device).manual_seed(seed)
     out = {}
     for t in spec.program.inputs:
         shape = tuple(int(ex.evaluate(s, dims)) for s in t.shape)
         if t.elem.torch_dtype.is_floating_point and t.elem.bits >= 16:
-            x = torch.randn(shape, generator=g).to(torch.bfloat16).to(t.elem.torch_dtype)
+            x = torch.randn(shape, generator=g, device=device).to(torch.bfloat16).to(t.elem.torch_dtype)
         else:
-            x = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
             if t.elem.bits != 8:
                 raise ValueError(f"no synthetic data for {t.elem.name}")
-            x = x.view(t.elem.torch_dtype)
-        out[t.name] = x.to(device)
+            x = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g, device=device).view(t.elem.torch_dtype)
+        out[t.name] = x
     return out
 
 

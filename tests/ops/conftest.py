@@ -29,7 +29,8 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
-    assert tuple(actual.shape) == tuple(expected.shape), f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    got, want = tuple(actual.shape), tuple(expected.shape)
+    assert got == want, f"{what}: shape {got} != {want}"
     assert actual.element_size() == expected.element_size(), f"{what}: {actual.dtype} vs {expected.dtype}"
     a, b = bits(actual), bits(expected)
     if not torch.equal(a, b):
@@ -313,7 +314,10 @@ def kernel_body(src: str, name: str) -> str:
     return src[start:end]
 
 
-_MASK_RE = re.compile(r"mask\s*=\s*0b([01]+)\s*;\s*fp4x8_interleaved\s*\|=\s*\(fp4x8_raw\s*&\s*mask\)\s*(<<|>>)\s*(\d+)\s*;")
+_MASK_RE = re.compile(
+    r"mask\s*=\s*0b([01]+)\s*;"  # mask = 0b...;
+    r"\s*fp4x8_interleaved\s*\|=\s*\(fp4x8_raw\s*&\s*mask\)\s*(<<|>>)\s*(\d+)\s*;"  # |= (raw & mask) << N;
+)
 
 
 def parse_mask_shifts(src: str):

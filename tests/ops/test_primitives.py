@@ -770,3 +770,78 @@ def test_bind_builds_the_op_and_normalizes_dims():
 def test_bind_errors(name, pos, kw, dims):
     with pytest.raises(BindError):
         bind(name, pos, kw, TT("u8", E_, N_, K_), "weight", dims)
+
+
+# ---------------------------------------------------------------------------
+# inference must reject, or state as a requirement, every binding that cannot work:
+# for each binding of the dims where the eager function fails or yields another shape
+# than inferred, infer raises or one of its requirements is violated.
+
+
+def _guarded(op, t, dims) -> bool:
+    try:
+        inferred = op.infer(t)
+    except OpTypeError:
+        return True
+    return any(int(ex.evaluate(r.value, dims)) % r.multiple for r in inferred.requires)
+
+
+def _works(op, t, dims) -> bool:
+    x = torch.zeros(concrete(t, dims), dtype=t.elem.torch_dtype)
+    try:
+        out = run_eager(op, x, dims)
+    except (RuntimeError, ValueError, IndexError):
+        return False
+    return tuple(out.shape) == concrete(op.infer(t).type, dims)
+
+
+def _unguarded_failures(op, t, bindings):
+    return [d for d in bindings if not _works(op, t, d) and not _guarded(op, t, d)]
+
+
+def test_guards_hold_for_ops_that_state_requirements():
+    # the property itself, on ops whose requirements are complete
+    cases = [
+        (
+            sm90.Sm90FoldScales(),
+            TT("e8m0", E_, R_, C_),
+            [{"E": 1, "R": r, "C": c} for r in (32, 64, 100, 128) for c in (3, 4, 8)],
+        ),
+        (rows.InterleaveRows(group=2), TT("u8", E_, N_, 2), [{"E": 1, "N": n} for n in range(1, 13)]),
+        (rows.ShuffleRows(epilogue_tile=128), TT("u8", E_, N_, 2), [{"E": 1, "N": n} for n in (16, 32, 48, 64)]),
+        (shape.Pad(1, multiple=4, parts=2), TT("u8", E_, N_, 2), [{"E": 1, "N": n} for n in range(1, 9)]),
+    ]
+    for op, t, bindings in cases:
+        assert _unguarded_failures(op, t, bindings) == [], op
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: Reshape.infer's same_numel only tries dims that are multiples of 46080, so it accepts "
+    "[E, round_up(R,128), round_up(C,4)] -> [E, R, C] (and [R] -> [R//2, 2]) with no requirement",
+)
+def test_reshape_with_floor_divisions_is_guarded():
+    unpad = shape.Reshape((E_, R_, C_))
+    t = TT("e4m3", E_, ex.round_up(R_, 128), ex.round_up(C_, 4))
+    bad = _unguarded_failures(unpad, t, [{"E": 1, "R": r, "C": c} for r in (100, 128) for c in (4, 5)])
+    halves = shape.Reshape((ex.floordiv(R_, 2), Const(2)))
+    bad += _unguarded_failures(halves, TT("u8", R_), [{"R": r} for r in (4, 5)])
+    assert bad == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: unswizzle_128x4 states no requirement that its input is padded (rows % 128, cols % 4) "
+    "and accepts rows/cols larger than the input; eager then fails or returns a smaller tensor than inferred",
+)
+def test_unswizzle_is_guarded():
+    op = swizzle.Unswizzle128x4(rows=R_, cols=C_)
+    t = TT("e4m3", E_, Var("P"), Var("Q"))
+    bindings = [{"E": 1, "R": r, "C": c, "P": p, "Q": q} for r, c, p, q in [(100, 5, 100, 5), (200, 4, 128, 4)]]
+    assert _unguarded_failures(op, t, bindings) == []
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: Crop.infer accepts a size larger than each part (constant shapes)")
+def test_crop_larger_than_the_part_is_a_type_error():
+    with pytest.raises(OpTypeError):
+        shape.Crop(1, size=Const(5)).infer(TT("u8", 2, 4))
