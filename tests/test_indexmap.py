@@ -465,7 +465,7 @@ def _applies(op, t, dims):
     return inferred.type
 
 
-@settings(max_examples=60, **SETTINGS)
+@settings(max_examples=120, **SETTINGS)
 @given(st.data())
 def test_compose_maps_of_primitives(data):
     from layoutc.dtypes import ELEMENT_TYPES

@@ -50,6 +50,10 @@ class FusedPlan:
     table: tuple[int, ...] = ()
     conversions: tuple[tuple[str, ElemType], ...] = ()  # ("cast" | "view", type) in chain order
     reason: str = ""  # why a plan fell back to eager
+    # How the CUDA kernel moves data (see triton_kernel): "elements" (one per lane), "rows" (2-D tiles
+    # whose last axis is copied contiguously), "words4" (four output words from whole source words).
+    form: str = "elements"
+    word4_bases: tuple[ex.Expr, ...] = ()  # words4: byte address of source word t' (over the q grid)
 
     @property
     def is_fused(self) -> bool:
@@ -68,6 +72,69 @@ def _tidy(e: ex.Expr, shape: Sequence[ex.Expr], dims: Sequence[str]) -> ex.Expr:
 
 
 def plan(chain: Chain) -> FusedPlan:
+    raw = _tidy_plan(chain)
+    samples = _samples(chain)
+    if raw.kind == "words":
+        bases = _words4_bases(raw, samples)
+        if bases is not None:
+            raw = attrs.evolve(raw, form="words4", word4_bases=bases)
+    elif raw.kind == "gather" and _rows_form(raw.map):
+        raw = attrs.evolve(raw, form="rows")
+    return raw
+
+
+def _samples(chain: Chain) -> list[dict]:
+    from ..compiler import sample_dims
+
+    names = sorted(set().union(*(ex.free_vars(s) for s in chain.source.shape)))
+    found = sample_dims(tuple(names), [(c.value, c.multiple) for c in chain.constraints], per_dim=3)
+    return found[:1] + found[-1:] if found else []
+
+
+def _rows_form(m: IndexMap) -> bool:
+    """The last axis is copied as is: src_last == o_last, and nothing else depends on o_last."""
+    last = f"o{m.out_rank - 1}"
+    return (m.src[-1] == ex.Var(last) and m.in_shape[-1] == m.out_shape[-1]
+            and all(last not in ex.free_vars(e) for e in (*m.src[:-1], m.valid, m.fill)))
+
+
+def _words4_bases(p: FusedPlan, samples: list[dict]) -> tuple[ex.Expr, ...] | None:
+    """When four consecutive output words read four consecutive bytes of each source (a 4x4 byte
+    transpose, as in the SM90 interleave), the byte address of each source *word* over the grid of
+    word quads; checked exhaustively on small instances of the dims."""
+    import torch
+
+    if not samples:
+        return None
+    k = len(p.word_shape) - 1
+    last = f"o{k}"
+    addrs = [_linear(c, p.in_shape) for c in p.word_sources]
+    if any(last in ex.free_vars(v) for v in p.word_valid):
+        return None
+    quad = {last: ex.mul(4, ex.Var(last))}
+    bases = tuple(ex.substitute(a, quad) for a in addrs)
+    for dims in samples:
+        shape = [int(ex.evaluate(s, dims)) for s in p.word_shape]
+        if shape[-1] % 4 or int(ex.evaluate(p.in_shape[-1], dims)) % 4:
+            return None
+        env = dict(dims)
+        for axis, n in enumerate(shape[:-1] + [shape[-1] // 4]):
+            view = [1] * len(shape)
+            view[axis] = n
+            env[f"o{axis}"] = torch.arange(n).view(view)
+        for addr, base in zip(addrs, bases):
+            b = torch.as_tensor(ex.evaluate(base, env))
+            if bool((b % 4 != 0).any()):
+                return None
+            for j in range(1, 4):
+                shifted = dict(env)
+                shifted[last] = env[last] * 4 + j
+                if not bool((torch.as_tensor(ex.evaluate(addr, shifted)) == b + j).all()):
+                    return None
+    return bases
+
+
+def _tidy_plan(chain: Chain) -> FusedPlan:
     raw = _plan(chain)
     dims = sorted(set().union(*(ex.free_vars(s) for s in chain.source.shape)))
     if raw.map is not None:
@@ -210,6 +277,10 @@ def triton_kernel(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
         "else:",
         "    offs = offs + pid * BLOCK",
     ]
+    if plan.form == "words4":
+        return _words4_kernel(plan, name, params)
+    if plan.form == "rows":
+        return _rows_kernel(plan, name, dims)
     if plan.kind == "words":
         total = ex.mul(*plan.word_shape)
         body.append(f"mask = offs < ({t(total)})")
@@ -238,6 +309,67 @@ def triton_kernel(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
             body.append(f"v = tl.load(x_ptr + ({addr}), mask=ok, other={t(m.fill)})")
         body += _conv_triton(plan, "v")
         body.append("tl.store(y_ptr + offs, v, mask=mask)")
+    return "@triton.jit\n" + f"def {name}({params}):\n" + "\n".join("    " + line for line in body) + "\n"
+
+
+def _quad_shape(plan: FusedPlan) -> tuple[ex.Expr, ...]:
+    return plan.word_shape[:-1] + (ex.div(plan.word_shape[-1], 4),)
+
+
+def _words4_kernel(plan: FusedPlan, name: str, params: str) -> str:
+    """Per lane, four consecutive output words (16 bytes): four whole source words loaded, their bytes
+    transposed (output word j takes byte j of each), the bits permuted, one 16-byte store."""
+    t = ex.to_triton
+    quads = _quad_shape(plan)
+    body = [
+        "pid = tl.program_id(0)",
+        "offs = tl.arange(0, BLOCK)",
+        "if WIDE:",
+        "    offs = offs.to(tl.int64) + pid.to(tl.int64) * BLOCK",
+        "else:",
+        "    offs = offs + pid * BLOCK",
+        f"mask = offs < ({t(ex.mul(*quads))})",
+        *_unravel_lines("offs", quads, t),
+        "j = tl.arange(0, 4)",
+        "w = tl.zeros([BLOCK, 4], dtype=tl.uint32)",
+    ]
+    for b, (base, valid) in enumerate(zip(plan.word4_bases, plan.word_valid)):
+        load_mask = "mask" if valid == ex.TRUE else f"mask & {t(valid)}"
+        body.append(f"s = tl.load(x_ptr + ({t(base)}) // 4, mask={load_mask}, other=0).to(tl.uint32, bitcast=True)")
+        body.append(f"w = w | (((s[:, None] >> (8 * j[None, :])) & 0xFF) << {8 * b})")
+    body.append("r = tl.zeros([BLOCK, 4], dtype=tl.uint32)")
+    for mask, shift in _bit_permutation_terms(plan.table):
+        op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
+        body.append(f"r = r | ((w & {mask:#x}) {op})")
+    body.append("tl.store(y_ptr + offs[:, None] * 4 + j[None, :], r.to(tl.int32, bitcast=True), mask=mask[:, None])")
+    return "@triton.jit\n" + f"def {name}({params}):\n" + "\n".join("    " + line for line in body) + "\n"
+
+
+def _rows_kernel(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
+    """2-D tiles: rows found through the composed map, each copied along its contiguous last axis
+    (wide coalesced loads and stores)."""
+    t = ex.to_triton
+    m = plan.map
+    params = ", ".join(["x_ptr", "y_ptr"] + [f"{d}: tl.constexpr" for d in dims]
+                       + ["WIDE: tl.constexpr", "BR: tl.constexpr", "BC: tl.constexpr"])
+    lead, kout, kin = plan.out_shape[:-1], plan.out_shape[-1], plan.in_shape[-1]
+    body = [
+        "rows = tl.arange(0, BR)",
+        "cols = tl.program_id(1) * BC + tl.arange(0, BC)",
+        "if WIDE:",
+        "    rows = rows.to(tl.int64) + tl.program_id(0).to(tl.int64) * BR",
+        "else:",
+        "    rows = rows + tl.program_id(0) * BR",
+        f"live = rows < ({t(ex.mul(*lead)) if lead else '1'})",
+        *_unravel_lines("rows", lead, t),
+        f"src = {t(_linear(m.src[:-1], plan.in_shape[:-1]))}",
+        f"ok = live & {t(m.valid)}" if not m.is_total() else "ok = live",
+        f"inside = cols < ({t(kout)})",
+        f"v = tl.load(x_ptr + src[:, None] * ({t(kin)}) + cols[None, :], mask=ok[:, None] & inside[None, :], "
+        f"other={t(m.fill)})",
+        *_conv_triton(plan, "v"),
+        f"tl.store(y_ptr + rows[:, None] * ({t(kout)}) + cols[None, :], v, mask=live[:, None] & inside[None, :])",
+    ]
     return "@triton.jit\n" + f"def {name}({params}):\n" + "\n".join("    " + line for line in body) + "\n"
 
 
@@ -331,8 +463,11 @@ def torch_function(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
 
 
 BIT_VIEWS = {8: "uint8", 16: "int16", 32: "int32", 64: "int64"}
-BLOCK_WORDS = 1024
+BLOCK_WORDS = 512
 BLOCK_ELEMENTS = 2048
+BLOCK_QUADS = 256  # words4: 256 lanes x 16 bytes per program
+ROW_TILE_COLS = 1024
+ROW_TILE_ELEMENTS = 4096
 
 
 def launcher(plan: FusedPlan, name: str, kernel: str, dims: Sequence[str]) -> str:
@@ -341,7 +476,11 @@ def launcher(plan: FusedPlan, name: str, kernel: str, dims: Sequence[str]) -> st
     lines = [f"def {name}(x, d, kernels):"]
     lines += [f"    {d} = d[{d!r}]" for d in dims]
     lines.append(f"    y = torch.empty(({out},), dtype=torch.{plan.out_elem.canonical}, device=x.device)")
-    if plan.kind == "words":
+    if plan.form == "words4":
+        total = ex.to_python(ex.mul(*_quad_shape(plan)))
+        lines.append("    xs, ys = x.contiguous().view(torch.int32), y.view(torch.int32)")
+        block = BLOCK_QUADS
+    elif plan.kind == "words":
         total = ex.to_python(ex.mul(*plan.word_shape))
         lines.append("    xs, ys = x.contiguous().view(torch.uint8), y.view(torch.int32)")
         block = BLOCK_WORDS
@@ -357,9 +496,17 @@ def launcher(plan: FusedPlan, name: str, kernel: str, dims: Sequence[str]) -> st
     lines.append("    if total == 0:")
     lines.append("        return y")
     lines.append("    wide = max(xs.numel(), ys.numel()) >= 2**30  # 32-bit index arithmetic below that")
-    lines.append(f"    grid = ((total + {block - 1}) // {block},)")
     args = ", ".join(f"{d}={d}" for d in dims)
-    lines.append(f"    kernels[{kernel!r}][grid](xs, ys, {args}, WIDE=wide, BLOCK={block})")
+    if plan.form == "rows":
+        lead = ex.to_python(ex.mul(*plan.out_shape[:-1])) if plan.out_shape[:-1] else "1"
+        lines.append(f"    n_rows, n_cols = {lead}, {ex.to_python(plan.out_shape[-1])}")
+        lines.append(f"    bc = min({ROW_TILE_COLS}, 1 << max(0, (n_cols - 1).bit_length()))")
+        lines.append(f"    br = max(1, {ROW_TILE_ELEMENTS} // bc)")
+        lines.append("    grid = ((n_rows + br - 1) // br, (n_cols + bc - 1) // bc)")
+        lines.append(f"    kernels[{kernel!r}][grid](xs, ys, {args}, WIDE=wide, BR=br, BC=bc)")
+    else:
+        lines.append(f"    grid = ((total + {block - 1}) // {block},)")
+        lines.append(f"    kernels[{kernel!r}][grid](xs, ys, {args}, WIDE=wide, BLOCK={block})")
     lines.append("    return y")
     return "\n".join(lines) + "\n"
 

@@ -516,7 +516,7 @@ LEFT_ONLY = {"pad", "swizzle_128x4"}  # padding: inverse(op(x)) == x, not the ot
 
 
 @pytest.mark.parametrize("name", INVERTIBLE)
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=60, **SETTINGS)
 @given(data=st.data())
 def test_inverse_undoes_the_op(name, data):
     op, t, dims, x = data.draw(op_and_input(name))
