@@ -54,6 +54,7 @@ class FusedPlan:
     # whose last axis is copied contiguously), "words4" (four output words from whole source words).
     form: str = "elements"
     word4_bases: tuple[ex.Expr, ...] = ()  # words4: byte address of source word t' (over the q grid)
+    word4_pairs: bool = False  # words4: words 0|2 and 1|3 are adjacent, 8-aligned: two 8-byte loads
 
     @property
     def is_fused(self) -> bool:
@@ -77,7 +78,7 @@ def plan(chain: Chain) -> FusedPlan:
     if raw.kind == "words":
         bases = _words4_bases(raw, samples)
         if bases is not None:
-            raw = attrs.evolve(raw, form="words4", word4_bases=bases)
+            raw = attrs.evolve(raw, form="words4", word4_bases=bases, word4_pairs=_pairs(raw, bases, samples))
     elif raw.kind == "gather" and _rows_form(raw.map):
         raw = attrs.evolve(raw, form="rows")
     return raw
@@ -132,6 +133,27 @@ def _words4_bases(p: FusedPlan, samples: list[dict]) -> tuple[ex.Expr, ...] | No
                 if not bool((torch.as_tensor(ex.evaluate(addr, shifted)) == b + j).all()):
                     return None
     return bases
+
+
+def _pairs(p: FusedPlan, bases: tuple[ex.Expr, ...], samples: list[dict]) -> bool:
+    """Source words 0 and 2 (and 1 and 3) are the two halves of one aligned 8-byte word."""
+    import torch
+
+    if len(bases) != 4 or p.word_valid[0] != p.word_valid[2] or p.word_valid[1] != p.word_valid[3]:
+        return False
+    for dims in samples:
+        shape = [int(ex.evaluate(s, dims)) for s in p.word_shape]
+        shape[-1] //= 4
+        env = dict(dims)
+        for axis, n in enumerate(shape):
+            view = [1] * len(shape)
+            view[axis] = n
+            env[f"o{axis}"] = torch.arange(n).view(view)
+        b = [torch.as_tensor(ex.evaluate(e, env)) for e in bases]
+        for lo, hi in ((0, 2), (1, 3)):
+            if not (bool((b[hi] == b[lo] + 4).all()) and bool((b[lo] % 8 == 0).all())):
+                return False
+    return True
 
 
 def _tidy_plan(chain: Chain) -> FusedPlan:
@@ -333,10 +355,22 @@ def _words4_kernel(plan: FusedPlan, name: str, params: str) -> str:
         "j = tl.arange(0, 4)",
         "w = tl.zeros([BLOCK, 4], dtype=tl.uint32)",
     ]
-    for b, (base, valid) in enumerate(zip(plan.word4_bases, plan.word_valid)):
-        load_mask = "mask" if valid == ex.TRUE else f"mask & {t(valid)}"
-        body.append(f"s = tl.load(x_ptr + ({t(base)}) // 4, mask={load_mask}, other=0).to(tl.uint32, bitcast=True)")
-        body.append(f"w = w | (((s[:, None] >> (8 * j[None, :])) & 0xFF) << {8 * b})")
+    if plan.word4_pairs:  # x is viewed as int64: one 8-byte load gives source words t' and t'+2
+        for b in (0, 1):
+            valid = plan.word_valid[b]
+            load_mask = "mask" if valid == ex.TRUE else f"mask & {t(valid)}"
+            body.append(f"p{b} = tl.load(x_ptr + ({t(plan.word4_bases[b])}) // 8, mask={load_mask}, other=0)"
+                        ".to(tl.uint64, bitcast=True)")
+        words = ["(p0 & 0xFFFFFFFF).to(tl.uint32)", "(p1 & 0xFFFFFFFF).to(tl.uint32)",
+                 "(p0 >> 32).to(tl.uint32)", "(p1 >> 32).to(tl.uint32)"]
+        for b, word in enumerate(words):
+            body.append(f"s = {word}")
+            body.append(f"w = w | (((s[:, None] >> (8 * j[None, :])) & 0xFF) << {8 * b})")
+    else:
+        for b, (base, valid) in enumerate(zip(plan.word4_bases, plan.word_valid)):
+            load_mask = "mask" if valid == ex.TRUE else f"mask & {t(valid)}"
+            body.append(f"s = tl.load(x_ptr + ({t(base)}) // 4, mask={load_mask}, other=0).to(tl.uint32, bitcast=True)")
+            body.append(f"w = w | (((s[:, None] >> (8 * j[None, :])) & 0xFF) << {8 * b})")
     body.append("r = tl.zeros([BLOCK, 4], dtype=tl.uint32)")
     for mask, shift in _bit_permutation_terms(plan.table):
         op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
@@ -478,7 +512,8 @@ def launcher(plan: FusedPlan, name: str, kernel: str, dims: Sequence[str]) -> st
     lines.append(f"    y = torch.empty(({out},), dtype=torch.{plan.out_elem.canonical}, device=x.device)")
     if plan.form == "words4":
         total = ex.to_python(ex.mul(*_quad_shape(plan)))
-        lines.append("    xs, ys = x.contiguous().view(torch.int32), y.view(torch.int32)")
+        view = "int64" if plan.word4_pairs else "int32"
+        lines.append(f"    xs, ys = x.contiguous().view(torch.{view}), y.view(torch.int32)")
         block = BLOCK_QUADS
     elif plan.kind == "words":
         total = ex.to_python(ex.mul(*plan.word_shape))

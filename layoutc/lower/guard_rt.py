@@ -31,10 +31,15 @@ def _provenance_registry():
 
 
 def _installed(dist):
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    # Looked up once per process: importlib.metadata scans site-packages (a fraction of a millisecond).
+    reg = _provenance_registry()
+    cache = reg.__dict__.setdefault("versions", {})
+    if dist not in cache:
+        try:
+            cache[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            cache[dist] = None
+    return cache[dist]
 
 
 def _stamp(outputs, spec_name, sha256, params, requires):
