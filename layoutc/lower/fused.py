@@ -55,6 +55,9 @@ class FusedPlan:
     form: str = "elements"
     word4_bases: tuple[ex.Expr, ...] = ()  # words4: byte address of source word t' (over the q grid)
     word4_pairs: bool = False  # words4: words 0|2 and 1|3 are adjacent, 8-aligned: two 8-byte loads
+    coarse: int = 1  # elements: the map moves runs of this many elements; the kernel moves them as one word
+    coarse_src: ex.Expr | None = None  # ... source word index over the coarse output grid
+    coarse_valid: ex.Expr = ex.TRUE
 
     @property
     def is_fused(self) -> bool:
@@ -81,15 +84,75 @@ def plan(chain: Chain) -> FusedPlan:
             raw = attrs.evolve(raw, form="words4", word4_bases=bases, word4_pairs=_pairs(raw, bases, samples))
     elif raw.kind == "gather" and _rows_form(raw.map):
         raw = attrs.evolve(raw, form="rows")
+    elif raw.kind == "gather" and not raw.conversions:
+        raw = _coarsen(raw, chain)
     return raw
+
+
+def _grid_env(shape: Sequence[int], dims: dict) -> dict:
+    import torch
+
+    env = dict(dims)
+    for axis, n in enumerate(shape):
+        view = [1] * len(shape)
+        view[axis] = n
+        env[f"o{axis}"] = torch.arange(n).view(view)
+    return env
+
+
+def _coarsen(p: FusedPlan, chain: Chain) -> FusedPlan:
+    """Runs of R consecutive output elements that read R consecutive, R-aligned input elements
+    (the 4-byte groups of the SM90 scale fold and of the 128x4 swizzle) move as one R-element word."""
+    import torch
+
+    from ..compiler import sample_dims
+
+    m = p.map
+    if not m.fill == ex.Const(0):
+        return p
+    names = tuple(sorted(set().union(*(ex.free_vars(x) for x in chain.source.shape))))
+    known = [(c.value, c.multiple) for c in chain.constraints]
+    rank = m.out_rank
+    last = f"o{rank - 1}"
+    linear = _linear(m.src, p.in_shape)
+    for r in (8, 4, 2):
+        if r * p.in_elem.bits > 64:
+            continue
+        base = ex.substitute(linear, {last: ex.mul(r, ex.Var(last))})
+        valid = ex.substitute(m.valid, {last: ex.mul(r, ex.Var(last))})
+        # Checked on small instances where the launcher would take this path (both last axes % r).
+        fits = sample_dims(names, known + [(p.out_shape[-1], r), (p.in_shape[-1], r)], per_dim=4)
+        fits = fits[:: max(1, len(fits) // 6)][:6]
+        ok = len(fits) >= 2
+        for dims in fits if ok else []:
+            out_shape = [int(ex.evaluate(s, dims)) for s in p.out_shape]
+            env = _grid_env(out_shape[:-1] + [out_shape[-1] // r], dims)
+            b = torch.as_tensor(ex.evaluate(base, env))
+            v = torch.as_tensor(ex.evaluate(valid, env)).to(torch.bool)
+            if bool(((b % r != 0) & v).any()):
+                ok = False
+                break
+            for j in range(1, r):
+                shifted = dict(env)
+                shifted[last] = env[last] * r + j
+                same_addr = torch.as_tensor(ex.evaluate(linear, shifted)) == b + j
+                same_valid = torch.as_tensor(ex.evaluate(m.valid, shifted)).to(torch.bool) == v
+                if not bool((same_valid & (same_addr | ~v)).all()):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok:
+            return attrs.evolve(p, coarse=r, coarse_src=ex.floordiv(base, r), coarse_valid=valid)
+    return p
 
 
 def _samples(chain: Chain) -> list[dict]:
     from ..compiler import sample_dims
 
     names = sorted(set().union(*(ex.free_vars(s) for s in chain.source.shape)))
-    found = sample_dims(tuple(names), [(c.value, c.multiple) for c in chain.constraints], per_dim=3)
-    return found[:1] + found[-1:] if found else []
+    found = sample_dims(tuple(names), [(c.value, c.multiple) for c in chain.constraints], per_dim=6)
+    return found[:: max(1, len(found) // 6)][:6]  # a spread of small instances
 
 
 def _rows_form(m: IndexMap) -> bool:
@@ -303,6 +366,9 @@ def triton_kernel(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
         return _words4_kernel(plan, name, params)
     if plan.form == "rows":
         return _rows_kernel(plan, name, dims)
+    if plan.coarse > 1:
+        coarse = _coarse_kernel(plan, name + "_coarse", params)
+        return coarse + "\n\n" + triton_kernel(attrs.evolve(plan, coarse=1), name, dims)
     if plan.kind == "words":
         total = ex.mul(*plan.word_shape)
         body.append(f"mask = offs < ({t(total)})")
@@ -331,6 +397,32 @@ def triton_kernel(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
             body.append(f"v = tl.load(x_ptr + ({addr}), mask=ok, other={t(m.fill)})")
         body += _conv_triton(plan, "v")
         body.append("tl.store(y_ptr + offs, v, mask=mask)")
+    return "@triton.jit\n" + f"def {name}({params}):\n" + "\n".join("    " + line for line in body) + "\n"
+
+
+def _coarse_shape(plan: FusedPlan) -> tuple[ex.Expr, ...]:
+    return plan.out_shape[:-1] + (ex.div(plan.out_shape[-1], plan.coarse),)
+
+
+def _coarse_kernel(plan: FusedPlan, name: str, params: str) -> str:
+    """The elements kernel over words of ``coarse`` elements (x and y viewed as wider integers)."""
+    t = ex.to_triton
+    shape = _coarse_shape(plan)
+    body = [
+        "pid = tl.program_id(0)",
+        "offs = tl.arange(0, BLOCK)",
+        "if WIDE:",
+        "    offs = offs.to(tl.int64) + pid.to(tl.int64) * BLOCK",
+        "else:",
+        "    offs = offs + pid * BLOCK",
+        f"mask = offs < ({t(ex.mul(*shape))})",
+        *_unravel_lines("offs", shape, t),
+    ]
+    if plan.coarse_valid == ex.TRUE:
+        body.append(f"v = tl.load(x_ptr + ({t(plan.coarse_src)}), mask=mask)")
+    else:
+        body.append(f"v = tl.load(x_ptr + ({t(plan.coarse_src)}), mask=mask & {t(plan.coarse_valid)}, other=0)")
+    body.append("tl.store(y_ptr + offs, v, mask=mask)")
     return "@triton.jit\n" + f"def {name}({params}):\n" + "\n".join("    " + line for line in body) + "\n"
 
 
@@ -539,6 +631,16 @@ def launcher(plan: FusedPlan, name: str, kernel: str, dims: Sequence[str]) -> st
         lines.append(f"    br = max(1, {ROW_TILE_ELEMENTS} // bc)")
         lines.append("    grid = ((n_rows + br - 1) // br, (n_cols + bc - 1) // bc)")
         lines.append(f"    kernels[{kernel!r}][grid](xs, ys, {args}, WIDE=wide, BR=br, BC=bc)")
+    elif plan.coarse > 1:
+        wide_bits = BIT_VIEWS[plan.in_elem.bits * plan.coarse]
+        lines.append(f"    if x.shape[-1] % {plan.coarse} == 0 and y.shape[-1] % {plan.coarse} == 0:  # move whole words")
+        lines.append(f"        n = total // {plan.coarse}")
+        lines.append(f"        grid = ((n + {block - 1}) // {block},)")
+        lines.append(f"        kernels[{kernel + '_coarse'!r}][grid](x.contiguous().view(torch.{wide_bits}), "
+                     f"y.view(torch.{wide_bits}), {args}, WIDE=wide, BLOCK={block})")
+        lines.append("    else:")
+        lines.append(f"        grid = ((total + {block - 1}) // {block},)")
+        lines.append(f"        kernels[{kernel!r}][grid](xs, ys, {args}, WIDE=wide, BLOCK={block})")
     else:
         lines.append(f"    grid = ((total + {block - 1}) // {block},)")
         lines.append(f"    kernels[{kernel!r}][grid](xs, ys, {args}, WIDE=wide, BLOCK={block})")
