@@ -76,21 +76,22 @@ def parity(log) -> int:
 
 
 def sweep(log) -> None:
-    """Words-kernel block size on the gpt-oss-120b layer (w13 weights only)."""
+    """SM90 words kernel: lanes per program and warps, whole bf16 converter on the gpt-oss-120b layer."""
     from layoutc.lower import fused
 
     dims = MODELS["gpt-oss-120b"]
     text = (SPECS / "flashinfer_cutlass_bf16.lyt").read_text()
-    for words, elems in [(256, 1024), (512, 2048), (1024, 2048), (2048, 4096)]:
-        fused.BLOCK_WORDS, fused.BLOCK_ELEMENTS = words, elems
-        spec = layoutc.compile_source(text + f"\n# sweep {words} {elems}\n", f"sweep_{words}.lyt")
+    defaults = fused.BLOCK_QUADS, fused.WORDS_WARPS
+    for quads, warps in [(256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 16)]:
+        fused.BLOCK_QUADS, fused.WORDS_WARPS = quads, warps
+        spec = layoutc.compile_source(text + f"\n# sweep {quads} {warps}\n", f"sweep_{quads}_{warps}.lyt")
         x = synthetic_inputs(spec, dims, 2, "cuda")
-        t = timeit(lambda: spec.convert(x, lowering="fused"), "cuda", reps=10)
         moved = sum(v.numel() * v.element_size() for v in x.values()) * 2
-        log(f"sweep BLOCK_WORDS={words} BLOCK_ELEMENTS={elems}: {t * 1e3:.3f} ms ({moved / t / 1e9:.0f} GB/s approx)")
+        t = timeit(lambda: spec.convert(x, lowering="fused"), "cuda", reps=20)
+        log(f"sweep BLOCK_QUADS={quads} num_warps={warps}: {t * 1e3:.3f} ms ({moved / t / 1e9:.0f} GB/s approx)")
         del x
         torch.cuda.empty_cache()
-    fused.BLOCK_WORDS, fused.BLOCK_ELEMENTS = 1024, 2048
+    fused.BLOCK_QUADS, fused.WORDS_WARPS = defaults
 
 
 def benches(out_dir: Path, log, quick: bool) -> None:

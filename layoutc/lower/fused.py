@@ -592,6 +592,7 @@ BIT_VIEWS = {8: "uint8", 16: "int16", 32: "int32", 64: "int64"}
 BLOCK_WORDS = 512
 BLOCK_ELEMENTS = 2048
 BLOCK_QUADS = 256  # words4: 256 lanes x 16 bytes per program
+WORDS_WARPS = 4
 ROW_TILE_COLS = 1024
 ROW_TILE_ELEMENTS = 4096
 
@@ -642,8 +643,9 @@ def launcher(plan: FusedPlan, name: str, kernel: str, dims: Sequence[str]) -> st
         lines.append(f"        grid = ((total + {block - 1}) // {block},)")
         lines.append(f"        kernels[{kernel!r}][grid](xs, ys, {args}, WIDE=wide, BLOCK={block})")
     else:
+        warps = f", num_warps={WORDS_WARPS}" if plan.form == "words4" else ""
         lines.append(f"    grid = ((total + {block - 1}) // {block},)")
-        lines.append(f"    kernels[{kernel!r}][grid](xs, ys, {args}, WIDE=wide, BLOCK={block})")
+        lines.append(f"    kernels[{kernel!r}][grid](xs, ys, {args}, WIDE=wide, BLOCK={block}{warps})")
     lines.append("    return y")
     return "\n".join(lines) + "\n"
 
