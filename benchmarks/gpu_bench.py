@@ -94,10 +94,12 @@ def sweep(log) -> None:
     fused.BLOCK_QUADS, fused.WORDS_WARPS = defaults
 
 
-def benches(out_dir: Path, log, quick: bool) -> None:
+def benches(out_dir: Path, log, quick: bool, only: str | None = None) -> None:
     rows = []
     models = {"gpt-oss-120b": MODELS["gpt-oss-120b"]} if quick else MODELS
     for name, params in VARIANTS:
+        if only and name != only:
+            continue
         spec = layoutc.compile_file(SPECS / f"{name}.lyt", params)
         for model, dims in models.items():
             t0 = time.time()
@@ -147,6 +149,8 @@ def main() -> int:
         sweep(log)
     if "bench" in what:
         benches(out_dir, log, "--quick" in what)
+    if "bench-bf16" in what:
+        benches(out_dir, log, False, "flashinfer_cutlass_bf16")
     log(f"FAILURES {failures}")
     return 1 if failures else 0
 

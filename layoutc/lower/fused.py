@@ -591,8 +591,8 @@ def torch_function(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
 BIT_VIEWS = {8: "uint8", 16: "int16", 32: "int32", 64: "int64"}
 BLOCK_WORDS = 512
 BLOCK_ELEMENTS = 2048
-BLOCK_QUADS = 256  # words4: 256 lanes x 16 bytes per program
-WORDS_WARPS = 4
+BLOCK_QUADS = 2048  # words4: lanes (16 output bytes each) per program; best of a sweep on the H200
+WORDS_WARPS = 8
 ROW_TILE_COLS = 1024
 ROW_TILE_ELEMENTS = 4096
 
