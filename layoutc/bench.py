@@ -82,10 +82,13 @@ def bench(spec: CompiledSpec, dims: Mapping[str, int], device: str = "cpu", lowe
         "lowering": lowering, "bytes_read": read, "bytes_written": written, "date": time.strftime("%Y-%m-%d"),
     }
     t_copy = timeit(lambda: copy_buf.copy_(flat), device, reps=reps)
+    # One plain clone of every input (allocation included, as the converter's outputs are).
+    t_clone = timeit(lambda: [t.clone() for t in x.values()], device, reps=reps)
+    result.update(clone_s=t_clone, convert_vs_clone=None)
     t_conv = timeit(lambda: spec.convert(x, lowering=lowering), device, reps=reps)
     copy_bw = 2 * flat.numel() / t_copy
     result.update(copy_s=t_copy, copy_GBps=copy_bw / 1e9, convert_s=t_conv, convert_GBps=moved / t_conv / 1e9,
-                  fraction_of_copy=moved / t_conv / copy_bw)
+                  fraction_of_copy=moved / t_conv / copy_bw, convert_vs_clone=t_conv / t_clone)
     extra = peak_extra(lambda: spec.convert(x, lowering=lowering), device)
     if extra is not None:
         result.update(peak_extra_bytes=extra, peak_extra_vs_outputs=extra / written)
@@ -125,6 +128,7 @@ def report(r: Mapping[str, Any]) -> str:
         f"flashinfer {r['flashinfer']}, triton {r['triton']}, {r['date']}",
         f"  bytes read + written   {(r['bytes_read'] + r['bytes_written']) / 1e9:.3f} GB",
         f"  device copy            {ms(r['copy_s'])}  {r['copy_GBps']:7.0f} GB/s",
+        f"  clone of the inputs    {ms(r['clone_s'])}  (converter / clone: {r['convert_vs_clone']:.1f}x)",
         f"  layoutc ({r['lowering']:<6})       {ms(r['convert_s'])}  {r['convert_GBps']:7.0f} GB/s  "
         f"{r['fraction_of_copy']:.0%} of copy" + (f"  {r['speedup']:.1f}x vs anchor" if "speedup" in r else ""),
     ]
