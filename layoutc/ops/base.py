@@ -178,3 +178,23 @@ def ravel(coords: Sequence[Expr], shape: Sequence[Expr]) -> Expr:
     for c, size in zip(coords, shape):
         linear = ex.add(ex.mul(linear, size), c)
     return linear
+
+
+def divisions(exprs) -> list[tuple[Expr, int]]:
+    """``(numerator, denominator)`` of every exact division in ``exprs`` (each must divide)."""
+    out = []
+    stack = list(exprs)
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ex.Div) and isinstance(e.den, ex.Const):
+            out.append((e.num, e.den.value))
+        stack.extend(ex.children(e))
+    return out
+
+
+def small_instances(exprs, constraints=()) -> list[dict]:
+    """Small dims values under which every exact division in ``exprs`` (and ``constraints``) holds."""
+    from ..compiler import sample_dims
+
+    names = tuple(sorted(set().union(set(), *(ex.free_vars(e) for e in exprs))))
+    return sample_dims(names, list(divisions(exprs)) + list(constraints), per_dim=4) if names else [{}]

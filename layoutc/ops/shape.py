@@ -21,7 +21,7 @@ import attrs
 from .. import expr as ex
 from ..indexmap import IndexMap, crop_map, out_vars, pad_map, reshape_map
 from . import torch_impl
-from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType, check_dim, with_shape
+from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType, check_dim, divisions, small_instances, with_shape
 
 
 def _part_size(t: TensorType, dim: int, parts: int) -> ex.Expr:
@@ -75,6 +75,14 @@ class Crop(Op):
         d = check_dim(t, self.dim)
         if self.size is None:
             raise OpTypeError("crop needs size=<expression>")
+        part = _part_size(t, d, self.parts)
+        # Decidable only when the size is written in the part's own dims (else checked at run time).
+        comparable = ex.free_vars(self.size) <= ex.free_vars(part)
+        for dims in small_instances((part, self.size), [(t.shape[d], self.parts)]) if comparable else ():
+            if ex.evaluate(self.size, dims) > ex.evaluate(part, dims):
+                at = ", ".join(f"{k}={v}" for k, v in dims.items())
+                raise OpTypeError(f"crop keeps {ex.to_str(self.size)} of each part, but a part has only "
+                                  f"{ex.to_str(part)} (e.g. with {at})")
         reqs = (Requirement(t.shape[d], self.parts, "size"),) if self.parts > 1 else ()
         return Inferred(with_shape(t, d, ex.mul(self.size, self.parts)), reqs)
 
@@ -83,22 +91,6 @@ class Crop(Op):
 
     def impl(self):
         return torch_impl.crop, (self.dim, self.size, self.parts)
-
-
-def same_numel(a: tuple[ex.Expr, ...], b: tuple[ex.Expr, ...]) -> bool:
-    """Element counts equal for every binding of the dims (checked on bindings that
-    satisfy any exact division: each dim a distinct multiple of 2^12 * 3^2 * 5)."""
-    names = sorted(set().union(*(ex.free_vars(s) for s in a + b)))
-    for trial in range(3):
-        env = {n: 46080 * (7 + 2 * i + trial) for i, n in enumerate(names)}
-        na = nb = 1
-        for s in a:
-            na *= ex.evaluate(s, env)
-        for s in b:
-            nb *= ex.evaluate(s, env)
-        if na != nb:
-            return False
-    return True
 
 
 @attrs.frozen
@@ -110,10 +102,18 @@ class Reshape(Op):
     summary: ClassVar[str] = "row-major reshape to a shape with the same number of elements"
 
     def infer(self, t: TensorType) -> Inferred:
-        if not same_numel(t.shape, self.shape):
-            new = "[" + ", ".join(ex.to_str(s) for s in self.shape) + "]"
-            raise OpTypeError(f"reshape to {new} changes the number of elements of {t}")
-        return Inferred(attrs.evolve(t, shape=self.shape))
+        new = "[" + ", ".join(ex.to_str(s) for s in self.shape) + "]"
+        for dims in small_instances(t.shape + self.shape):
+            a, b = 1, 1
+            for s in t.shape:
+                a *= ex.evaluate(s, dims)
+            for s in self.shape:
+                b *= ex.evaluate(s, dims)
+            if a != b:
+                at = ", ".join(f"{k}={v}" for k, v in dims.items())
+                raise OpTypeError(f"reshape to {new} changes the number of elements of {t} (with {at}: {a} -> {b})")
+        reqs = tuple(Requirement(num, den, "size") for num, den in divisions(self.shape))
+        return Inferred(attrs.evolve(t, shape=self.shape), reqs)
 
     def index_map(self, t: TensorType) -> IndexMap:
         return reshape_map(t.shape, self.shape)

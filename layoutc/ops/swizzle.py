@@ -22,7 +22,7 @@ import attrs
 from .. import expr as ex
 from ..indexmap import IndexMap, compose_all, crop_map, pad_map, permute_map, reshape_map
 from . import torch_impl
-from .base import Category, Inferred, Op, OpTypeError, TensorType
+from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType, small_instances
 
 FAMILY = "sf_128x4"
 
@@ -84,7 +84,16 @@ class Unswizzle128x4(Op):
     def infer(self, t: TensorType) -> Inferred:
         if t.rank < 2:
             raise OpTypeError(f"{self.name} needs [..., rows, scale columns]; got {t}")
-        return Inferred(attrs.evolve(t, shape=t.shape[:-2] + (self.rows, self.cols)))
+        prow, pcol = t.shape[-2], t.shape[-1]
+        for dims in small_instances((prow, pcol, self.rows, self.cols), [(prow, 128), (pcol, 4)]):
+            if (ex.evaluate(ex.round_up(self.rows, 128), dims), ex.evaluate(ex.round_up(self.cols, 4), dims)) != (
+                    ex.evaluate(prow, dims), ex.evaluate(pcol, dims)):
+                at = ", ".join(f"{k}={v}" for k, v in dims.items())
+                raise OpTypeError(
+                    f"{self.name}(rows={ex.to_str(self.rows)}, cols={ex.to_str(self.cols)}) does not match a swizzled "
+                    f"[{ex.to_str(prow)}, {ex.to_str(pcol)}] (its padded size would differ, e.g. with {at})")
+        return Inferred(attrs.evolve(t, shape=t.shape[:-2] + (self.rows, self.cols)),
+                        (Requirement(prow, 128, "swizzled rows"), Requirement(pcol, 4, "swizzled columns")))
 
     def index_map(self, t: TensorType) -> IndexMap:
         lead = t.shape[:-2]

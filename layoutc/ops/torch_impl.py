@@ -75,6 +75,8 @@ def crop(x, dim, size, parts):
     # Keep the first `size` entries of each of `parts` equal parts of dim.
     dim = dim % x.dim()
     n = x.shape[dim] // parts
+    if size > n:
+        raise ValueError(f"crop keeps {size} of each part along dim {dim}, but a part has only {n}")
     return x.unflatten(dim, (parts, n)).narrow(dim + 1, 0, size).flatten(dim, dim + 1)
 
 
