@@ -798,3 +798,149 @@ def rename(e: Expr, names: Mapping[str, str]) -> Expr:
 
 def map_exprs(fn: Callable[[Expr], Expr], xs: Iterable[Expr]) -> tuple[Expr, ...]:
     return tuple(fn(x) for x in xs)
+
+
+# ---------------------------------------------------------------------------
+# symbolic ranges: bounds that are linear forms in the dims
+
+SymBounds = tuple[Union[LinearForm, None], Union[LinearForm, None]]
+
+
+def _lf_add(a: LinearForm, b: LinearForm, sign: int = 1) -> LinearForm:
+    coefs = dict(a[0])
+    for k, v in b[0].items():
+        coefs[k] = coefs.get(k, Fraction(0)) + sign * v
+    return {k: v for k, v in coefs.items() if v}, a[1] + sign * b[1]
+
+
+def _lf_scale(a: LinearForm, c: Fraction) -> LinearForm:
+    return {k: v * c for k, v in a[0].items()}, a[1] * c
+
+
+def _lf_nonneg(a: LinearForm) -> bool:
+    """True when ``a >= 0`` for every binding of the dims to integers >= 1."""
+    coefs, const = a
+    return all(v >= 0 for v in coefs.values()) and const + sum(coefs.values()) >= 0
+
+
+def sym_bounds(e: Expr, ranges: Mapping[str, SymBounds]) -> SymBounds:
+    """Inclusive bounds of ``e`` as linear forms in the dims (None = unknown). Dims are >= 1."""
+    if isinstance(e, Const):
+        f = ({}, Fraction(e.value))
+        return f, f
+    if isinstance(e, Var):
+        if e.name in ranges:
+            return ranges[e.name]
+        f = ({e.name: Fraction(1)}, Fraction(0))
+        return f, f  # a dim is its own bound
+    form = linear_form(e)
+    if form is not None and not any(k in ranges for k in form[0]):
+        return form, form
+    if isinstance(e, Add):
+        lo: LinearForm | None = ({}, Fraction(0))
+        hi: LinearForm | None = ({}, Fraction(0))
+        for a in e.args:
+            alo, ahi = sym_bounds(a, ranges)
+            lo = None if lo is None or alo is None else _lf_add(lo, alo)
+            hi = None if hi is None or ahi is None else _lf_add(hi, ahi)
+        return lo, hi
+    if isinstance(e, Mul):
+        coef, rest = _split_coef(e)
+        if rest is not e and coef != 1 and not isinstance(rest, Mul):
+            lo, hi = sym_bounds(rest, ranges)
+            c = Fraction(coef)
+            lo2 = None if lo is None else _lf_scale(lo, c)
+            hi2 = None if hi is None else _lf_scale(hi, c)
+            return (lo2, hi2) if c > 0 else (hi2, lo2)
+        return None, None
+    if isinstance(e, (FloorDiv, Div)) and isinstance(e.den, Const) and e.den.value > 0:
+        lo, hi = sym_bounds(e.num, ranges)
+        c = Fraction(e.den.value)
+        lo2 = None if lo is None else _lf_scale(_lf_add(lo, ({}, c - 1), -1), 1 / c)
+        return lo2, (None if hi is None else _lf_scale(hi, 1 / c))
+    if isinstance(e, Mod):
+        dlo, dhi = sym_bounds(e.den, ranges)
+        nlo, nhi = sym_bounds(e.num, ranges)
+        if nlo is not None and _lf_nonneg(nlo):
+            upper = None if dhi is None else _lf_add(dhi, ({}, Fraction(1)), -1)
+            if nhi is not None and upper is not None and _lf_nonneg(_lf_add(upper, nhi, -1)):
+                return nlo, nhi
+            return ({}, Fraction(0)), upper
+        return None, None
+    return None, None
+
+
+def _factor(term: Expr, den: Expr) -> Expr | None:
+    """``term / den`` when ``term`` is an integer multiple of ``den`` times other factors
+    (``4*(H/128)*x`` over ``H/32`` is ``x``), else None."""
+    if term == den:
+        return Const(1)
+    d = linear_form(den)
+    if d is None or not d[0]:
+        return None
+    coef, rest = _split_coef(term)
+    factors = list(rest.args) if isinstance(rest, Mul) else [rest]
+    for i, f in enumerate(factors):
+        lf = linear_form(f)
+        if lf is None or not lf[0] or set(lf[0]) != set(d[0]):
+            continue
+        ratios = {coef * lf[0][k] / d[0][k] for k in d[0]}
+        if len(ratios) != 1:
+            continue
+        ratio = ratios.pop()
+        if ratio.denominator != 1 or coef * lf[1] != ratio * d[1]:
+            continue
+        return mul(int(ratio), *(factors[:i] + factors[i + 1:]))
+    return None
+
+
+def _expand(e: Expr) -> tuple[Expr, ...]:
+    """Terms of ``e`` with products distributed over sums (one level)."""
+    out: list[Expr] = []
+    for t in _terms(e):
+        if isinstance(t, Mul):
+            sums = [a for a in t.args if isinstance(a, Add)]
+            if len(sums) == 1:
+                others = [a for a in t.args if a is not sums[0]]
+                out += [mul(*others, u) for u in sums[0].args]
+                continue
+        out.append(t)
+    return tuple(out)
+
+
+def simplify_symbolic(e: Expr, ranges: Mapping[str, SymBounds]) -> Expr:
+    """``(a*X + b) // X -> a`` and ``(a*X + b) mod X -> b`` for a symbolic size ``X`` when
+    ``0 <= b < X`` follows from the coordinate ranges (linear in the dims). This is what
+    turns a composed reshape/permute/reshape back into readable per-axis arithmetic."""
+
+    def go(x: Expr) -> Expr:
+        kids = children(x)
+        if kids:
+            x = rebuild(x, tuple(go(k) for k in kids))
+        if isinstance(x, (FloorDiv, Mod)) and not isinstance(x.den, Const):
+            whole, rest = [], []
+            for t in _expand(x.num):
+                q = _factor(t, x.den)
+                (whole if q is not None else rest).append(q if q is not None else t)
+            if whole:
+                b = add(*rest)
+                lo, hi = sym_bounds(b, ranges)
+                dlo, dhi = sym_bounds(x.den, ranges)
+                if lo is not None and hi is not None and dlo is not None and _lf_nonneg(lo) \
+                        and _lf_nonneg(_lf_add(_lf_add(dlo, ({}, Fraction(1)), -1), hi, -1)):
+                    return add(*whole) if isinstance(x, FloorDiv) else b
+        return x
+
+    prev = None
+    while prev != e:
+        prev, e = e, go(e)
+    return e
+
+
+def coordinate_ranges(shape: Iterable[Expr], prefix: str = "o") -> dict[str, SymBounds]:
+    """``o_k`` in ``[0, shape[k] - 1]`` as symbolic bounds (None where a size is not linear)."""
+    out: dict[str, SymBounds] = {}
+    for k, size in enumerate(shape):
+        form = linear_form(size)
+        out[f"{prefix}{k}"] = (({}, Fraction(0)), None if form is None else _lf_add(form, ({}, Fraction(1)), -1))
+    return out

@@ -72,7 +72,7 @@ def _ranges(shape: Sequence[ex.Expr]) -> dict:
 def _tidy(e: ex.Expr, shape: Sequence[ex.Expr], dims: Sequence[str]) -> ex.Expr:
     ranges = _ranges(shape)
     ranges.update({d: (1, None) for d in dims})
-    return ex.simplify(e, ranges)
+    return ex.simplify_symbolic(ex.simplify(e, ranges), ex.coordinate_ranges(shape))
 
 
 def plan(chain: Chain) -> FusedPlan:
