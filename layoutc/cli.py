@@ -237,6 +237,26 @@ def bench(spec: Path, shape: str, device: str, lowering: str, reps: int, eager: 
 
 
 @main.command()
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(["text", "markdown", "json"]))
+@click.option("--tensor", default=None, help="Only this tensor.")
+@define_option
+@_guard
+def explain(spec: Path, fmt: str, tensor: str | None, defines: tuple[str, ...]) -> int:
+    """What SPEC does to each tensor: statements, composed map, rows, ties, needs, verdict."""
+    from .api import compile_file
+    from .explain import explain as run_explain
+    from .explain import render
+
+    compiled = compile_file(spec, _parse_defines(defines))
+    if tensor is not None and tensor not in compiled.input_names:
+        raise click.BadParameter(f"{tensor!r} is not a tensor of {compiled.name} ({', '.join(compiled.input_names)})",
+                                 param_hint="--tensor")
+    click.echo(render(run_explain(compiled, tensor), fmt), nl=False)
+    return 0
+
+
+@main.command()
 def ops() -> None:
     """List the layout primitives."""
     from .ops import INTERLEAVE_FAMILIES, REGISTRY, describe_signature

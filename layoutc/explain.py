@@ -1,0 +1,182 @@
+"""``layoutc explain``: what a spec does to each tensor, for a reviewer who cannot run the kernel.
+
+For every output tensor: its statements (with spec lines), the whole chain as one map in
+algebraic form (``out[e, r, k] = in[e, (r + I) mod 2*I, k]``), the logical row order before
+and after, its ties, the divisibility it needs, and the verifier's verdict. Formats: text,
+Markdown, JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import expr as ex
+from .api import CompiledSpec
+from .compiler import Chain
+from .indexmap import IndexMap
+from .lower.fused import plan as fused_plan
+
+ROLE_NAMES = {3: ["e", "r", "k"], 2: ["e", "r"], 1: ["r"]}
+
+
+def coordinate_names(rank: int, shape_text: tuple[str, ...] = ()) -> list[str]:
+    if shape_text and len(shape_text) == 5 and shape_text[-2:] == ("16", "16"):
+        return ["e", "rb", "kb", "f", "c"]  # the SM90 fold's [E, R/64, K/128, 16, 16]
+    return list(ROLE_NAMES.get(rank, ["e"] + [f"i{k}" for k in range(1, rank)]))
+
+
+def render_map(m: IndexMap, names: list[str]) -> str:
+    ranges = ex.coordinate_ranges(m.out_shape)
+    tidy = lambda e: ex.rename(ex.simplify_symbolic(e, ranges), {f"o{k}": n for k, n in enumerate(names)})  # noqa: E731
+    src = ", ".join(ex.to_str(tidy(s)) for s in m.src)
+    text = f"out[{', '.join(names)}] = in[{src}]"
+    if not m.is_total():
+        text += f" where {ex.to_str(tidy(m.valid))}, else {ex.to_str(tidy(m.fill))}"
+    return text
+
+
+def render_words(chain: Chain) -> str | None:
+    p = fused_plan(chain)
+    if p.kind != "words":
+        return None
+    names = coordinate_names(len(p.word_shape))[:-1] + ["w"]
+    ren = {f"o{k}": n for k, n in enumerate(names)}
+    parts = []
+    for t, coords in enumerate(p.word_sources):
+        c = ", ".join(ex.to_str(ex.rename(x, ren)) for x in coords)
+        parts.append(f"in[{c}]" + (f" << {8 * t}" if t else ""))
+    return (f"word[{', '.join(names)}] (output bytes 4w..4w+3) = bits permuted by T of ("
+            + " | ".join(parts) + f"), T = {list(p.table)}")
+
+
+def tensor_report(spec: CompiledSpec, chain: Chain) -> dict[str, Any]:
+    p = spec.program
+    src, dst = chain.source, chain.target
+    out_type = chain.out_type
+    entry: dict[str, Any] = {
+        "name": chain.tensor,
+        "input": f"{src.elem.name}{src.shape_str()}",
+        "output": f"{dst.elem.name}{dst.shape_str()}" if dst else f"{out_type}",
+        "role": src.role,
+        "packing": dst.packing if dst else None,
+        "chain": [
+            {
+                "line": s.statement.pos.line if s.statement else None,
+                "statement": " ".join(s.statement.text.split()) if s.statement else "",
+                "op": str(s.op),
+                "kind": s.op.category.value + (f" {s.op.family}" if s.op.family else ""),
+            }
+            for s in chain.steps
+        ],
+    }
+    if src.tie is not None:
+        partners = [t.name for t in p.inputs if t.tie is not None and t.tie.weight == src.tie.weight and t.name != src.name]
+        entry["tie"] = {"kind": src.tie.kind, "weight": src.tie.weight, "block": src.tie.block,
+                        "partners": [src.tie.weight] + partners}
+    else:
+        tied = [t.name for t in p.inputs if t.tie is not None and t.tie.weight == src.name]
+        if tied:
+            entry["tie"] = {"kind": "weight", "partners": tied}
+    from .verify import _Verifier  # the verifier's own view of declared rows (inherited through ties)
+
+    v = _Verifier(spec.compiled)
+    rows_in = v.declared_rows(src, "input")
+    rows_out = v.declared_rows(dst, "output") if dst else None
+    entry["rows"] = {"input": str(rows_in) if rows_in else None, "output": str(rows_out) if rows_out else None}
+    m = chain.composed_map()
+    if m.bit_level:
+        entry["map"] = render_words(chain) or "bit-level map (see the statements)"
+    else:
+        entry["map"] = render_map(m, coordinate_names(len(m.out_shape), dst.shape_text if dst else ()))
+    entry["needs"] = [
+        {"text": k.message().split(": ", 1)[1], "line": k.pos.line if k.pos else None, "status": k.status}
+        for k in dict.fromkeys(chain.constraints)
+    ]
+    return entry
+
+
+def explain(spec: CompiledSpec, tensor: str | None = None) -> dict[str, Any]:
+    p = spec.program
+    variant = spec.compiled.variants[-1]  # every optional tensor present
+    chains = [c for c in variant.chains if tensor is None or c.tensor == tensor]
+    return {
+        "spec": p.name,
+        "file": p.filename,
+        "sha256": p.sha256,
+        "params": p.param_values,
+        "requires": [str(r) for r in p.requires],
+        "dims": list(p.dims),
+        "assume": [f"{a.dim} % {a.multiple} == 0" for a in p.assumptions],
+        "verdict": "verified: types and sizes, sync along ties, kernel contract",
+        "tensors": [tensor_report(spec, c) for c in chains],
+    }
+
+
+def as_text(r: dict[str, Any]) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "none"
+    lines = [
+        f"{r['spec']}  ({r['file']}, sha256 {r['sha256'][:12]}), parameters: {params}",
+        f"requires {', '.join(r['requires']) or 'nothing'}; dims {', '.join(r['dims'])}"
+        + (f"; assume {', '.join(r['assume'])}" if r["assume"] else ""),
+        f"verdict: {r['verdict']}",
+    ]
+    for t in r["tensors"]:
+        lines += ["", f"{t['name']}  {t['input']} -> {t['output']}"]
+        if "tie" in t:
+            tie = t["tie"]
+            what = {"scales": f"scales of {tie.get('weight')}, block {tie.get('block')}",
+                    "bias": f"bias of {tie.get('weight')}", "weight": "weight"}[tie["kind"]]
+            lines.append(f"  role     {what} (tied with {', '.join(tie['partners'])})")
+        if t["rows"]["input"] or t["rows"]["output"]:
+            lines.append(f"  rows     {t['rows']['input']} -> {t['rows']['output']}")
+        if t["packing"]:
+            lines.append(f"  packing  {t['packing']}")
+        lines.append("  chain" + ("    (none: copied as is)" if not t["chain"] else ""))
+        width = max((len(s["statement"]) for s in t["chain"]), default=0)
+        for s in t["chain"]:
+            lines.append(f"    {s['line']:>4}  {s['statement']:<{width}}  {s['op']:<34} {s['kind']}")
+        lines.append(f"  map      {t['map']}")
+        for i, n in enumerate(t["needs"]):
+            where = f"line {n['line']}" if n["line"] else "shape"
+            lines.append(f"  {'needs' if i == 0 else '':<8} {n['text']}  ({where}, {n['status']})")
+    return "\n".join(lines) + "\n"
+
+
+def as_markdown(r: dict[str, Any]) -> str:
+    params = ", ".join(f"`{k}={v}`" for k, v in r["params"].items()) or "none"
+    lines = [
+        f"### `{r['spec']}`",
+        "",
+        f"`{r['file']}` (sha256 `{r['sha256'][:12]}`), parameters: {params}, requires "
+        f"{', '.join(f'`{q}`' for q in r['requires']) or 'nothing'}, dims `{', '.join(r['dims'])}`.",
+        f"Verdict: {r['verdict']}.",
+    ]
+    for t in r["tensors"]:
+        lines += ["", f"#### `{t['name']}`: `{t['input']}` -> `{t['output']}`", ""]
+        facts = []
+        if "tie" in t:
+            facts.append(f"tied with {', '.join(f'`{x}`' for x in t['tie']['partners'])}")
+        if t["rows"]["input"] or t["rows"]["output"]:
+            facts.append(f"rows `{t['rows']['input']}` -> `{t['rows']['output']}`")
+        if t["packing"]:
+            facts.append(f"packing `{t['packing']}`")
+        if facts:
+            lines += ["; ".join(facts).capitalize() + ".", ""]
+        if t["chain"]:
+            lines += ["| line | statement | primitive | kind |", "|---|---|---|---|"]
+            lines += [f"| {s['line']} | `{s['statement']}` | `{s['op']}` | {s['kind']} |" for s in t["chain"]]
+        else:
+            lines.append("Copied as is.")
+        lines += ["", f"Map: `{t['map']}`"]
+        if t["needs"]:
+            lines += ["", "Needs: " + "; ".join(f"`{n['text']}` ({n['status']})" for n in t["needs"])]
+    return "\n".join(lines) + "\n"
+
+
+def render(r: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(r, indent=2)
+    if fmt == "markdown":
+        return as_markdown(r)
+    return as_text(r)
