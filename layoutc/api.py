@@ -113,7 +113,7 @@ def _load_module(source: str, program: Program) -> types.ModuleType:
 
 
 @functools.lru_cache(maxsize=64)
-def _compile_cached(source: str, filename: str, params: tuple, check_versions: bool) -> CompiledSpec:
+def _compile_cached(source: str, filename: str, params: tuple, check_versions: bool, verify_spec: bool = True) -> CompiledSpec:
     program = resolve(parse(source, filename), dict(params))
     warnings: tuple[Diagnostic, ...] = ()
     if check_versions:
@@ -123,17 +123,21 @@ def _compile_cached(source: str, filename: str, params: tuple, check_versions: b
             raise SpecError(version_diags, filename, source)
         warnings = tuple(version_diags)
     compiled = build(program)
-    findings = verify(compiled)
+    findings = verify(compiled) if verify_spec else []
     if findings:
         raise SpecError(findings, filename, source)
     return CompiledSpec(compiled, warnings)
 
 
 def compile_source(
-    source: str, filename: str = "<spec>", params: Mapping[str, Any] | None = None, check_versions: bool = True
+    source: str, filename: str = "<spec>", params: Mapping[str, Any] | None = None, check_versions: bool = True,
+    verify_spec: bool = True,
 ) -> CompiledSpec:
-    """Compile spec text. Raises :class:`SpecError` listing every problem found."""
-    return _compile_cached(source, filename, tuple(sorted((params or {}).items())), check_versions)
+    """Compile spec text. Raises :class:`SpecError` listing every problem found.
+
+    ``verify_spec=False`` skips the sync/contract verifier (review tools use it to compare a spec
+    that fails verification; never convert weights with such a spec)."""
+    return _compile_cached(source, filename, tuple(sorted((params or {}).items())), check_versions, verify_spec)
 
 
 def compile_file(

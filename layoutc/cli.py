@@ -256,6 +256,35 @@ def explain(spec: Path, fmt: str, tensor: str | None, defines: tuple[str, ...]) 
     return 0
 
 
+@main.command(name="diff")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--git", "revs", nargs=2, default=None, metavar="REV1 REV2", help="Compare one file at two git revisions.")
+@click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(["text", "markdown", "json"]))
+@define_option
+@_guard
+def diff_cmd(paths: tuple[str, ...], revs: tuple[str, str] | None, fmt: str, defines: tuple[str, ...]) -> int:
+    """Semantic diff: OLD.lyt NEW.lyt, or --git REV1 REV2 FILE. Exit 0: no layout change, 1: layouts differ."""
+    from .diff import as_json, as_markdown, as_text, diff, git_text, load_pair
+
+    if revs:
+        if len(paths) != 1:
+            raise click.UsageError("with --git give exactly one spec file")
+        old_text, new_text = git_text(revs[0], paths[0]), git_text(revs[1], paths[0])
+        old_name, new_name = f"{paths[0]}@{revs[0]}", f"{paths[0]}@{revs[1]}"
+    else:
+        if len(paths) != 2:
+            raise click.UsageError("give OLD.lyt NEW.lyt (or --git REV1 REV2 FILE)")
+        for p in paths:
+            if not Path(p).is_file():
+                raise click.BadParameter(f"no such file: {p}")
+        old_text, new_text = (Path(p).read_bytes().decode("utf-8") for p in paths)
+        old_name, new_name = paths
+    old, new = load_pair(old_text, old_name, new_text, new_name, _parse_defines(defines))
+    result = diff(old, new)
+    click.echo({"json": as_json, "markdown": as_markdown}.get(fmt, as_text)(result), nl=False)
+    return 1 if result.changed else 0
+
+
 @main.command()
 def ops() -> None:
     """List the layout primitives."""

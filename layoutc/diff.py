@@ -1,0 +1,244 @@
+"""``layoutc diff``: a semantic diff of two specs -- composed maps and contracts, not text.
+
+Two specs are compared tensor by tensor on small instances of the dims that satisfy both:
+the whole chain of each tensor as one gather (source element of every output element,
+padding included) and the value conversions, plus the declared contracts. A refactor that
+leaves every map, conversion and contract identical reports "no layout change". Otherwise
+each change is described (row order, K / physical packing, dtype, shape, padding, contract)
+with one concrete element that moved, and the new spec's verifier verdict says whether the
+tensors are still in sync.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+import torch
+
+from . import expr as ex
+from .api import CompiledSpec, compile_source
+from .compiler import Chain, sample_dims
+from .errors import SpecError
+from .indexmap import concrete_shape, lift_to_bits, source_indices
+from .verify import axis_map, describe_labels, row_labels, verify
+
+
+@attrs.frozen
+class TensorChange:
+    tensor: str
+    kinds: tuple[str, ...]  # "rows", "packing", "dtype", "shape", "padding", "contract", "added", "removed"
+    details: tuple[str, ...]
+    example: str | None = None
+
+
+@attrs.frozen
+class SpecDiff:
+    old: str
+    new: str
+    changes: tuple[TensorChange, ...]
+    verdict: str  # the new spec's verifier verdict
+    findings: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.changes)
+
+
+def _chains(spec: CompiledSpec) -> dict[str, Chain]:
+    return {c.tensor: c for c in spec.compiled.variants[-1].chains}
+
+
+def _contract(spec: CompiledSpec, name: str) -> dict[str, str]:
+    p = spec.program
+    out = {}
+    for side, table in (("input", p.inputs), ("output", p.outputs)):
+        t = next((t for t in table if t.name == name), None)
+        if t is None:
+            continue
+        out[f"{side} type"] = f"{t.elem.name}{t.shape_str()}{'?' if t.optional else ''}"
+        if t.rows is not None:
+            out[f"{side} rows"] = str(t.rows)
+        if t.packing is not None:
+            out[f"{side} packing"] = t.packing
+        if t.tie is not None:
+            out[f"{side} tie"] = f"{t.tie.kind} {t.tie.weight}" + (f" block {t.tie.block}" if t.tie.block else "")
+    return out
+
+
+def _samples(a: Chain, b: Chain, dims: tuple[str, ...]) -> list[dict]:
+    known = [(k.value, k.multiple) for k in (*a.constraints, *b.constraints)]
+    found = sample_dims(dims, known, per_dim=3)
+    return found[:: max(1, len(found) // 4)][:4]
+
+
+def _gather_plan(chain: Chain, dims: dict, bits: bool) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
+    m = chain.composed_map()
+    if bits:  # compare a byte-level map with a bit-level one bit for bit
+        m = lift_to_bits(m)
+    linear, valid, fill = source_indices(m, dims)
+    return concrete_shape(m.out_shape, dims), linear, valid, fill
+
+
+def _coords(linear: int, shape: tuple[int, ...]) -> list[int]:
+    out = []
+    for size in reversed(shape):
+        out.append(linear % size)
+        linear //= size
+    return list(reversed(out))
+
+
+def _compare(name: str, old: CompiledSpec, new: CompiledSpec) -> TensorChange | None:
+    a, b = _chains(old)[name], _chains(new)[name]
+    kinds: list[str] = []
+    details: list[str] = []
+    example = None
+    ca, cb = _contract(old, name), _contract(new, name)
+    for key in sorted(set(ca) | set(cb)):
+        if ca.get(key) != cb.get(key):
+            kinds.append("contract")
+            details.append(f"{key}: {ca.get(key, '-')} -> {cb.get(key, '-')}")
+    if a.out_type.elem != b.out_type.elem:
+        kinds.append("dtype")
+        details.append(f"output type {a.out_type.elem.name} -> {b.out_type.elem.name}")
+    conv_a = [str(s.op) for s in a.steps if s.op.category.value == "value"]
+    conv_b = [str(s.op) for s in b.steps if s.op.category.value == "value"]
+    if conv_a != conv_b and a.out_type.elem == b.out_type.elem:
+        kinds.append("dtype")
+        details.append(f"value conversions {conv_a or ['none']} -> {conv_b or ['none']}")
+    fams_a, fams_b = a.packings(), b.packings()
+    if fams_a != fams_b:
+        kinds.append("packing")
+        details.append(f"kernel packings {list(fams_a) or ['none']} -> {list(fams_b) or ['none']}")
+    dims = tuple(sorted(set(old.program.dims) | set(new.program.dims)))
+    for env in _samples(a, b, dims):
+        at = ", ".join(f"{k}={v}" for k, v in env.items())
+        bits = a.composed_map().bit_level or b.composed_map().bit_level
+        try:
+            sa, la, va, fa = _gather_plan(a, env, bits)
+            sb, lb, vb, fb = _gather_plan(b, env, bits)
+        except (ValueError, IndexError, RuntimeError):
+            continue
+        if sa != sb:
+            kinds.append("shape")
+            details.append(f"shape with {at}: {list(sa)} -> {list(sb)}")
+            break
+        moved = (va != vb) | (va & (la != lb)) | (~va & (fa != fb))
+        if not bool(moved.any()):
+            continue
+        first = tuple(int(i) for i in moved.nonzero()[0])
+        in_shape = concrete_shape(a.composed_map().in_shape, env) + ((8,) if bits else ())
+        unit = "bit" if bits else "element"
+        show = lambda lin, ok: f"in{_coords(int(lin[first]), in_shape)}" if bool(ok[first]) else "padding"  # noqa: E731
+        example = (f"with {at}, output {unit} {list(first)} came from {show(la, va)} and now from {show(lb, vb)} "
+                   f"({int(moved.sum())} of {moved.numel()} {unit}s move)")
+        if bool((va != vb).any()):
+            kinds.append("padding")
+            details.append(f"padding: {int((va != vb).sum())} {unit}s change between data and padding")
+        try:
+            ra, rb = axis_map(a, env), axis_map(b, env)
+        except Exception:  # noqa: BLE001 - maps that are not row/K separable
+            ra = rb = None
+        if ra is not None and rb is not None and ra.rows != rb.rows:
+            kinds.append("rows")
+            layout = _declared(old, a)
+            if layout is not None:
+                labels = row_labels(layout, int(ex.evaluate(a.source.shape[-2 if a.source.role != 'bias' else -1], env)))
+                da = describe_labels([labels[r] if r >= 0 else None for r in ra.rows], layout.shards)
+                db = describe_labels([labels[r] if r >= 0 else None for r in rb.rows], layout.shards)
+                details.append(f"logical rows {da} -> {db}")
+            else:
+                details.append("logical row order changed")
+        elif ra is not None and rb is not None and ra.cols != rb.cols:
+            kinds.append("rows")
+            details.append("K order changed (logical columns)")
+        elif "packing" not in kinds and "padding" not in kinds:
+            kinds.append("packing")
+            details.append("physical arrangement changed (same logical rows)")
+        break
+    if not kinds:
+        return None
+    return TensorChange(name, tuple(dict.fromkeys(kinds)), tuple(details), example)
+
+
+def _declared(spec: CompiledSpec, chain: Chain):
+    from .verify import _Verifier
+
+    return _Verifier(spec.compiled).declared_rows(chain.source, "input")
+
+
+def diff(old: CompiledSpec, new: CompiledSpec) -> SpecDiff:
+    a, b = _chains(old), _chains(new)
+    changes = []
+    for name in [n for n in a if n not in b]:
+        changes.append(TensorChange(name, ("removed",), (f"{name} is no longer converted",)))
+    for name in [n for n in b if n not in a]:
+        changes.append(TensorChange(name, ("added",), (f"{name} is new",)))
+    for name in [n for n in a if n in b]:
+        change = _compare(name, old, new)
+        if change is not None:
+            changes.append(change)
+    findings = verify(new.compiled)
+    verdict = "sync and contract hold" if not findings else f"the new spec breaks {len(findings)} rule(s)"
+    return SpecDiff(old.program.filename, new.program.filename, tuple(changes), verdict,
+                    tuple(f"line {d.pos.line}: {d.message}" if d.pos else d.message for d in findings))
+
+
+def load_pair(old_text: str, old_name: str, new_text: str, new_name: str,
+              params: Mapping[str, Any] | None = None) -> tuple[CompiledSpec, CompiledSpec]:
+    """Both specs compiled without the verifier (its verdict on the new one is part of the diff)."""
+    return (compile_source(old_text, old_name, params, verify_spec=False),
+            compile_source(new_text, new_name, params, verify_spec=False))
+
+
+def git_text(rev: str, path: str) -> str:
+    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, cwd=Path(path).parent or ".")
+    if top.returncode != 0:
+        raise SpecError([_diag(f"not in a git repository: {path}")], path)
+    rel = Path(path).resolve().relative_to(Path(top.stdout.strip()))
+    shown = subprocess.run(["git", "show", f"{rev}:{rel.as_posix()}"], capture_output=True, text=True, cwd=top.stdout.strip())
+    if shown.returncode != 0:
+        raise SpecError([_diag(f"git show {rev}:{rel}: {shown.stderr.strip()}")], path)
+    return shown.stdout
+
+
+def _diag(message: str):
+    from .errors import Diagnostic
+
+    return Diagnostic("error", message)
+
+
+def as_text(d: SpecDiff) -> str:
+    if not d.changes:
+        lines = [f"{d.old} -> {d.new}: no layout change (every composed map, conversion and contract is identical)"]
+    else:
+        lines = [f"{d.old} -> {d.new}: {len(d.changes)} tensor(s) change layout"]
+        for c in d.changes:
+            lines.append(f"  {c.tensor}: {', '.join(c.kinds)}")
+            lines += [f"    - {x}" for x in c.details]
+            if c.example:
+                lines.append(f"    e.g. {c.example}")
+    lines.append(f"  verdict on {d.new}: {d.verdict}")
+    lines += [f"    ! {f}" for f in d.findings]
+    return "\n".join(lines) + "\n"
+
+
+def as_markdown(d: SpecDiff) -> str:
+    if not d.changes:
+        lines = [f"**No layout change** between `{d.old}` and `{d.new}`: every composed map, value conversion "
+                 "and contract is identical."]
+    else:
+        lines = [f"**{len(d.changes)} tensor(s) change layout** between `{d.old}` and `{d.new}`:", "",
+                 "| tensor | what | details | example |", "|---|---|---|---|"]
+        for c in d.changes:
+            lines.append(f"| `{c.tensor}` | {', '.join(c.kinds)} | {'<br>'.join(c.details)} | {c.example or ''} |")
+    lines += ["", f"Verdict on `{d.new}`: {d.verdict}."]
+    lines += [f"- {f}" for f in d.findings]
+    return "\n".join(lines) + "\n"
+
+
+def as_json(d: SpecDiff) -> str:
+    return json.dumps(attrs.asdict(d) | {"changed": d.changed}, indent=2)
