@@ -130,7 +130,8 @@ def _compare(name: str, old: CompiledSpec, new: CompiledSpec) -> TensorChange | 
         if not bool(moved.any()):
             continue
         first = tuple(int(i) for i in moved.nonzero()[0])
-        in_shape = concrete_shape(a.composed_map().in_shape, env) + ((8,) if bits else ())
+        ma = a.composed_map()
+        in_shape = concrete_shape((lift_to_bits(ma) if bits else ma).in_shape, env)
         unit = "bit" if bits else "element"
         show = lambda lin, ok: f"in{_coords(int(lin[first]), in_shape)}" if bool(ok[first]) else "padding"  # noqa: E731
         example = (f"with {at}, output {unit} {list(first)} came from {show(la, va)} and now from {show(lb, vb)} "
