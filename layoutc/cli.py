@@ -286,6 +286,61 @@ def diff_cmd(paths: tuple[str, ...], revs: tuple[str, str] | None, fmt: str, def
 
 
 @main.command()
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--tensor", default=None, help="The tensor to draw (with its tied tensors).")
+@click.option("--graph", is_flag=True, help="Draw the transform graph of the whole spec instead.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="file.png or file.svg")
+@click.option("--no-verify", is_flag=True, help="Draw a spec that fails verification (to see the desync).")
+@define_option
+@_guard
+def draw(spec: Path, tensor: str | None, graph: bool, output: Path, no_verify: bool, defines: tuple[str, ...]) -> int:
+    """A picture of a tensor's layout on a small instance (tied scales beside it), or the spec's graph."""
+    from .api import compile_file
+    from .draw import draw_graph, draw_layout
+
+    if output.suffix.lower() not in (".png", ".svg"):
+        raise click.BadParameter("the output must end in .png or .svg", param_hint="-o")
+    compiled = compile_file(spec, _parse_defines(defines)) if not no_verify else _compile_unverified(spec, defines)
+    if graph:
+        draw_graph(compiled, output)
+    else:
+        if tensor is None or tensor not in compiled.input_names:
+            raise click.BadParameter(f"give --tensor, one of {', '.join(compiled.input_names)}", param_hint="--tensor")
+        draw_layout(compiled, tensor, output)
+    click.echo(f"wrote {output}", err=True)
+    return 0
+
+
+def _compile_unverified(spec: Path, defines: tuple[str, ...]):
+    from .api import compile_source
+
+    return compile_source(spec.read_bytes().decode("utf-8"), str(spec), _parse_defines(defines), verify_spec=False)
+
+
+@main.command()
+@click.argument("rev_range", metavar="BASE..HEAD")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the Markdown here (default: standard output).")
+@click.option("--images", type=click.Path(file_okay=False, path_type=Path), default=Path("layoutc-review"),
+              show_default=True, help="Folder for the pictures.")
+@_guard
+def review(rev_range: str, output: Path | None, images: Path) -> int:
+    """A Markdown report for a pull request: diff, explain and pictures of every changed spec."""
+    from .review import review as run_review
+
+    try:
+        text, ok = run_review(rev_range, images)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.write_text(text)
+        click.echo(f"wrote {output}", err=True)
+    return 0 if ok else EXIT_SPEC_ERROR
+
+
+@main.command()
 def ops() -> None:
     """List the layout primitives."""
     from .ops import INTERLEAVE_FAMILIES, REGISTRY, describe_signature
