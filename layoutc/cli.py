@@ -329,7 +329,7 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
     from .review import review as run_review
 
     try:
-        text, ok = run_review(rev_range, images)
+        text, ok = run_review(rev_range, images, report_dir=output.parent if output else None)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     if output is None:

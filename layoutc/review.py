@@ -34,8 +34,14 @@ def _show(rev: str, path: str, cwd: Path) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-def review(rev_range: str, images: Path, cwd: Path = Path(".")) -> tuple[str, bool]:
-    """(Markdown report, whether every changed spec compiles and verifies)."""
+def review(rev_range: str, images: Path, cwd: Path = Path("."), report_dir: Path | None = None) -> tuple[str, bool]:
+    """(Markdown report, whether every changed spec compiles and verifies). Picture links are
+    relative to ``report_dir`` (where the report will be written) when given."""
+    import os
+
+    def link(p: Path) -> str:
+        return Path(os.path.relpath(p, report_dir)).as_posix() if report_dir is not None else p.as_posix()
+
     from .draw import draw_graph, draw_layout
 
     if ".." not in rev_range:
@@ -80,7 +86,7 @@ def review(rev_range: str, images: Path, cwd: Path = Path(".")) -> tuple[str, bo
             ok = False
             lines += ["The new version fails verification:", "", "```", err.render(), "```", ""]
         graph = draw_graph(new, images / f"{stem}_graph.png")
-        lines += [f"![transform graph of {path}]({graph.as_posix()})", ""]
+        lines += [f"![transform graph of {path}]({link(graph)})", ""]
         drawn = set()
         for tensor in changed_tensors:
             chain = next(c for c in new.compiled.variants[-1].chains if c.tensor == tensor)
@@ -89,5 +95,5 @@ def review(rev_range: str, images: Path, cwd: Path = Path(".")) -> tuple[str, bo
                 continue
             drawn.add(weight)
             pic = draw_layout(new, weight, images / f"{stem}_{weight}.png")
-            lines += [f"![layout of {weight} and its tied tensors]({pic.as_posix()})", ""]
+            lines += [f"![layout of {weight} and its tied tensors]({link(pic)})", ""]
     return "\n".join(lines) + "\n", ok
