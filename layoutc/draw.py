@@ -67,8 +67,7 @@ def draw_layout(spec: CompiledSpec, tensor: str, path: str | Path, dims: dict | 
     weight = main.source.tie.weight if main.source.tie is not None else tensor
     group = [by_name[weight]] + [c for c in variant.chains if c.source.tie is not None and c.source.tie.weight == weight]
     n_rows = int(ex.evaluate(group[0].source.shape[_row_axis(group[0].source, len(group[0].source.shape))], dims))
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_under("white")
+    cmap = plt.get_cmap("viridis").with_extremes(under="white")
     fig, axes = plt.subplots(2, len(group), figsize=(4.2 * len(group), 7.5),
                              gridspec_kw={"height_ratios": [3, 1]}, squeeze=False)
     at = ", ".join(f"{k}={v}" for k, v in dims.items())
