@@ -187,14 +187,7 @@ def demo(spec: Path | None, shape: str, seed: int, device: str, defines: tuple[s
     deterministic synthetic MoE layer, check the round trip and print a short report."""
     from .demo import run_demo
 
-    dims = {}
-    for item in shape.split(","):
-        k, _, v = item.partition("=")
-        try:
-            dims[k.strip()] = int(v)
-        except ValueError:
-            raise click.BadParameter(f"expected NAME=INT, got {item!r}", param_hint="--shape") from None
-    ok = run_demo(spec, dims, seed, device, _parse_defines(defines), echo=click.echo)
+    ok = run_demo(spec, _parse_shape(shape), seed, device, _parse_defines(defines), echo=click.echo)
     return 0 if ok else 1
 
 

@@ -266,29 +266,29 @@ def table_map(in_shape: Sequence[Expr], dim: int, values: Sequence[int]) -> Inde
     return IndexMap(in_shape, in_shape, tuple(src))
 
 
-def pad_map(in_shape: Sequence[Expr], dim: int, size: Expr, parts: int = 1, fill: int = 0) -> IndexMap:
-    """Split axis ``dim`` into ``parts`` equal parts and extend each to ``size`` with ``fill``."""
+def _resize_parts(in_shape: Sequence[Expr], dim: int, size: Expr, parts: int) -> tuple[IndexMap, Expr]:
+    """Axis ``dim`` split into ``parts`` equal parts, each now ``size`` long (reading the same
+    offsets of its part); also returns the offset within a part, for the padding test."""
     in_shape = tuple(ex.as_expr(s) for s in in_shape)
     part = ex.div(in_shape[dim], parts)
     o = out_var(dim)
+    within = ex.mod(o, size) if parts > 1 else o
     src = list(out_vars(len(in_shape)))
-    src[dim] = ex.floordiv(o, size) * part + ex.mod(o, size) if parts > 1 else o
+    src[dim] = ex.floordiv(o, size) * part + within if parts > 1 else o
     out_shape = list(in_shape)
     out_shape[dim] = ex.mul(size, parts)
-    valid = ex.lt(ex.mod(o, size) if parts > 1 else o, part)
-    return IndexMap(in_shape, tuple(out_shape), tuple(src), valid, ex.Const(fill))
+    return IndexMap(in_shape, tuple(out_shape), tuple(src)), ex.lt(within, part)
+
+
+def pad_map(in_shape: Sequence[Expr], dim: int, size: Expr, parts: int = 1, fill: int = 0) -> IndexMap:
+    """Split axis ``dim`` into ``parts`` equal parts and extend each to ``size`` with ``fill``."""
+    m, inside = _resize_parts(in_shape, dim, size, parts)
+    return attrs.evolve(m, valid=inside, fill=ex.Const(fill))
 
 
 def crop_map(in_shape: Sequence[Expr], dim: int, size: Expr, parts: int = 1) -> IndexMap:
     """Keep the first ``size`` entries of each of ``parts`` equal parts of axis ``dim``."""
-    in_shape = tuple(ex.as_expr(s) for s in in_shape)
-    part = ex.div(in_shape[dim], parts)
-    o = out_var(dim)
-    src = list(out_vars(len(in_shape)))
-    src[dim] = ex.floordiv(o, size) * part + ex.mod(o, size) if parts > 1 else o
-    out_shape = list(in_shape)
-    out_shape[dim] = ex.mul(size, parts)
-    return IndexMap(in_shape, tuple(out_shape), tuple(src))
+    return _resize_parts(in_shape, dim, size, parts)[0]
 
 
 def bits_of(m: IndexMap) -> IndexMap:

@@ -350,18 +350,22 @@ def _conv_triton(plan: FusedPlan, value: str) -> list[str]:
     return lines
 
 
+# Every 1-D kernel starts here: this program's lanes, in 64-bit arithmetic for tensors past 2^30 elements.
+LANES = (
+    "pid = tl.program_id(0)",
+    "offs = tl.arange(0, BLOCK)",
+    "if WIDE:",
+    "    offs = offs.to(tl.int64) + pid.to(tl.int64) * BLOCK",
+    "else:",
+    "    offs = offs + pid * BLOCK",
+)
+
+
 def triton_kernel(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
     """Source of one ``@triton.jit`` kernel for ``plan`` (dims are constexpr: one specialisation per shape)."""
     params = ", ".join(["x_ptr", "y_ptr"] + [f"{d}: tl.constexpr" for d in dims] + ["WIDE: tl.constexpr", "BLOCK: tl.constexpr"])
     t = ex.to_triton
-    body = [
-        "pid = tl.program_id(0)",
-        "offs = tl.arange(0, BLOCK)",
-        "if WIDE:",
-        "    offs = offs.to(tl.int64) + pid.to(tl.int64) * BLOCK",
-        "else:",
-        "    offs = offs + pid * BLOCK",
-    ]
+    body = list(LANES)
     if plan.form == "words4":
         return _words4_kernel(plan, name, params)
     if plan.form == "rows":
@@ -409,12 +413,7 @@ def _coarse_kernel(plan: FusedPlan, name: str, params: str) -> str:
     t = ex.to_triton
     shape = _coarse_shape(plan)
     body = [
-        "pid = tl.program_id(0)",
-        "offs = tl.arange(0, BLOCK)",
-        "if WIDE:",
-        "    offs = offs.to(tl.int64) + pid.to(tl.int64) * BLOCK",
-        "else:",
-        "    offs = offs + pid * BLOCK",
+        *LANES,
         f"mask = offs < ({t(ex.mul(*shape))})",
         *_unravel_lines("offs", shape, t),
     ]
@@ -436,12 +435,7 @@ def _words4_kernel(plan: FusedPlan, name: str, params: str) -> str:
     t = ex.to_triton
     quads = _quad_shape(plan)
     body = [
-        "pid = tl.program_id(0)",
-        "offs = tl.arange(0, BLOCK)",
-        "if WIDE:",
-        "    offs = offs.to(tl.int64) + pid.to(tl.int64) * BLOCK",
-        "else:",
-        "    offs = offs + pid * BLOCK",
+        *LANES,
         f"mask = offs < ({t(ex.mul(*quads))})",
         *_unravel_lines("offs", quads, t),
         "j = tl.arange(0, 4)",
