@@ -89,7 +89,7 @@ class Dims:
 @attrs.frozen
 class Assume:
     value: ExprValue
-    multiple: int
+    multiple: ExprValue  # a constant once integer parameters are substituted
     pos: Pos
 
 

@@ -333,6 +333,55 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
     return 0 if ok else EXIT_SPEC_ERROR
 
 
+@main.command(name="convert")
+@click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--in", "in_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--names", default="vllm", show_default=True, help="Name mapping: vllm, gpt-oss or a JSON file.")
+@click.option("--device", default=None, help="cpu or cuda (default: cuda:<local rank> under torchrun with GPUs, else cpu)")
+@click.option("--lowering", default="auto", show_default=True, type=click.Choice(["auto", "fused", "compiled", "gather", "eager"]))
+@click.option("--no-verify", is_flag=True, help="Skip the round-trip check of a sample layer per shard.")
+@define_option
+@_guard
+def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device: str | None, lowering: str,
+                no_verify: bool, defines: tuple[str, ...]) -> int:
+    """Convert a safetensors checkpoint (single file or sharded) into SPEC's kernel layout."""
+    import os
+
+    import torch
+
+    from .api import compile_file
+    from .checkpoint import convert_checkpoint, finish
+
+    spec = compile_file(spec_path, _parse_defines(defines))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    dist = None
+    if world > 1:
+        import torch.distributed as dist
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+        if device is None and torch.cuda.is_available():
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    device = device or "cpu"
+
+    def progress(shards):
+        with click.progressbar(shards, label=f"rank {rank}/{world} converting", file=sys.stderr) as bar:
+            yield from bar
+
+    summary = convert_checkpoint(spec, in_dir, out_dir, names, device, rank, world, progress, lowering, not no_verify)
+    if dist is not None:
+        dist.barrier()
+    if rank == 0:
+        finish(spec, in_dir, out_dir, names)
+    click.echo(f"rank {rank}: {summary['written_shards']} shard(s) written, {summary['skipped_shards']} already done, "
+               f"{summary['converted_layers']} MoE layer(s) converted, {summary['verified_layers']} verified", err=True)
+    if dist is not None:
+        dist.destroy_process_group()
+    return 0
+
+
 @main.command()
 def ops() -> None:
     """List the layout primitives."""

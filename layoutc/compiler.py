@@ -147,9 +147,12 @@ class _Builder:
         self.dims = set(program.dims)
 
     def error(self, message, pos, hint=None, tensors=(), related=()):
-        d = Diagnostic("error", message, pos, hint, tuple(tensors), tuple(related))
-        if d not in self.diags:
-            self.diags.append(d)
+        for i, old in enumerate(self.diags):  # one finding per statement, naming every tensor it hits
+            if (old.message, old.pos, old.hint) == (message, pos, hint):
+                more = tuple(t for t in tensors if t not in old.tensors)
+                self.diags[i] = attrs.evolve(old, tensors=old.tensors + more)
+                return
+        self.diags.append(Diagnostic("error", message, pos, hint, tuple(tensors), tuple(related)))
 
     def constraint(self, tensor: str, value: ex.Expr, multiple: int, what: str, context: str, pos) -> Constraint:
         status = classify(value, multiple, self.assumptions)
@@ -193,7 +196,8 @@ class _Builder:
             context = f"{st.text} at {_where(self.program, st.pos)}"
             for r in inferred.requires:
                 constraints.append(self.constraint(spec.name, r.value, r.multiple, r.what, context, st.pos))
-            steps.append(Step(op, st, t, inferred.type))
+            if not op.is_identity:
+                steps.append(Step(op, st, t, inferred.type))
             t = inferred.type
         target = next((o for o in self.program.outputs if o.name == spec.name), None)
         return Chain(spec.name, spec, target, tuple(steps), tuple(constraints))

@@ -59,7 +59,8 @@ def _contract(spec: CompiledSpec, name: str) -> dict[str, str]:
         t = next((t for t in table if t.name == name), None)
         if t is None:
             continue
-        out[f"{side} type"] = f"{t.elem.name}{t.shape_str()}{'?' if t.optional else ''}"
+        shape = ", ".join(ex.to_str(d, slash=True) for d in t.shape)  # resolved: how it is written is no change
+        out[f"{side} type"] = f"{t.elem.name}[{shape}]{'?' if t.optional else ''}"
         if t.rows is not None:
             out[f"{side} rows"] = str(t.rows)
         if t.packing is not None:

@@ -335,7 +335,39 @@ class _Resolver:
             self.error(f"assume names {e.name!r}, which is not a declared dim", item.value.pos,
                        suggest(e.name, self.dims))
         else:
-            self.assumptions.append(Assumption(e.name, item.multiple, item.pos))
+            m = self.constants(item.multiple).expr
+            if not isinstance(m, ex.Const) or m.value <= 0:
+                self.error(f"assume needs a positive number (or integer parameters), got {item.multiple.text}",
+                           item.multiple.pos)
+            else:
+                self.assumptions.append(Assumption(e.name, m.value, item.pos))
+
+    def constants(self, value: ast.ExprValue) -> ast.ExprValue:
+        """Integer parameters are constants inside expressions (``2*I/tp_size``, ``rank=tp_rank``)."""
+        ints = {k: v for k, v in self.params.items() if type(v) is int}
+        names = ex.free_vars(value.expr) & set(ints)
+        if not names:
+            return value
+        for n in names:
+            if n in self.dims:
+                self.error(f"{n!r} is both a dim and a parameter", value.pos)
+        sub = {n: ints[n] for n in names}
+        try:
+            return attrs.evolve(
+                value, expr=ex.substitute(value.expr, sub),
+                divisions=tuple((ex.substitute(a, sub), ex.substitute(b, sub)) for a, b in value.divisions),
+            )
+        except (ValueError, ZeroDivisionError) as err:
+            shown = ", ".join(f"{n} = {v}" for n, v in sorted(sub.items()))
+            self.error(f"{value.text} is not a valid size with {shown}: {err}", value.pos)
+            return attrs.evolve(value, expr=ex.substitute(value.expr, {n: 1 for n in names}), divisions=())
+
+    def arg(self, value: ast.Value) -> ArgValue:
+        if isinstance(value, ast.ExprValue):
+            return _arg_value(self.constants(value))
+        if isinstance(value, ast.ListValue):
+            return ArgValue("list", tuple(self.arg(i) for i in value.items), value.text)
+        return _arg_value(value)
 
     def check_dims_in(self, value: ast.ExprValue, what: str) -> bool:
         unknown = sorted(ex.free_vars(value.expr) - set(self.dims))
@@ -355,7 +387,8 @@ class _Resolver:
             self.error(f"unknown element type {d.elem.text!r}", d.elem.pos,
                        suggest(d.elem.text, list(ELEMENT_TYPES)) or f"types: {', '.join(ELEMENT_TYPES)}")
             return
-        ok = all(self.check_dims_in(v, f"the shape of {name}") for v in d.shape)
+        shape = [self.constants(v) for v in d.shape]
+        ok = all(self.check_dims_in(v, f"the shape of {name}") for v in shape)
         if not ok:
             return
         tie = None
@@ -383,9 +416,10 @@ class _Resolver:
                            suggest(packing, list(KNOWN_FAMILIES)) or f"families: {', '.join(KNOWN_FAMILIES)}")
             if packing == "none":
                 packing = None
-        divisions = tuple((num, den, v.pos) for v in d.shape for num, den in v.divisions)
+        divisions = tuple((num, den, v.pos) for v in shape for num, den in v.divisions)
         table[name] = TensorSpec(
-            name, d.direction, elem, tuple(v.expr for v in d.shape), tuple(v.text for v in d.shape),
+            name, d.direction, elem, tuple(v.expr for v in shape),
+            tuple(v.text if v is w else ex.to_str(v.expr, slash=True) for v, w in zip(shape, d.shape)),
             d.optional, tie, rows, packing, d.pos, divisions,
         )
 
@@ -414,13 +448,13 @@ class _Resolver:
                 if keywords:
                     self.error("positional argument after keyword arguments", a.pos)
                     return
-                positional.append((_arg_value(a.value), a.pos))
+                positional.append((self.arg(a.value), a.pos))
             else:
                 if a.name.text in seen:
                     self.error(f"{a.name.text}= is given twice", a.name.pos)
                     return
                 seen.add(a.name.text)
-                keywords.append((a.name.text, _arg_value(a.value), a.pos))
+                keywords.append((a.name.text, self.arg(a.value), a.pos))
         self.statements.append(
             Statement(t.op.text, t.op.pos, tuple(names), tuple(positional), tuple(keywords), guards, t.text, t.pos)
         )

@@ -134,9 +134,11 @@ class _ToAst(Transformer):
 
     def assume(self, meta, children):
         value, multiple = children
-        if int(multiple) <= 0:
-            raise _Fail("assume needs a positive multiple", _pos(multiple))
-        return ast.Assume(value, int(multiple), _pos(meta))
+        if not isinstance(multiple, ast.ExprValue):
+            raise _Fail("assume needs a number: assume I % 64 == 0", multiple.pos)
+        if isinstance(multiple.expr, ex.Const) and multiple.expr.value <= 0:
+            raise _Fail("assume needs a positive multiple", multiple.pos)
+        return ast.Assume(value, multiple, _pos(meta))
 
     def param(self, meta, children):
         name, default, choices = children

@@ -28,6 +28,7 @@ findings are reported together.
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Sequence
 
 import attrs
@@ -360,17 +361,26 @@ class _Verifier:
 
     def check_shards(self, chain: Chain) -> None:
         layout = self.declared_rows(chain.source, "input")
-        if layout is None or len(layout.shards) != 1:
+        if layout is None:
             return
         rank = len(chain.source.shape)
         ra = _row_axis(chain.source, rank)
+        n = len(layout.shards)
         for s in chain.steps:
-            if s.op.name in TWO_SHARD_OPS and getattr(s.op, "dim", None) == ra:
+            on_rows = getattr(s.op, "dim", None) == ra
+            if n == 1 and on_rows and s.op.name in TWO_SHARD_OPS:
                 self.error(
                     f"{chain.tensor} has a single shard (rows {layout}), but {s.statement.text} treats its rows as "
                     f"two (gate and up); a non-gated activation keeps its one w13 shard as it is",
                     s.statement.pos if s.statement else None, [chain.tensor],
                     "guard the gate/up transforms with the activation, e.g. 'if activation != relu2 { ... }'",
+                )
+            if s.op.name == "shard" and on_rows and layout.kind == "stacked" and s.op.parts != n:
+                self.error(
+                    f"{chain.tensor} rows are {layout} ({n} shard{'s' if n > 1 else ''}), but {s.statement.text} "
+                    f"slices them as {s.op.parts} part{'s' if s.op.parts > 1 else ''}; tensor parallelism takes "
+                    f"rank r's slice of each shard (gate and up separately)",
+                    s.statement.pos if s.statement else None, [chain.tensor], f"use shard(..., parts={n})",
                 )
 
     def check_families(self, weight: Chain, tied: list[Chain]) -> None:
@@ -489,7 +499,11 @@ class _Verifier:
             n_in = _n_rows(chain.source, dims)
             src = row_labels(src_layout, n_in)
             actual = [src[r] if r >= 0 else None for r in amap.rows]
-            shard_real = n_in // max(1, len(src_layout.shards))
+            if any(s.op.name == "shard" for s in chain.steps):
+                actual = _rebased(actual)
+            ra = _row_axis(chain.source, len(chain.source.shape))
+            ranks = math.prod(s.op.ranks for s in chain.steps if s.op.name == "shard" and s.op.dim == ra)
+            shard_real = n_in // max(1, len(src_layout.shards)) // ranks
             expected = row_labels(dst_layout, len(amap.rows), shard_real if len(dst_layout.shards) == len(src_layout.shards) else None)
             if actual != expected:
                 steps = [s for s in chain.steps if s.op.category is Category.LOGICAL]
@@ -547,6 +561,16 @@ def _families(c: Chain) -> tuple[str, ...]:
 
 def _row_steps(c: Chain, packing: bool) -> list[Step]:
     return [s for s in _prefix(c, packing) if s.op.category is not Category.VALUE]
+
+
+def _rebased(labels: list[tuple[str, int] | None]) -> list[tuple[str, int] | None]:
+    """A tensor-parallel slice keeps rows ``[r*S, (r+1)*S)`` of each shard: number them from 0, so the
+    slice is compared with the kernel's order on a local (sharded) layer."""
+    first: dict[str, int] = {}
+    for lab in labels:
+        if lab is not None:
+            first[lab[0]] = min(first.get(lab[0], lab[1]), lab[1])
+    return [None if lab is None else (lab[0], lab[1] - first[lab[0]]) for lab in labels]
 
 
 def _n_rows(spec: TensorSpec, dims) -> int:

@@ -202,7 +202,7 @@ def test_compile_to_stdout(runner):
                                   "-D", "activation=relu2"])
     assert result.exit_code == 0, result.stderr
     assert "SPEC_NAME = 'flashinfer_cutedsl_nvfp4'" in result.stdout
-    assert "PARAMS = {'activation': 'relu2'}" in result.stdout
+    assert "PARAMS = {'activation': 'relu2', 'tp_rank': 0, 'tp_size': 1}" in result.stdout
     compile(result.stdout, "stdout.py", "exec")
 
 
@@ -211,7 +211,7 @@ def test_demo_other_spec_and_parameters(runner):
                                   "-D", "activation=relu2", "--shape", "E=2,I=128,H=256"])
     assert result.exit_code == 0, result.output
     assert "result: OK" in result.stdout
-    assert "params {'activation': 'relu2'}" in result.stdout
+    assert "params {'activation': 'relu2', 'tp_rank': 0, 'tp_size': 1}" in result.stdout
 
 
 def test_demo_bad_shape_option(runner):

@@ -65,8 +65,10 @@ def test_program_of_a_shipped_spec():
     assert w13.elem.name == "fp4x2" and w13.elem.torch_dtype == torch.uint8
     out = p.output("w13_weight_scale")
     assert out.packing == "sm90_mixed" and str(out.rows) == "[w3; w1]"
-    assert out.shape_text == ("E", "2*I/64", "H/128", "16", "16")
-    swap = p.statements[0]
+    assert out.shape_text == ("E", "I/32", "H/128", "16", "16")  # 2*I/tp_size/64 with tp_size=1
+    shard = p.statements[0]
+    assert shard.op == "shard" and [(k, a.value) for k, a, _ in shard.keywords][-2:] == [("rank", ex.Const(0)), ("ranks", ex.Const(1))]
+    swap = p.statements[2]
     assert swap.op == "swap_halves"
     assert [n for n, _ in swap.tensors] == ["w13_weight", "w13_weight_scale", "w13_bias"]
     assert [(k, a.text) for k, a, _ in swap.keywords] == [("dim", "1")]

@@ -119,7 +119,7 @@ def test_exact_positions():
     assert gated.default.pos == ast.Pos(3, 15, 3, 19)
     assert act.choices.pos == ast.Pos(4, 26, 4, 39)
     assert [n.pos.column for n in dims.names] == [6, 9, 12]
-    assert assume.value.pos == ast.Pos(6, 8, 6, 9) and assume.multiple == 128
+    assert assume.value.pos == ast.Pos(6, 8, 6, 9) and assume.multiple.expr == ex.Const(128)
     assert w13.name.pos == ast.Pos(7, 7, 7, 10)
     assert w13.elem.pos == ast.Pos(7, 14, 7, 19)
     assert [v.pos.column for v in w13.shape] == [20, 23, 28]

@@ -112,6 +112,12 @@ class Op:
     def bit_level(self) -> bool:
         return False
 
+    @property
+    def is_identity(self) -> bool:
+        """True when the op leaves every tensor as it is (e.g. one tensor-parallel rank of one):
+        the compiler drops it, so it costs nothing and reads as no step."""
+        return False
+
     def args_str(self) -> str:
         fields = attrs.fields(type(self))
         return ", ".join(f"{f.name}={_fmt_arg(getattr(self, f.name))}" for f in fields)

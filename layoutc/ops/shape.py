@@ -19,7 +19,7 @@ from typing import ClassVar
 import attrs
 
 from .. import expr as ex
-from ..indexmap import IndexMap, crop_map, out_vars, pad_map, reshape_map
+from ..indexmap import IndexMap, crop_map, out_var, out_vars, pad_map, reshape_map
 from . import torch_impl
 from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType, check_dim, divisions, small_instances, with_shape
 
@@ -153,4 +153,55 @@ class Transpose(Op):
         return self
 
 
-OPS = (Pad, Crop, Reshape, Transpose)
+@attrs.frozen
+class Shard(Op):
+    """Tensor-parallel slice: split ``dim`` into ``parts`` equal parts (2 for a gated w13: gate and up)
+    and keep slice ``rank`` of ``ranks`` of each, the way engines shard MoE weights::
+
+        out[o] = in[(o // S) * P + rank * S + o mod S],  P = n / parts,  S = P / ranks
+    """
+
+    dim: int = attrs.field(default=1, metadata={"kind": "dim"})
+    rank: int = attrs.field(default=0, kw_only=True, metadata={"kind": "int", "min": 0})
+    ranks: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
+    parts: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
+
+    name: ClassVar[str] = "shard"
+    category: ClassVar[Category] = Category.LOGICAL
+    summary: ClassVar[str] = "tensor-parallel slice `rank` of `ranks` of each of `parts` equal parts of dim"
+
+    def __attrs_post_init__(self):
+        if self.rank >= self.ranks:
+            raise OpTypeError(f"shard rank={self.rank} must be below ranks={self.ranks}")
+
+    def infer(self, t: TensorType) -> Inferred:
+        d = check_dim(t, self.dim)
+        size = ex.div(t.shape[d], self.ranks)
+        needs = self.parts * self.ranks
+        return Inferred(with_shape(t, d, size), (Requirement(t.shape[d], needs, "size"),) if needs > 1 else ())
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        d = check_dim(t, self.dim)
+        part = ex.div(t.shape[d], self.parts)
+        s = ex.div(part, self.ranks)
+        o = out_var(d)
+        src = list(out_vars(t.rank))
+        if self.ranks > 1:  # one rank of one is the identity, kept so composed maps stay simple
+            src[d] = ex.floordiv(o, s) * part + self.rank * s + ex.mod(o, s) if self.parts > 1 else self.rank * s + o
+        out_shape = list(t.shape)
+        out_shape[d] = ex.div(t.shape[d], self.ranks)
+        return IndexMap(t.shape, tuple(out_shape), tuple(src))
+
+    @property
+    def is_identity(self) -> bool:
+        return self.ranks == 1
+
+    def inverse(self, t):
+        # One rank of one is the identity; a real slice drops the other ranks' rows (like crop).
+        return self if self.ranks == 1 else None
+
+    def impl(self):
+        return torch_impl.shard, (self.dim, self.rank, self.ranks, self.parts)
+
+
+OPS = (Pad, Crop, Reshape, Transpose, Shard)

@@ -80,6 +80,14 @@ def crop(x, dim, size, parts):
     return x.unflatten(dim, (parts, n)).narrow(dim + 1, 0, size).flatten(dim, dim + 1)
 
 
+def shard(x, dim, rank, ranks, parts):
+    # Keep slice `rank` of `ranks` of each of `parts` equal parts of dim (tensor parallelism).
+    dim = dim % x.dim()
+    part = x.shape[dim] // parts
+    size = part // ranks
+    return x.unflatten(dim, (parts, part)).narrow(dim + 1, rank * size, size).flatten(dim, dim + 1)
+
+
 def swizzle_128x4(x):
     # FlashInfer block_scale_interleave per leading index: pad rows to 128 and
     # columns to 4 with zeros, then (R/128, 4, 32, C/4, 4) -> (R/128, C/4, 32, 4, 4).

@@ -163,6 +163,12 @@ def order_pad(n, parts, multiple):
     return out
 
 
+def order_shard(n, parts, rank, ranks):
+    part = n // parts
+    size = part // ranks
+    return [p * part + rank * size + i for p in range(parts) for i in range(size)]
+
+
 def order_crop(n, parts, size):
     part = n // parts
     return [p * part + i for p in range(parts) for i in range(size)]

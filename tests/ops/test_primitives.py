@@ -51,6 +51,7 @@ from .conftest import (
     naive_unfold,
     naive_unswizzle,
     order_crop,
+    order_shard,
     order_deinterleave,
     order_interleave,
     order_pad,
@@ -192,6 +193,9 @@ NAIVE = {
         x, op.dim % x.dim(), order_pad(x.shape[op.dim % x.dim()], op.parts, op.multiple), _fill_bits(op.value, x)
     ),
     "crop": naive_crop,
+    "shard": lambda op, t, x, dims: along_axis_fill(
+        x, op.dim % x.dim(), order_shard(x.shape[op.dim % x.dim()], op.parts, op.rank, op.ranks), 0
+    ),
     "reshape": naive_reshape,
     "transpose": naive_transpose,
     "view": naive_view,
@@ -268,6 +272,10 @@ CASES = [
     (shape.Crop(1, size=Const(3), parts=2), TT("fp4x2", 2, 8, 3), {}),
     (shape.Crop(1, size=I_, parts=2), TT("bf16", E_, 2 * ex.round_up(I_, 4), 2), {"E": 2, "I": 3}),
     (shape.Crop(2, size=Const(2)), TT("u8", 2, 3, 5), {}),
+    (shape.Shard(1, parts=2, rank=1, ranks=2), TT("fp4x2", E_, 2 * I_, ex.div(H_, 2)), D_EIH),
+    (shape.Shard(1, parts=2, rank=2, ranks=3), TT("f32", 2, 12), {}),
+    (shape.Shard(2, rank=0, ranks=4), TT("e8m0", 2, 3, 8), {}),
+    (shape.Shard(1, parts=1, rank=0, ranks=1), TT("bf16", 2, 6), {}),
     (shape.Reshape((Const(12), Const(4))), TT("f32", 2, 6, 4), {}),
     (shape.Reshape((E_ * 2 * I_, ex.div(H_, 2))), TT("fp4x2", E_, 2 * I_, ex.div(H_, 2)), D_EIH),
     (shape.Reshape((Const(2), Const(3), Const(2), Const(2))), TT("bf16", 4, 6), {}),
@@ -511,7 +519,7 @@ def op_and_input(draw, name):
     return op, t, dims, x
 
 
-INVERTIBLE = [n for n in REGISTRY if n not in ("crop",)]
+INVERTIBLE = [n for n in REGISTRY if n not in ("crop", "shard")]
 LEFT_ONLY = {"pad", "swizzle_128x4"}  # padding: inverse(op(x)) == x, not the other way round
 
 
@@ -542,6 +550,19 @@ def test_inverse_undoes_the_op(name, data):
 
 def test_crop_has_no_inverse():
     assert shape.Crop(1, size=Const(2)).inverse(TT("u8", 2, 4)) is None
+
+
+def test_a_real_shard_has_no_inverse_and_one_rank_of_one_is_its_own():
+    assert shape.Shard(1, rank=0, ranks=2).inverse(TT("u8", 2, 4)) is None
+    one = shape.Shard(1, parts=2)
+    assert one.inverse(TT("u8", 2, 4)) == one
+    x = random_tensor((2, 4), torch.uint8, 1)
+    assert_bits_equal(run_eager(one, x, {}), x)
+
+
+def test_shard_rank_must_be_below_ranks():
+    with pytest.raises(OpTypeError, match="rank=2 must be below ranks=2"):
+        shape.Shard(1, rank=2, ranks=2)
 
 
 @pytest.mark.parametrize(
@@ -583,6 +604,7 @@ NEG_DIM_CASES = [
     (rows.UnshuffleRows(-2, epilogue_tile=128), TT("u8", 32, 3)),
     (shape.Pad(-1, multiple=4, parts=2), TT("u8", 2, 3, 6)),
     (shape.Crop(-1, size=Const(2), parts=2), TT("u8", 2, 3, 6)),
+    (shape.Shard(-1, parts=2, rank=1, ranks=3), TT("u8", 2, 3, 6)),
     (shape.Transpose(-1, 0), TT("u8", 2, 3, 4)),
 ]
 
@@ -630,6 +652,7 @@ def _reqs(op, t):
         (shape.Pad(1, multiple=8, parts=2), TT("u8", E_, N_, K_), [("N", 2)]),
         (shape.Pad(1, multiple=8), TT("u8", E_, N_, K_), []),
         (shape.Crop(1, size=I_, parts=2), TT("u8", E_, N_, K_), [("N", 2)]),
+        (shape.Shard(1, parts=2, rank=1, ranks=4), TT("u8", E_, N_, K_), [("N", 8)]),
         (shape.Transpose(1, 2), TT("u8", E_, N_, K_), []),
         (value.View(ET["e4m3"]), TT("e8m0", E_, N_), []),
         (value.Cast(ET["bf16"]), TT("f32", E_, N_), []),

@@ -14,12 +14,16 @@ from layoutc.demo import synthetic_inputs
 from tests.helpers import bits
 from tests.verify.mutants import mutants
 
-#: Per shipped spec: the parameter sets to try and two layer shapes that satisfy it.
+#: Per shipped spec: the parameter sets to try and two layer shapes that satisfy it. Every
+#: parameter is set explicitly (as engines do), so a mutated default is not a layout change.
 SPEC_CASES = {
-    "flashinfer_cutlass_bf16": ([{}], [{"E": 2, "I": 128, "H": 128}, {"E": 1, "I": 256, "H": 384}]),
-    "flashinfer_cutlass_mxfp8": ([{}], [{"E": 2, "I": 128, "H": 128}, {"E": 1, "I": 256, "H": 384}]),
-    "flashinfer_cutedsl_nvfp4": ([{"activation": "silu"}, {"activation": "relu2"}],
-                                 [{"E": 2, "I": 64, "H": 128}, {"E": 1, "I": 192, "H": 80}]),
+    "flashinfer_cutlass_bf16": ([{"tp_size": 1, "tp_rank": 0}, {"tp_size": 2, "tp_rank": 1}],
+                                [{"E": 2, "I": 256, "H": 128}, {"E": 1, "I": 512, "H": 384}]),
+    "flashinfer_cutlass_mxfp8": ([{"tp_size": 1, "tp_rank": 0}, {"tp_size": 2, "tp_rank": 1}],
+                                 [{"E": 2, "I": 256, "H": 128}, {"E": 1, "I": 512, "H": 384}]),
+    "flashinfer_cutedsl_nvfp4": ([{"activation": a, "tp_size": n, "tp_rank": n - 1}
+                                  for n in (1, 2) for a in ("silu", "relu2")],
+                                 [{"E": 2, "I": 128, "H": 128}, {"E": 1, "I": 384, "H": 80}]),
 }
 
 

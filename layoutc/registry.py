@@ -1,0 +1,85 @@
+"""A backend registry: backend names to compiled specs, instead of an ``if/elif`` per backend.
+
+    registry = layoutc.registry.Registry({
+        "flashinfer_cutlass_mxfp4_bf16": "specs/flashinfer_cutlass_bf16.lyt",
+        "flashinfer_cutedsl_nvfp4_relu2": ("specs/flashinfer_cutedsl_nvfp4.lyt", {"activation": "relu2"}),
+    })
+    registry.check(engine_backends)                 # at start-up: every selectable backend has a spec
+    out = registry.convert("flashinfer_cutlass_mxfp4_bf16", layer_tensors)
+
+``check`` fails loudly, listing every selectable backend without a spec: the missing-branch bug
+(vLLM PR 51038: a backend could be selected, the converter had no branch, and the error came
+only after the model had loaded). Specs compile once; compiled converters are cached on
+(spec sha256, parameters), and their per-shape kernels on the shapes they see.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Union
+
+import torch
+
+from .api import CompiledSpec, compile_file
+
+Entry = Union[str, Path, tuple[Union[str, Path], Mapping[str, Any]]]
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+class RegistryError(LookupError):
+    """A selectable backend has no spec, or a backend name is unknown."""
+
+
+class Registry:
+    def __init__(self, backends: Mapping[str, Entry]):
+        self._entries: dict[str, tuple[Path, dict[str, Any]]] = {}
+        for name, entry in backends.items():
+            path, params = (entry, {}) if isinstance(entry, (str, Path)) else entry
+            self._entries[name] = (Path(path), dict(params))
+        self._compiled: dict[tuple[str, tuple], CompiledSpec] = {}
+        self._shapes: dict[tuple, tuple] = {}
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def check(self, selectable: Iterable[str]) -> None:
+        """Raise :class:`RegistryError` naming every selectable backend without a spec, and
+        compile (and so verify) the specs of the others."""
+        selectable = list(selectable)
+        missing = [b for b in selectable if b not in self._entries]
+        if missing:
+            raise RegistryError(
+                f"backend(s) {', '.join(missing)} can be selected but have no layout spec; "
+                f"registered: {', '.join(self._entries) or 'none'}"
+            )
+        for b in selectable:
+            self.spec(b)
+
+    def spec(self, backend: str) -> CompiledSpec:
+        if backend not in self._entries:
+            raise RegistryError(f"no layout spec for backend {backend!r}; registered: {', '.join(self._entries)}")
+        path, params = self._entries[backend]
+        key = (str(path), tuple(sorted(params.items())))
+        if key not in self._compiled:
+            self._compiled[key] = compile_file(path, params)
+        return self._compiled[key]
+
+    def convert(self, backend: str, tensors: Mapping[str, torch.Tensor | None], **kwargs) -> dict[str, torch.Tensor]:
+        spec = self.spec(backend)
+        shapes = tuple((k, tuple(v.shape), str(v.dtype), str(v.device)) for k, v in sorted(tensors.items()) if v is not None)
+        self._shapes.setdefault((spec.sha256, tuple(sorted(spec.params.items())), shapes), shapes)
+        return spec.convert({k: v for k, v in tensors.items() if k in spec.input_names}, **kwargs)
+
+    def cache_keys(self) -> list[tuple]:
+        """(spec sha256, parameters, shapes) of every conversion seen: what converters were specialised on."""
+        return list(self._shapes)
+
+
+#: The shipped specs under the backend names an engine's oracle would use.
+DEFAULT = Registry({
+    "flashinfer_cutlass_mxfp4_bf16": SPECS / "flashinfer_cutlass_bf16.lyt",
+    "flashinfer_cutlass_mxfp4_mxfp8": SPECS / "flashinfer_cutlass_mxfp8.lyt",
+    "flashinfer_cutedsl_nvfp4": (SPECS / "flashinfer_cutedsl_nvfp4.lyt", {"activation": "silu"}),
+    "flashinfer_cutedsl_nvfp4_relu2": (SPECS / "flashinfer_cutedsl_nvfp4.lyt", {"activation": "relu2"}),
+})
