@@ -37,7 +37,7 @@ class Registry:
             path, params = (entry, {}) if isinstance(entry, (str, Path)) else entry
             self._entries[name] = (Path(path), dict(params))
         self._compiled: dict[tuple[str, tuple], CompiledSpec] = {}
-        self._shapes: dict[tuple, tuple] = {}
+        self._seen: dict[tuple, int] = {}
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -66,14 +66,18 @@ class Registry:
         return self._compiled[key]
 
     def convert(self, backend: str, tensors: Mapping[str, torch.Tensor | None], **kwargs) -> dict[str, torch.Tensor]:
+        """Convert a layer's MoE tensors (other entries of ``tensors`` are ignored) with ``backend``'s spec."""
         spec = self.spec(backend)
-        shapes = tuple((k, tuple(v.shape), str(v.dtype), str(v.device)) for k, v in sorted(tensors.items()) if v is not None)
-        self._shapes.setdefault((spec.sha256, tuple(sorted(spec.params.items())), shapes), shapes)
-        return spec.convert({k: v for k, v in tensors.items() if k in spec.input_names}, **kwargs)
+        mine = {k: v for k, v in tensors.items() if k in spec.input_names}
+        shapes = tuple((k, tuple(v.shape), str(v.dtype), str(v.device)) for k, v in sorted(mine.items()) if v is not None)
+        key = (spec.sha256, tuple(sorted(spec.params.items())), shapes)
+        self._seen[key] = self._seen.get(key, 0) + 1
+        return spec.convert(mine, **kwargs)
 
     def cache_keys(self) -> list[tuple]:
-        """(spec sha256, parameters, shapes) of every conversion seen: what converters were specialised on."""
-        return list(self._shapes)
+        """(spec sha256, parameters, input shapes) of every conversion so far: what the compiled
+        converters specialised on (their kernels are cached per shape)."""
+        return list(self._seen)
 
 
 #: The shipped specs under the backend names an engine's oracle would use.
