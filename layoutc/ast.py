@@ -142,6 +142,11 @@ RowLayout = Union[StackedRows, InterleavedRows]
 class Packing:
     family: Name
     pos: Pos
+    more: tuple[Name, ...] = ()  # ``packing trtllm + sf_128x4``: every family the tensor carries
+
+    @property
+    def families(self) -> tuple[Name, ...]:
+        return (self.family,) + self.more
 
 
 @attrs.frozen

@@ -86,7 +86,9 @@ class Chain:
         return compose_all(maps) if maps else identity(self.in_type.shape)
 
     def signature(self) -> tuple:
-        return tuple((repr(s.op), s.statement.pos if s.statement else None) for s in self.steps)
+        """Equal for chains that convert the same tensor the same way (shared across variants).
+        The tensor is part of it: a weight and its bias can take the very same statements."""
+        return (self.tensor,) + tuple((repr(s.op), s.statement.pos if s.statement else None) for s in self.steps)
 
     def packings(self) -> tuple[str, ...]:
         """Kernel families whose packing the chain leaves applied (forward minus inverse ops)."""
@@ -231,15 +233,17 @@ class _Builder:
                 out.pos, tensors=[spec.name], related=related,
             )
         applied = chain.packings()
-        if out.packing is not None and out.packing not in applied:
-            self.error(f"{spec.name}: the output declares packing {out.packing} but no {out.packing} packing is applied",
-                       out.pos, tensors=[spec.name], related=related)
+        for fam in out.packings:
+            if fam not in applied:
+                self.error(f"{spec.name}: the output declares packing {fam} but no {fam} packing is applied",
+                           out.pos, tensors=[spec.name], related=related)
         for fam in applied:
-            if fam != out.packing:
+            if fam not in out.packings:
+                declared = "packing " + " + ".join(out.packings) if out.packings else "no packing"
                 self.error(
-                    f"{spec.name}: a {fam} packing is applied but the output declares "
-                    f"{'packing ' + out.packing if out.packing else 'no packing'}",
-                    out.pos, f"declare it: output {spec.name} : ... packing {fam}", tensors=[spec.name], related=related,
+                    f"{spec.name}: a {fam} packing is applied but the output declares {declared}",
+                    out.pos, f"declare it: output {spec.name} : ... packing {' + '.join(out.packings + (fam,))}",
+                    tensors=[spec.name], related=related,
                 )
 
     def inverse_chain(self, chain: Chain) -> Chain | None:

@@ -69,6 +69,11 @@ class TensorSpec:
     def shape_str(self) -> str:
         return "[" + ", ".join(self.shape_text) + "]"
 
+    @property
+    def packings(self) -> tuple[str, ...]:
+        """The declared kernel packing families (``packing trtllm + sf_128x4``)."""
+        return tuple(self.packing.split("+")) if self.packing else ()
+
 
 @attrs.frozen
 class Guard:
@@ -410,12 +415,17 @@ class _Resolver:
             rows = RowLayout(kind, tuple(n.text for n in d.rows.shards), group, d.rows.pos)
         packing = None
         if d.packing is not None:
-            packing = d.packing.family.text
-            if packing not in KNOWN_FAMILIES + ("none",):
-                self.error(f"unknown packing family {packing!r}", d.packing.family.pos,
-                           suggest(packing, list(KNOWN_FAMILIES)) or f"families: {', '.join(KNOWN_FAMILIES)}")
-            if packing == "none":
-                packing = None
+            families = []
+            for fam in d.packing.families:
+                if fam.text not in KNOWN_FAMILIES + ("none",):
+                    self.error(f"unknown packing family {fam.text!r}", fam.pos,
+                               suggest(fam.text, list(KNOWN_FAMILIES)) or f"families: {', '.join(KNOWN_FAMILIES)}")
+                elif fam.text in families:
+                    self.error(f"packing {fam.text} is listed twice", fam.pos)
+                families.append(fam.text)
+            if "none" in families and len(families) > 1:
+                self.error("'packing none' cannot be combined with other families", d.packing.pos)
+            packing = None if families == ["none"] else "+".join(families)
         divisions = tuple((num, den, v.pos) for v in shape for num, den in v.divisions)
         table[name] = TensorSpec(
             name, d.direction, elem, tuple(v.expr for v in shape),

@@ -169,7 +169,8 @@ class _ToAst(Transformer):
         return ast.InterleavedRows((self._name(a), self._name(b)), int(group) if group is not None else 1, _pos(meta))
 
     def packing_attr(self, meta, children):
-        return ast.Packing(self._name(children[0]), _pos(meta))
+        first, *more = (self._name(c) for c in children)
+        return ast.Packing(first, _pos(meta), tuple(more))
 
     def _decl(self, direction, meta, children):
         name, optional, elem, *rest = children

@@ -538,9 +538,12 @@ def torch_function(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
     part.append("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the full range")
     if plan.kind == "words":
         for b, (coords, valid) in enumerate(zip(plan.word_sources, plan.word_valid)):
-            part.append(f"    byte = flat[({t(_linear(coords, plan.in_shape))}) + zero].to(torch.int64)")
-            if valid != ex.TRUE:
-                part.append(f"    byte = torch.where(({t(valid)}) & (zero == 0), byte, 0)")
+            addr = f"({t(_linear(coords, plan.in_shape))}) + zero"
+            if valid == ex.TRUE:
+                part.append(f"    byte = flat[{addr}].to(torch.int64)")
+            else:  # padding: read nothing there (its address may be past the input)
+                part.append(f"    ok = ({t(valid)}) & (zero == 0)")
+                part.append(f"    byte = torch.where(ok, flat[torch.where(ok, {addr}, 0)].to(torch.int64), 0)")
             part.append("    w = byte" if b == 0 else f"    w = w | (byte << {8 * b})")
         part.append("    r = torch.zeros_like(w)")
         for mask, shift in _bit_permutation_terms(plan.table):

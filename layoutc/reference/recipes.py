@@ -98,3 +98,204 @@ def swizzle_blockscale_cpu(s: torch.Tensor) -> torch.Tensor:
     padded[:, :r, :c] = s
     tiles = padded.reshape(e, rp // 128, 4, 32, cp // 4, 4).permute(0, 1, 4, 3, 2, 5)
     return tiles.reshape(e, rp, cp)
+
+
+# ---------------------------------------------------------------------------
+# More backends (issue 7). Row gathers use FlashInfer's own index helpers (pure torch);
+# block_scale_interleave is passed in (a CUDA kernel; its CPU port on CPU).
+
+
+def swap_every_two_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """vLLM's gpt-oss helper: flip each adjacent pair of rows, [g0, u0, g1, u1..] -> [u0, g0, u1, g1..]."""
+    dim = dim % x.dim()
+    pairs = x.unflatten(dim, (x.shape[dim] // 2, 2))
+    return pairs.flip(dim + 1).flatten(dim, dim + 1)
+
+
+def deinterleave_w13(x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """gpt-oss [g0, u0, g1, u1..] -> [g; u] (vLLM: cat(x[0::2], x[1::2]))."""
+    idx = torch.arange(x.shape[dim])
+    return torch.cat([x.index_select(dim, idx[0::2]), x.index_select(dim, idx[1::2])], dim=dim)
+
+
+def _per_expert(x: torch.Tensor, fn) -> torch.Tensor:
+    return torch.stack([fn(x[e]) for e in range(x.shape[0])])
+
+
+def _gather_rows(x2d: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return x2d[idx.to(x2d.device)].contiguous()
+
+
+def trtllm_mxfp4_gpt_oss(t: Tensors, block_scale_interleave) -> dict:
+    """gpt-oss MXFP4 -> FlashInfer TRT-LLM-gen MoE (vLLM's gpt-oss converter, TRT-LLM branch):
+    swap each gate/up pair of w13 rows (weight, scale, bias), then per expert the epilogue-tile
+    row shuffle (tile 128) of every weight and bias, the shuffle_matrix_sf_a rows plus 128x4
+    interleave of every scale; scales viewed as e4m3 in their own shape, biases fp32."""
+    from flashinfer.fused_moe.core import get_w2_permute_indices_with_cache
+
+    cache: dict = {}
+    tile = 128
+
+    def weight(w):
+        return _per_expert(w.view(torch.uint8), lambda x: _gather_rows(x, get_w2_permute_indices_with_cache(cache, x, tile)))
+
+    def scale(s):
+        def one(x):
+            idx = get_w2_permute_indices_with_cache(cache, x, tile, num_elts_per_sf=16)
+            return block_scale_interleave(_gather_rows(x, idx)).reshape(x.shape)
+        return _per_expert(s.view(torch.uint8), one).view(torch.float8_e4m3fn)
+
+    def bias(b):
+        return _per_expert(b.to(torch.float32), lambda x: _gather_rows(
+            x.reshape(-1, 1), get_w2_permute_indices_with_cache(cache, x.reshape(-1, 1), tile)).reshape(-1))
+
+    out = {
+        "w13_weight": weight(swap_every_two_rows(t["w13_weight"], -2)),
+        "w13_weight_scale": scale(swap_every_two_rows(t["w13_weight_scale"], -2)),
+        "w2_weight": weight(t["w2_weight"]),
+        "w2_weight_scale": scale(t["w2_weight_scale"]),
+    }
+    if t.get("w13_bias") is not None:
+        out["w13_bias"] = bias(swap_every_two_rows(t["w13_bias"], -1))
+    if t.get("w2_bias") is not None:
+        out["w2_bias"] = bias(t["w2_bias"])
+    return out
+
+
+def _pad_to(x: torch.Tensor, dim: int, multiple: int, halves: bool = False) -> torch.Tensor:
+    """Zero padding the way vLLM allocates padded parameters and copies the checkpoint into the
+    top-left corner (of each half when ``halves``)."""
+    parts = torch.chunk(x, 2, dim=dim) if halves else (x,)
+    padded = []
+    for p in parts:
+        n = p.shape[dim]
+        shape = list(p.shape)
+        shape[dim] = -(-n // multiple) * multiple
+        z = torch.zeros(shape, dtype=p.dtype)
+        z.narrow(dim, 0, n).copy_(p)
+        padded.append(z)
+    return torch.cat(padded, dim=dim)
+
+
+def cutlass_sm90_mxfp4_bf16_padded(t: Tensors, interleave_weights, gpt_oss: bool) -> dict:
+    """MXFP4 -> FlashInfer CUTLASS SM90 (BF16 activations) with vLLM's padding of I and H to 128
+    (per half of w13): gpt-oss checkpoints are deinterleaved first, contiguous ones are not."""
+    t = dict(t)
+    if gpt_oss:
+        for k in ("w13_weight", "w13_weight_scale", "w13_bias"):
+            if t.get(k) is not None:
+                t[k] = deinterleave_w13(t[k], 1)
+    p = {
+        "w13_weight": _pad_to(_pad_to(t["w13_weight"], 1, 128, halves=True), 2, 64),
+        "w13_weight_scale": _pad_to(_pad_to(t["w13_weight_scale"], 1, 128, halves=True), 2, 4),
+        "w2_weight": _pad_to(_pad_to(t["w2_weight"], 1, 128), 2, 64),
+        "w2_weight_scale": _pad_to(_pad_to(t["w2_weight_scale"], 1, 128), 2, 4),
+    }
+    if t.get("w13_bias") is not None:
+        p["w13_bias"] = _pad_to(t["w13_bias"], 1, 128, halves=True)
+    if t.get("w2_bias") is not None:
+        p["w2_bias"] = _pad_to(t["w2_bias"], 1, 128)
+    return cutlass_sm90_mxfp4_bf16(p, interleave_weights)
+
+
+def trtllm_nvfp4(t: Tensors, block_scale_interleave, gated: bool) -> dict:
+    """NVFP4 -> FlashInfer TRT-LLM-gen MoE (vLLM prepare_static_weights_for_trtllm_fp4_moe):
+    gated: [w1; w3] -> [w3; w1]; per expert w13 rows reordered for the gated GEMM then
+    epilogue-shuffled (tile 128), scales likewise with the shuffle_matrix_sf_a rows and a 128x4
+    interleave; w2 shuffled only. Scales stay e4m3 in their own shape."""
+    from flashinfer.fused_moe.core import _maybe_get_cached_w3_w1_permute_indices, get_w2_permute_indices_with_cache
+
+    cache: dict = {}
+    tile = 128
+    w13, s13 = t["w13_weight"], t["w13_weight_scale"]
+    if gated:
+        w13, s13 = swap_w13(w13), swap_w13(s13)
+
+    def w13_rows(x):
+        return _gather_rows(x, _maybe_get_cached_w3_w1_permute_indices(cache, x, tile, is_gated_act_gemm=gated))
+
+    def s13_rows(x):
+        idx = _maybe_get_cached_w3_w1_permute_indices(cache, x, tile, num_elts_per_sf=16, is_gated_act_gemm=gated)
+        return block_scale_interleave(_gather_rows(x, idx)).reshape(x.shape)
+
+    def w2_rows(x):
+        return _gather_rows(x, get_w2_permute_indices_with_cache(cache, x, tile))
+
+    def s2_rows(x):
+        return block_scale_interleave(_gather_rows(x, get_w2_permute_indices_with_cache(cache, x, tile, num_elts_per_sf=16))).reshape(x.shape)
+
+    return {
+        "w13_weight": _per_expert(w13.view(torch.uint8), w13_rows),
+        "w13_weight_scale": _per_expert(s13.view(torch.uint8), s13_rows).view(torch.float8_e4m3fn),
+        "w2_weight": _per_expert(t["w2_weight"].view(torch.uint8), w2_rows),
+        "w2_weight_scale": _per_expert(t["w2_weight_scale"].view(torch.uint8), s2_rows).view(torch.float8_e4m3fn),
+    }
+
+
+def cutlass_nvfp4_padded(t: Tensors, block_scale_interleave, gated: bool, multiple: int = 128) -> dict:
+    """NVFP4 -> FlashInfer CUTLASS MoE with I padded to ``multiple``: gated w13 swapped to
+    [w3; w1], then each half padded (weight rows and scale rows), w2's K padded to match; scales
+    128x4-swizzled (vLLM swizzle_blockscale shape: padded)."""
+    w13, s13 = t["w13_weight"], t["w13_weight_scale"]
+    if gated:
+        w13, s13 = swap_w13(w13), swap_w13(s13)
+    w13 = _pad_to(w13, 1, multiple, halves=gated)
+    s13 = _pad_to(s13.view(torch.uint8), 1, multiple, halves=gated).view(s13.dtype)
+    w2 = _pad_to(t["w2_weight"], 2, multiple // 2)
+    s2 = _pad_to(t["w2_weight_scale"].view(torch.uint8), 2, multiple // 16).view(t["w2_weight_scale"].dtype)
+    return {
+        "w13_weight": w13,
+        "w13_weight_scale": swizzle_to_padded(block_scale_interleave, s13),
+        "w2_weight": w2,
+        "w2_weight_scale": swizzle_to_padded(block_scale_interleave, s2),
+    }
+
+
+def trtllm_bf16(t: Tensors, gated: bool) -> dict:
+    """BF16 -> FlashInfer TRT-LLM-gen MoE (vLLM convert_moe_weights_to_flashinfer_trtllm_block_layout):
+    per expert, on the uint8 view, w13 rows gathered with the gated-reorder + shuffle indices
+    (shifted by half the rows when gated: the [w1; w3] -> [w3; w1] swap folded in), w2 rows
+    shuffled; then FlashInfer's block layout with 128-byte K blocks, viewed back as bf16."""
+    from flashinfer.fused_moe.core import (_maybe_get_cached_w3_w1_permute_indices, convert_to_block_layout,
+                                           get_w2_permute_indices_with_cache)
+
+    cache: dict = {}
+    tile, block_k = 128, 128
+
+    def w13_one(x):
+        idx = _maybe_get_cached_w3_w1_permute_indices(cache, x, tile, is_gated_act_gemm=gated)
+        if gated:
+            idx = (idx + x.shape[0] // 2) % x.shape[0]
+        return convert_to_block_layout(_gather_rows(x, idx), block_k)
+
+    def w2_one(x):
+        return convert_to_block_layout(_gather_rows(x, get_w2_permute_indices_with_cache(cache, x, tile)), block_k)
+
+    def run(w, fn):
+        e, rows, k = w.shape
+        return _per_expert(w.contiguous().view(torch.uint8), fn).view(torch.bfloat16).reshape(e, k // 64, rows, 64)
+
+    return {"w13_weight": run(t["w13_weight"], w13_one), "w2_weight": run(t["w2_weight"], w2_one)}
+
+
+def trtllm_fp8_block_scale(t: Tensors) -> dict:
+    """DeepSeek FP8 (128x128 block scales) -> FlashInfer TRT-LLM-gen MoE (vLLM prepare_fp8_moe_layer_for_fi,
+    _shuffle_deepseek_fp8_moe_weights): w13 weight and block scales swapped to [w3; w1]; weights
+    row-shuffled with epilogue tile 64 and put in the 128-wide block-major K layout; scales kept."""
+    from flashinfer.fused_moe.core import convert_to_block_layout, get_w2_permute_indices_with_cache
+
+    cache: dict = {}
+    tile, block_k = 64, 128
+
+    def one(x):
+        return convert_to_block_layout(_gather_rows(x, get_w2_permute_indices_with_cache(cache, x, tile)), block_k)
+
+    def run(w):
+        return _per_expert(w.contiguous().view(torch.uint8), one).view(torch.float8_e4m3fn)
+
+    return {
+        "w13_weight": run(swap_w13(t["w13_weight"])),
+        "w13_weight_scale": swap_w13(t["w13_weight_scale"]).contiguous(),
+        "w2_weight": run(t["w2_weight"]),
+        "w2_weight_scale": t["w2_weight_scale"].clone(),
+    }

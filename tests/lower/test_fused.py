@@ -29,8 +29,10 @@ CASES = [
     ("flashinfer_cutlass_mxfp8", {}, {"E": 2, "I": 128, "H": 256}),
     ("flashinfer_cutedsl_nvfp4", {"activation": "silu"}, {"E": 2, "I": 64, "H": 80}),
     ("flashinfer_cutedsl_nvfp4", {"activation": "relu2"}, {"E": 3, "I": 64, "H": 48}),
+    ("flashinfer_trtllm_mxfp4", {}, {"E": 2, "I": 128, "H": 128}),
+    ("flashinfer_cutlass_mxfp4_padded", {"checkpoint": "gpt_oss"}, {"E": 2, "I": 96, "H": 160}),
 ]
-IDS = [f"{n}-{p.get('activation', '')}" for n, p, _ in CASES]
+IDS = [f"{n}-{'-'.join(map(str, p.values()))}" for n, p, _ in CASES]
 
 
 def assert_all_same(out, ref):
@@ -52,6 +54,30 @@ def test_compiled_lowering_equals_eager(name, params, dims):
     spec = layoutc.compile_file(SPECS / f"{name}.lyt", params)
     x = synthetic_inputs(spec, dims, seed=4)
     assert_all_same(spec.convert(x, lowering="compiled"), spec.convert(x, lowering="eager"))
+
+
+@pytest.mark.parametrize("lowering", ["fused", "gather", "compiled"])
+def test_tensors_taking_the_same_statements_get_their_own_kernels(lowering):
+    # Regression: generated kernels were keyed by statements only, so a bias taking every
+    # statement of its weight ran through the weight's kernel (wrong shape, reads out of range).
+    text = (
+        "dims E, N, K\n"
+        "input w : u8[E, N, K]\ninput b? : f32[E, N] bias of w\n"
+        "swap_pairs([w, b], dim=1)\nshuffle_rows([w, b], dim=1, epilogue_tile=128)\n"
+        "output w : u8[E, N, K] packing trtllm\noutput b? : f32[E, N] packing trtllm\n"
+    )
+    spec = layoutc.compile_source(text, "shared.lyt")
+    x = synthetic_inputs(spec, {"E": 2, "N": 64, "K": 8}, seed=1)
+    assert_all_same(spec.convert(x, lowering=lowering), spec.convert(x, lowering="eager"))
+
+
+@pytest.mark.parametrize("lowering", ["gather", "compiled"])
+def test_padding_in_a_bit_packed_map_reads_nothing_past_the_input(lowering):
+    # Regression: the torch gather of the SM90 word form computed addresses of padding rows
+    # before masking them, which ran past the end of the input (IndexError).
+    spec = layoutc.compile_file(SPECS / "flashinfer_cutlass_mxfp4_padded.lyt")
+    x = synthetic_inputs(spec, {"E": 1, "I": 96, "H": 96}, seed=2)
+    assert_all_same(spec.convert(x, lowering=lowering), spec.convert(x, lowering="eager"))
 
 
 def test_fused_kernels_match_the_real_flashinfer_kernels():
