@@ -42,6 +42,6 @@ if __name__ == "__main__":
     forward(params, MoEBackend.FLASHINFER_CUTLASS_MXFP4_BF16)
     print("converted and guarded:", {k: tuple(v.shape) for k, v in params.items()})
     try:
-        DEFAULT.check(["flashinfer_trtllm_mxfp4"])  # a backend with no spec yet
+        DEFAULT.check(["marlin_mxfp4"])  # a backend with no spec
     except RegistryError as err:
         print("start-up check:", err)

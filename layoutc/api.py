@@ -81,6 +81,16 @@ class CompiledSpec:
         except self.module.LayoutError as err:
             raise LayoutError(str(err)) from None
 
+    def dims_of(self, tensors: Mapping[str, torch.Tensor | None]) -> dict[str, int]:
+        """The dims (E, I, H, ...) that converting these checkpoint tensors binds. Padded layouts
+        need them to invert: their outputs hold only the rounded-up sizes."""
+        m = self.module
+        present = {k: v for k, v in tensors.items() if v is not None}
+        try:
+            return m._bind_dims(present, m._INPUT_AXES, None, m.DIMS, "convert")[0]
+        except m.LayoutError as err:
+            raise LayoutError(str(err)) from None
+
     def inverse(self, tensors: Mapping[str, torch.Tensor], dims: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
         """Kernel layout -> checkpoint tensors (where the spec is invertible)."""
         try:

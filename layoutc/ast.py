@@ -37,6 +37,7 @@ class ExprValue:
     text: str
     pos: Pos
     divisions: tuple[tuple[Expr, Expr], ...] = ()  # (numerator, denominator) of each '/'
+    multiples: tuple[tuple[Expr, Pos], ...] = ()  # round_up/ceil_div second arguments that are names (parameters)
 
 
 @attrs.frozen
@@ -103,11 +104,13 @@ class Param:
 
 @attrs.frozen
 class ScaleTie:
-    """``scales W block 32``: this tensor holds one scale per 32 elements of W along K, W's rows."""
+    """``scales W block 32``: this tensor holds one scale per 32 elements of W along K, W's rows.
+    ``scales W block 128x128``: one scale per 128 rows x 128 K elements of W (FP8 block scales)."""
 
     weight: Name
     block: int
     pos: Pos
+    row_block: int = 1
 
 
 @attrs.frozen
@@ -143,6 +146,7 @@ class Packing:
     family: Name
     pos: Pos
     more: tuple[Name, ...] = ()  # ``packing trtllm + sf_128x4``: every family the tensor carries
+    args: tuple[tuple[str, Name, int], ...] = ()  # ``trtllm(epilogue_tile=64)``: (family, key, value)
 
     @property
     def families(self) -> tuple[Name, ...]:

@@ -51,6 +51,7 @@ class Constraint:
     context: str  # "interleave(w13_weight_scale, sm90_mixed) at x.lyt:25"
     pos: Pos | None
     status: str  # "proven" | "runtime" | "impossible"
+    why: str = ""  # the reason, where it is not the op's own arithmetic
 
     def message(self) -> str:
         value = ex.to_str(self.value, slash=True)
@@ -58,7 +59,7 @@ class Constraint:
             need = f"{self.what} % {self.multiple} == 0, where {self.what} = {value}"
         else:
             need = f"{value} % {self.multiple} == 0"
-        return f"{self.tensor}: {self.context} needs {need}"
+        return f"{self.tensor}: {self.context} needs {need}" + (f" ({self.why})" if self.why else "")
 
 
 @attrs.frozen
@@ -141,6 +142,15 @@ def _where(program: Program, pos: Pos | None) -> str:
 # ---------------------------------------------------------------------------
 
 
+
+def _block_rows_reason(spec: TensorSpec, op, t: TensorType) -> str:
+    """Why a row transform of 2-D block scales has a size rule: its rows stand for blocks of weight rows."""
+    tie = spec.tie
+    if tie is None or tie.row_block <= 1 or getattr(op, "dim", None) not in (t.rank - 2, -2):
+        return ""
+    return (f"each row of {spec.name} scales {tie.row_block} rows of {tie.weight}, so {op.name} keeps the "
+            f"scale blocks whole only when this holds")
+
 class _Builder:
     def __init__(self, program: Program):
         self.program = program
@@ -156,9 +166,10 @@ class _Builder:
                 return
         self.diags.append(Diagnostic("error", message, pos, hint, tuple(tensors), tuple(related)))
 
-    def constraint(self, tensor: str, value: ex.Expr, multiple: int, what: str, context: str, pos) -> Constraint:
+    def constraint(self, tensor: str, value: ex.Expr, multiple: int, what: str, context: str, pos,
+                   why: str = "") -> Constraint:
         status = classify(value, multiple, self.assumptions)
-        c = Constraint(tensor, value, multiple, what, context, pos, status)
+        c = Constraint(tensor, value, multiple, what, context, pos, status, why)
         if status == "impossible":
             self.error(f"{c.message()}, which can never hold ({ex.to_str(value)} is fixed)", pos, tensors=[tensor])
         return c
@@ -196,8 +207,9 @@ class _Builder:
                 self.error(f"{spec.name}: {err.message}", st.pos, err.hint, tensors=[spec.name])
                 return None
             context = f"{st.text} at {_where(self.program, st.pos)}"
+            why = _block_rows_reason(spec, op, t)
             for r in inferred.requires:
-                constraints.append(self.constraint(spec.name, r.value, r.multiple, r.what, context, st.pos))
+                constraints.append(self.constraint(spec.name, r.value, r.multiple, r.what, context, st.pos, why))
             if not op.is_identity:
                 steps.append(Step(op, st, t, inferred.type))
             t = inferred.type
@@ -237,6 +249,20 @@ class _Builder:
             if fam not in applied:
                 self.error(f"{spec.name}: the output declares packing {fam} but no {fam} packing is applied",
                            out.pos, tensors=[spec.name], related=related)
+        for fam, key, value, pos in out.packing_args:
+            carriers = [s for s in chain.steps if s.op.category is Category.PACKING and s.op.family == fam
+                        and key in {f.name for f in attrs.fields(type(s.op))}]
+            if not carriers:
+                self.error(f"{spec.name}: the output declares {fam}({key}={value}), but no {fam} packing applied "
+                           f"here has a {key}", pos, tensors=[spec.name], related=related)
+            for s in carriers:
+                if getattr(s.op, key) != value:
+                    self.error(
+                        f"{spec.name}: the kernel reads the {fam} packing with {key}={value}, but "
+                        f"{s.statement.text if s.statement else s.op} uses {key}={getattr(s.op, key)}",
+                        s.statement.pos if s.statement else out.pos, f"use {key}={value}", tensors=[spec.name],
+                        related=[("the output declares it here", pos)],
+                    )
         for fam in applied:
             if fam not in out.packings:
                 declared = "packing " + " + ".join(out.packings) if out.packings else "no packing"

@@ -28,6 +28,7 @@ class Tie:
     weight: str
     block: int | None  # K elements per scale (scales only)
     pos: ast.Pos
+    row_block: int = 1  # weight rows per scale row (128 for 128x128 FP8 block scales)
 
 
 @attrs.frozen
@@ -59,6 +60,7 @@ class TensorSpec:
     packing: str | None
     pos: ast.Pos
     divisions: tuple[tuple[ex.Expr, ex.Expr, ast.Pos], ...] = ()
+    packing_args: tuple[tuple[str, str, int, ast.Pos], ...] = ()  # trtllm(epilogue_tile=64): the kernel's parameters
 
     @property
     def role(self) -> str:
@@ -351,21 +353,29 @@ class _Resolver:
         """Integer parameters are constants inside expressions (``2*I/tp_size``, ``rank=tp_rank``)."""
         ints = {k: v for k, v in self.params.items() if type(v) is int}
         names = ex.free_vars(value.expr) & set(ints)
-        if not names:
-            return value
         for n in names:
             if n in self.dims:
                 self.error(f"{n!r} is both a dim and a parameter", value.pos)
         sub = {n: ints[n] for n in names}
+        for m, pos in value.multiples:
+            m = ex.substitute(m, {n: ints[n] for n in ex.free_vars(m) & set(ints)})
+            if not isinstance(m, ex.Const) or m.value <= 0:
+                shown = ex.to_str(m)
+                self.error(f"round_up()/ceil_div(): the second argument must be a positive integer (a number or an "
+                           f"integer parameter), got {shown}", pos)
+                return attrs.evolve(value, expr=ex.Const(1), divisions=(), multiples=())
+        if not names:
+            return value
         try:
             return attrs.evolve(
                 value, expr=ex.substitute(value.expr, sub),
                 divisions=tuple((ex.substitute(a, sub), ex.substitute(b, sub)) for a, b in value.divisions),
+                multiples=(),
             )
         except (ValueError, ZeroDivisionError) as err:
             shown = ", ".join(f"{n} = {v}" for n, v in sorted(sub.items()))
             self.error(f"{value.text} is not a valid size with {shown}: {err}", value.pos)
-            return attrs.evolve(value, expr=ex.substitute(value.expr, {n: 1 for n in names}), divisions=())
+            return attrs.evolve(value, expr=ex.substitute(value.expr, {n: 1 for n in names}), divisions=(), multiples=())
 
     def arg(self, value: ast.Value) -> ArgValue:
         if isinstance(value, ast.ExprValue):
@@ -405,7 +415,7 @@ class _Resolver:
                 self.error(f"{name} is tied to {target!r}, which is not a declared input (declare it first)",
                            d.tie.weight.pos, suggest(target, list(self.inputs)), tensors=[name])
             if isinstance(d.tie, ast.ScaleTie):
-                tie = Tie("scales", target, d.tie.block, d.tie.pos)
+                tie = Tie("scales", target, d.tie.block, d.tie.pos, d.tie.row_block)
             else:
                 tie = Tie("bias", target, None, d.tie.pos)
         rows = None
@@ -426,11 +436,15 @@ class _Resolver:
             if "none" in families and len(families) > 1:
                 self.error("'packing none' cannot be combined with other families", d.packing.pos)
             packing = None if families == ["none"] else "+".join(families)
+            for fam, key, value in d.packing.args:
+                if fam == "none":
+                    self.error("'packing none' takes no parameters", key.pos)
+        packing_args = tuple((fam, key.text, value, key.pos) for fam, key, value in d.packing.args) if d.packing else ()
         divisions = tuple((num, den, v.pos) for v in shape for num, den in v.divisions)
         table[name] = TensorSpec(
             name, d.direction, elem, tuple(v.expr for v in shape),
             tuple(v.text if v is w else ex.to_str(v.expr, slash=True) for v, w in zip(shape, d.shape)),
-            d.optional, tie, rows, packing, d.pos, divisions,
+            d.optional, tie, rows, packing, d.pos, divisions, packing_args,
         )
 
     def statement(self, t: ast.Transform, guards: tuple[Guard, ...]) -> None:

@@ -68,11 +68,12 @@ class _ToAst(Transformer):
             if not isinstance(side, ast.ExprValue):
                 raise _Fail(f"{side.text} is not a number or size expression", side.pos)
         divisions = a.divisions + b.divisions
+        multiples = a.multiples + b.multiples
         if extra_division:
             if isinstance(b.expr, ex.Const) and b.expr.value <= 0:
                 raise _Fail(f"division by {b.expr.value}", b.pos)
             divisions += ((a.expr, b.expr),)
-        return ast.ExprValue(fn(a.expr, b.expr), self._text(meta), _pos(meta), divisions)
+        return ast.ExprValue(fn(a.expr, b.expr), self._text(meta), _pos(meta), divisions, multiples)
 
     def add(self, meta, children):
         return self._binary(meta, children, ex.add)
@@ -88,7 +89,7 @@ class _ToAst(Transformer):
 
     def neg(self, meta, children):
         (a,) = children
-        return ast.ExprValue(ex.mul(-1, a.expr), self._text(meta), _pos(meta), a.divisions)
+        return ast.ExprValue(ex.mul(-1, a.expr), self._text(meta), _pos(meta), a.divisions, a.multiples)
 
     def call(self, meta, children):
         fn_tok, *args = children
@@ -101,10 +102,13 @@ class _ToAst(Transformer):
             )
         if len(args) != 2:
             raise _Fail(f"{fn_tok}() takes 2 arguments, got {len(args)}", _pos(meta))
-        if not isinstance(args[1].expr, ex.Const) or args[1].expr.value <= 0:
+        if isinstance(args[1].expr, ex.Const) and args[1].expr.value <= 0:  # a name: a parameter or dim (> 0)
             raise _Fail(f"{fn_tok}(): the second argument must be a positive integer", args[1].pos)
         divisions = tuple(d for a in args for d in a.divisions)
-        return ast.ExprValue(fn(args[0].expr, args[1].expr), self._text(meta), _pos(meta), divisions)
+        multiples = tuple(m for a in args for m in a.multiples)
+        if not isinstance(args[1].expr, ex.Const):  # must be an integer parameter: checked once they are known
+            multiples += ((args[1].expr, args[1].pos),)
+        return ast.ExprValue(fn(args[0].expr, args[1].expr), self._text(meta), _pos(meta), divisions, multiples)
 
     # -- other values --
     def string(self, meta, children):
@@ -149,9 +153,11 @@ class _ToAst(Transformer):
 
     def scales_attr(self, meta, children):
         weight, block = children
-        if int(block) <= 0:
-            raise _Fail("a scale block must be a positive number of elements", _pos(block))
-        return ast.ScaleTie(self._name(weight), int(block), _pos(meta))
+        rows, _, k = str(block).rpartition("x")
+        row_block, block_k = int(rows or 1), int(k)
+        if row_block <= 0 or block_k <= 0:
+            raise _Fail("a scale block must be a positive number of elements (32, or rows x K: 128x128)", _pos(block))
+        return ast.ScaleTie(self._name(weight), block_k, _pos(meta), row_block)
 
     def bias_attr(self, meta, children):
         return ast.BiasTie(self._name(children[0]), _pos(meta))
@@ -168,9 +174,20 @@ class _ToAst(Transformer):
             raise _Fail("an interleave group is at least 1 row", _pos(group))
         return ast.InterleavedRows((self._name(a), self._name(b)), int(group) if group is not None else 1, _pos(meta))
 
+    def family_arg(self, meta, children):
+        key, value = children
+        return self._name(key), int(value)
+
+    def family_args(self, meta, children):
+        return tuple(children)
+
+    def packing_family(self, meta, children):
+        return self._name(children[0]), (children[1] if len(children) > 1 else ())
+
     def packing_attr(self, meta, children):
-        first, *more = (self._name(c) for c in children)
-        return ast.Packing(first, _pos(meta), tuple(more))
+        (first, first_args), *rest = children
+        args = tuple((fam.text, key, value) for fam, fam_args in children for key, value in fam_args)
+        return ast.Packing(first, _pos(meta), tuple(fam for fam, _ in rest), args)
 
     def _decl(self, direction, meta, children):
         name, optional, elem, *rest = children

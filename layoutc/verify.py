@@ -330,7 +330,12 @@ class _Verifier:
                 continue
             w = inputs[t.tie.weight]
             wr, tr = w.shape[_row_axis(w, len(w.shape))], t.shape[_row_axis(t, len(t.shape))]
-            if not _agree(wr, tr, samples):
+            rb = t.tie.row_block
+            if rb > 1 and not _agree(ex.mul(tr, rb), wr, samples):
+                self.error(f"{t.name} has {ex.to_str(tr)} rows of {rb}-row scale blocks, but its weight {w.name} "
+                           f"has {ex.to_str(wr)} rows, which is {ex.to_str(ex.div(wr, rb))} blocks",
+                           t.tie.pos, [t.name, w.name])
+            elif rb == 1 and not _agree(wr, tr, samples):
                 self.error(f"{t.name} has {ex.to_str(tr)} rows but its weight {w.name} has {ex.to_str(wr)}; "
                            f"{'scales' if t.role == 'scale' else 'a bias'} must share the weight's rows",
                            t.pos, [t.name, w.name])
@@ -344,6 +349,16 @@ class _Verifier:
                     )
 
     def check_order(self, chain: Chain) -> None:
+        ra = _row_axis(chain.source, len(chain.source.shape))
+        for s in chain.steps:
+            if s.op.category is Category.SHAPE:
+                break  # axes renumbered from here on
+            if s.op.name in ROW_PACKINGS and s.op.dim != ra:
+                self.error(
+                    f"{chain.tensor}: {s.statement.text} shuffles axis {s.op.dim}, but the kernel's epilogue shuffle "
+                    f"moves rows (axis {ra} of {chain.tensor})",
+                    s.statement.pos if s.statement else None, [chain.tensor], f"use dim={ra}",
+                )
         seen_physical: Step | None = None
         for s in chain.steps:
             if s.op.category in (Category.PACKING, Category.SHAPE):
@@ -391,6 +406,8 @@ class _Verifier:
                 continue
             for c in group:
                 has = fam in _families(c)
+                if fam == "trtllm" and _row_blocked(c) and not has:
+                    continue  # row shuffles stay inside a block-scale row (check_sync proves it)
                 if c.source.role in roles and not has:
                     first = carriers[0]
                     step = next(s for s in first.steps if s.op.family == fam)
@@ -420,8 +437,11 @@ class _Verifier:
                     cmap = self.axis(c, dims, with_packing)
                     if not self.followable(c, cmap):
                         return
-                    if wmap.rows != cmap.rows:
-                        self.report_row_desync(weight, c, wmap, cmap, with_packing, dims)
+                    rows = _row_blocks(wmap.rows, c.source.tie.row_block) if _row_blocked(c) else wmap.rows
+                    if rows is None:
+                        self.report_split_blocks(weight, c, wmap, dims)
+                    elif rows != cmap.rows:
+                        self.report_row_desync(weight, c, attrs.evolve(wmap, rows=rows), cmap, with_packing, dims)
                     elif c.source.role == "scale" and wmap.cols is not None and cmap.cols is not None:
                         block = c.source.tie.block
                         expected = _blocks(wmap.cols, block)
@@ -447,8 +467,11 @@ class _Verifier:
     def report_row_desync(self, w: Chain, c: Chain, wmap: AxisMap, cmap: AxisMap, packing: bool, dims) -> None:
         layout = self.declared_rows(w.source, "input")
         what = "rows (after the epilogue row shuffles)" if packing else "rows"
-        if layout is not None and len(wmap.rows) == len(cmap.rows):
-            labels = row_labels(layout, _n_rows(w.source, dims))
+        n_w, n_c = _n_rows(w.source, dims), _n_rows(c.source, dims)
+        labelled = (layout is not None and len(wmap.rows) == len(cmap.rows) and not _row_blocked(c) and n_w == n_c
+                    and max(wmap.rows + cmap.rows, default=-1) < n_w)  # a mistyped tie can make them differ
+        if labelled:
+            labels = row_labels(layout, n_w)
             shards = layout.shards
             wl = [labels[r] if r >= 0 else None for r in wmap.rows]
             cl = [labels[r] if r >= 0 else None for r in cmap.rows]
@@ -471,6 +494,21 @@ class _Verifier:
         related = [(f"{s.op.name} on {c.tensor} only" if s in only_c else f"{s.op.name} on {w.tensor} only", s.statement.pos)
                    for s in (only_w + only_c)[1:4] if s.statement]
         self.error(f"{detail}: a {c.source.role} must follow its weight's rows", pos, [w.tensor, c.tensor], hint, related)
+
+    def report_split_blocks(self, w: Chain, c: Chain, wmap: AxisMap, dims) -> None:
+        rb = c.source.tie.row_block
+        bad = next(j for j in range(len(wmap.rows) // rb)
+                   if len({r // rb for r in wmap.rows[j * rb:(j + 1) * rb] if r >= 0}) > 1)
+        sources = sorted({r // rb for r in wmap.rows[bad * rb:(bad + 1) * rb] if r >= 0})
+        steps = [s for s in w.steps if s.op.category is not Category.VALUE and s.statement]
+        at = ", ".join(f"{k}={v}" for k, v in dims.items())
+        self.error(
+            f"{w.tensor}: each row of {c.tensor} scales {rb} rows of {w.tensor}, but the transforms split those "
+            f"blocks: output rows {bad * rb}..{bad * rb + rb - 1} come from source blocks {sources} (with {at}); "
+            f"no row of block scales can follow that",
+            steps[0].statement.pos if steps else w.source.pos, [w.tensor, c.tensor],
+            f"row transforms on {w.tensor} must keep {rb}-row blocks whole (e.g. halves of a multiple of {rb} rows)",
+        )
 
     def report_col_desync(self, w: Chain, c: Chain, dims) -> None:
         k_steps = [s for s in w.steps + c.steps if s.op.category is Category.LOGICAL
@@ -571,6 +609,24 @@ def _rebased(labels: list[tuple[str, int] | None]) -> list[tuple[str, int] | Non
         if lab is not None:
             first[lab[0]] = min(first.get(lab[0], lab[1]), lab[1])
     return [None if lab is None else (lab[0], lab[1] - first[lab[0]]) for lab in labels]
+
+
+def _row_blocked(c: Chain) -> bool:
+    return c.source.tie is not None and c.source.tie.row_block > 1
+
+
+def _row_blocks(rows: tuple[int, ...], block: int) -> tuple[int, ...] | None:
+    """Weight rows -> scale rows for block scales covering ``block`` rows each: every block of
+    output rows must come from one source block (in any order: one scale covers them all)."""
+    if len(rows) % block:
+        return None
+    out = []
+    for j in range(len(rows) // block):
+        src = {r // block for r in rows[j * block:(j + 1) * block] if r >= 0}
+        if len(src) > 1:
+            return None
+        out.append(src.pop() if src else -1)
+    return tuple(out)
 
 
 def _n_rows(spec: TensorSpec, dims) -> int:

@@ -257,6 +257,8 @@ def test_guard_variants_are_compiled_for_every_presence_set(compile_text):
         ("dims E\ninput w : f32[E]\ninput w : f32[E]\noutput w : f32[E]\n", 3, 7, "input 'w' is declared twice"),
         ("dims E\ninput s : u8[E] scales w block 32\noutput s : u8[E]\n", 2, 24, "tied to 'w', which is not a declared input"),
         ("dims E\ninput w : f32[E]\noutput w : f32[E] packing sf128x4\n", 3, 27, "unknown packing family 'sf128x4'"),
+        ("dims E\ninput w : f32[E, round_up(E, E)]\n", 2, 30, "second argument must be a positive integer"),
+        ("dims E\nparam m = 0\ninput w : f32[E, round_up(E, m)]\n", 3, 30, "positive integer (a number or an integer parameter), got 0"),
         ("dims E\ninput w : f32[E]\ninput b : f32[E] bias of w\noutput w : f32[E]\noutput b : f32[E] bias of w\n",
          5, 19, "ties are declared on inputs"),
         ("dims E, I\ninput w : f32[E, I]\nswap_halves(w, dim=1, 0)\noutput w : f32[E, I]\n", 3, 23,
@@ -285,3 +287,41 @@ def test_a_dim_that_cannot_be_inferred():
         layoutc.compile_source("dims E, I\ninput w : f32[E, I*I]\noutput w : f32[E, I*I]\n", "r.lyt")
     (d,) = info.value.errors
     assert "dim I cannot be inferred" in d.message
+
+
+SHUFFLED = "dims E, N\ninput w : u8[E, N, 4]\nshuffle_rows(w, dim=1, epilogue_tile=128)\n"
+
+
+def test_packing_parameters_are_the_kernels_contract():
+    ok = layoutc.compile_source(SHUFFLED + "output w : u8[E, N, 4] packing trtllm(epilogue_tile=128)\n", "p.lyt")
+    out = ok.program.output("w")
+    assert out.packings == ("trtllm",) and [a[:3] for a in out.packing_args] == [("trtllm", "epilogue_tile", 128)]
+    with pytest.raises(layoutc.SpecError) as info:
+        layoutc.compile_source(SHUFFLED + "output w : u8[E, N, 4] packing trtllm(epilogue_tile=64)\n", "p.lyt")
+    (d,) = info.value.errors
+    assert "the kernel reads the trtllm packing with epilogue_tile=64, but shuffle_rows(w, dim=1, epilogue_tile=128)" \
+        in d.message and d.pos.line == 3 and d.hint == "use epilogue_tile=64"
+    with pytest.raises(layoutc.SpecError, match="no trtllm packing applied here has a tile"):
+        layoutc.compile_source(SHUFFLED + "output w : u8[E, N, 4] packing trtllm(tile=64)\n", "p.lyt")
+
+
+def test_several_packing_families_on_one_output():
+    text = ("dims E, N, K\ninput w : u8[E, N, K]\ninput s : u8[E, N, K/32] scales w block 32\n"
+            "shuffle_rows([w, s], dim=1, epilogue_tile=128)\ninterleave(s, sf_128x4)\n"
+            "output w : u8[E, N, K] packing trtllm\n")
+    p = layoutc.compile_source(text + "output s : u8[E, round_up(N, 128), round_up(K/32, 4)] packing trtllm + sf_128x4\n",
+                               "p.lyt").program
+    assert p.output("s").packings == ("trtllm", "sf_128x4")
+    with pytest.raises(layoutc.SpecError, match="declare it: output s : ... packing trtllm \\+ sf_128x4"):
+        layoutc.compile_source(text + "output s : u8[E, round_up(N, 128), round_up(K/32, 4)] packing trtllm\n", "p.lyt")
+    with pytest.raises(layoutc.SpecError, match="packing trtllm is listed twice"):
+        layoutc.compile_source(text + "output s : u8[E, N, K/32] packing trtllm + trtllm\n", "p.lyt")
+
+
+def test_block_scale_ties():
+    text = ("dims E, N, K\ninput w : e4m3[E, N, K]\ninput s : f32[E, N/128, K/128] scales w block 128x128\n"
+            "output w : e4m3[E, N, K]\noutput s : f32[E, N/128, K/128]\n")
+    tie = layoutc.compile_source(text, "b.lyt").program.input("s").tie
+    assert (tie.row_block, tie.block) == (128, 128)
+    with pytest.raises(layoutc.SpecError, match="s has N/64 rows of 128-row scale blocks, but its weight w has N rows"):
+        layoutc.compile_source(text.replace("N/128", "N/64"), "b.lyt")

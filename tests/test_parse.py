@@ -229,7 +229,6 @@ def test_empty_and_comment_only_sources_parse():
         ("dims E\ninput w : f32[E, H/0]\n", 2, 20, "division by 0"),
         ("dims E\ninput w : f32[E, roundup(E, 4)]\n", 2, 18, "unknown function 'roundup'"),
         ("dims E\ninput w : f32[E, ceil_div(E)]\n", 2, 18, "takes 2 arguments"),
-        ("dims E\ninput w : f32[E, round_up(E, E)]\n", 2, 30, "positive integer"),
         ("dims E\nassume E % 0 == 0\n", 2, 12, "positive multiple"),
         ("dims E\ninput w : f32[E]\ninput s : u8[E] scales w block 0\n", 3, 32, "positive number"),
         ("dims E\ninput s : u8[E] scales w block 32 bias of w\n", 2, 35, "already has a tie"),

@@ -204,4 +204,66 @@ class Shard(Op):
         return torch_impl.shard, (self.dim, self.rank, self.ranks, self.parts)
 
 
-OPS = (Pad, Crop, Reshape, Transpose, Shard)
+@attrs.frozen
+class BlockMajorK(Op):
+    """TRT-LLM's block-major K layout (FlashInfer ``convert_to_block_layout``): K split into blocks
+    of ``block`` elements, the block index outermost::
+
+        [.., R, K] -> [.., K/block, R, block]     out[.., kb, r, j] = in[.., r, kb*block + j]
+    """
+
+    block: int = attrs.field(default=128, kw_only=True, metadata={"kind": "int", "min": 1})
+
+    name: ClassVar[str] = "block_major_k"
+    category: ClassVar[Category] = Category.SHAPE
+    summary: ClassVar[str] = "[.., R, K] -> [.., K/block, R, block] (convert_to_block_layout)"
+
+    def infer(self, t: TensorType) -> Inferred:
+        if t.rank < 2:
+            raise OpTypeError(f"block_major_k needs rows and K (rank >= 2), got {t}")
+        *lead, r, k = t.shape
+        shape = (*lead, ex.div(k, self.block), r, ex.Const(self.block))
+        return Inferred(attrs.evolve(t, shape=shape), (Requirement(k, self.block, "K"),))
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        n = t.rank
+        o = out_vars(n + 1)
+        src = (*o[: n - 2], o[n - 1], o[n - 2] * self.block + o[n])
+        return IndexMap(t.shape, self.infer(t).type.shape, src)
+
+    def impl(self):
+        return torch_impl.block_major_k, (self.block,)
+
+    def inverse(self, t):
+        return UnblockMajorK()
+
+
+@attrs.frozen
+class UnblockMajorK(Op):
+    """Inverse of block_major_k: ``[.., K/b, R, b] -> [.., R, K]``."""
+
+    name: ClassVar[str] = "unblock_major_k"
+    category: ClassVar[Category] = Category.SHAPE
+    summary: ClassVar[str] = "[.., K/b, R, b] -> [.., R, K] (inverse of block_major_k)"
+
+    def infer(self, t: TensorType) -> Inferred:
+        if t.rank < 3 or not isinstance(t.shape[-1], ex.Const):
+            raise OpTypeError(f"unblock_major_k needs [.., K/b, R, b] with a constant block b, got {t}")
+        *lead, kb, r, b = t.shape
+        return Inferred(attrs.evolve(t, shape=(*lead, r, kb * b)))
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        n = t.rank  # output rank n - 1
+        b = t.shape[-1]
+        o = out_vars(n - 1)
+        src = (*o[: n - 3], ex.floordiv(o[n - 2], b), o[n - 3], ex.mod(o[n - 2], b))
+        return IndexMap(t.shape, self.infer(t).type.shape, src)
+
+    def impl(self):
+        return torch_impl.unblock_major_k, ()
+
+    def inverse(self, t):
+        return BlockMajorK(block=int(ex.evaluate(t.shape[-1], {})))
+
+
+OPS = (Pad, Crop, Reshape, Transpose, Shard, BlockMajorK, UnblockMajorK)

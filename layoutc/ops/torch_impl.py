@@ -88,6 +88,15 @@ def shard(x, dim, rank, ranks, parts):
     return x.unflatten(dim, (parts, part)).narrow(dim + 1, rank * size, size).flatten(dim, dim + 1)
 
 
+def block_major_k(x, block):
+    # [.., R, K] -> [.., K/block, R, block] (FlashInfer convert_to_block_layout, per leading index)
+    return x.unflatten(-1, (x.shape[-1] // block, block)).transpose(-3, -2)
+
+
+def unblock_major_k(x):
+    return x.transpose(-3, -2).flatten(-2)
+
+
 def swizzle_128x4(x):
     # FlashInfer block_scale_interleave per leading index: pad rows to 128 and
     # columns to 4 with zeros, then (R/128, 4, 32, C/4, 4) -> (R/128, C/4, 32, 4, 4).

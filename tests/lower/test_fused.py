@@ -31,6 +31,10 @@ CASES = [
     ("flashinfer_cutedsl_nvfp4", {"activation": "relu2"}, {"E": 3, "I": 64, "H": 48}),
     ("flashinfer_trtllm_mxfp4", {}, {"E": 2, "I": 128, "H": 128}),
     ("flashinfer_cutlass_mxfp4_padded", {"checkpoint": "gpt_oss"}, {"E": 2, "I": 96, "H": 160}),
+    ("flashinfer_trtllm_nvfp4", {"activation": "silu"}, {"E": 2, "I": 64, "H": 128}),
+    ("flashinfer_cutlass_nvfp4", {"activation": "silu"}, {"E": 2, "I": 96, "H": 80}),
+    ("flashinfer_trtllm_fp8_block", {}, {"E": 2, "I": 128, "H": 256}),
+    ("flashinfer_trtllm_bf16", {"activation": "silu"}, {"E": 2, "I": 64, "H": 128}),
 ]
 IDS = [f"{n}-{'-'.join(map(str, p.values()))}" for n, p, _ in CASES]
 

@@ -141,6 +141,28 @@ def naive_transpose(op, t, x, dims):
     return naive_gather(x, out_shape, src)
 
 
+def naive_block_major_k(op, t, x, dims):
+    *lead, r, k = x.shape
+    b = op.block
+    out_shape = (*lead, k // b, r, b)
+
+    def src(o):  # out[.., kb, r, j] = in[.., r, kb*b + j]
+        *head, kb, row, j = o
+        return (*head, row, kb * b + j)
+
+    return naive_gather(x, out_shape, src)
+
+
+def naive_unblock_major_k(op, t, x, dims):
+    *lead, kb, r, b = x.shape
+
+    def src(o):
+        *head, row, k = o
+        return (*head, k // b, row, k % b)
+
+    return naive_gather(x, (*lead, r, kb * b), src)
+
+
 def _signed(v, width):
     return v - (1 << width) if v >= 1 << (width - 1) else v
 
@@ -193,6 +215,8 @@ NAIVE = {
         x, op.dim % x.dim(), order_pad(x.shape[op.dim % x.dim()], op.parts, op.multiple), _fill_bits(op.value, x)
     ),
     "crop": naive_crop,
+    "block_major_k": naive_block_major_k,
+    "unblock_major_k": naive_unblock_major_k,
     "shard": lambda op, t, x, dims: along_axis_fill(
         x, op.dim % x.dim(), order_shard(x.shape[op.dim % x.dim()], op.parts, op.rank, op.ranks), 0
     ),
@@ -272,6 +296,11 @@ CASES = [
     (shape.Crop(1, size=Const(3), parts=2), TT("fp4x2", 2, 8, 3), {}),
     (shape.Crop(1, size=I_, parts=2), TT("bf16", E_, 2 * ex.round_up(I_, 4), 2), {"E": 2, "I": 3}),
     (shape.Crop(2, size=Const(2)), TT("u8", 2, 3, 5), {}),
+    (shape.BlockMajorK(block=4), TT("bf16", E_, 2 * I_, 4 * H_), D_EIH),
+    (shape.BlockMajorK(block=2), TT("fp4x2", 3, 6), {}),
+    (shape.BlockMajorK(block=128), TT("e4m3", 1, 5, 256), {}),
+    (shape.UnblockMajorK(), TT("u8", 2, 3, 5, 4), {}),
+    (shape.UnblockMajorK(), TT("f32", E_, 2, I_, 8), {"E": 2, "I": 3}),
     (shape.Shard(1, parts=2, rank=1, ranks=2), TT("fp4x2", E_, 2 * I_, ex.div(H_, 2)), D_EIH),
     (shape.Shard(1, parts=2, rank=2, ranks=3), TT("f32", 2, 12), {}),
     (shape.Shard(2, rank=0, ranks=4), TT("e8m0", 2, 3, 8), {}),
@@ -489,6 +518,13 @@ def op_and_input(draw, name):
             n //= f
         new.append(n)
         op = shape.Reshape(tuple(Const(v) for v in new))
+    elif name in ("block_major_k", "unblock_major_k"):
+        b = draw(st.integers(1, 5))
+        lead = [draw(st.integers(1, 3)) for _ in range(draw(st.integers(0, 2)))]
+        if name == "block_major_k":
+            op, shp = shape.BlockMajorK(block=b), lead + [draw(st.integers(1, 4)), b * draw(st.integers(1, 4))]
+        else:
+            op, shp = shape.UnblockMajorK(), lead + [draw(st.integers(1, 4)), draw(st.integers(1, 4)), b]
     elif name == "transpose":
         rank = draw(st.integers(1, 4))
         shp = [draw(st.integers(1, 4)) for _ in range(rank)]
@@ -504,7 +540,7 @@ def op_and_input(draw, name):
         shp = [draw(st.integers(1, 5)) for _ in range(draw(st.integers(1, 3)))]
     else:  # pragma: no cover
         raise AssertionError(name)
-    if name in ("unswizzle_128x4", "reshape"):
+    if name in ("unswizzle_128x4", "reshape", "unblock_major_k"):
         shp_exprs, dims = tuple(Const(s) for s in shp), {}
     else:
         shp_exprs, dims = _maybe_symbolic(draw, shp, keep=2 if name == "sm90_unfold_scales" else 0)
@@ -653,6 +689,8 @@ def _reqs(op, t):
         (shape.Pad(1, multiple=8), TT("u8", E_, N_, K_), []),
         (shape.Crop(1, size=I_, parts=2), TT("u8", E_, N_, K_), [("N", 2)]),
         (shape.Shard(1, parts=2, rank=1, ranks=4), TT("u8", E_, N_, K_), [("N", 8)]),
+        (shape.BlockMajorK(block=64), TT("bf16", E_, N_, K_), [("K", 64)]),
+        (shape.UnblockMajorK(), TT("bf16", E_, K_, N_, Const(64)), []),
         (shape.Transpose(1, 2), TT("u8", E_, N_, K_), []),
         (value.View(ET["e4m3"]), TT("e8m0", E_, N_), []),
         (value.Cast(ET["bf16"]), TT("f32", E_, N_), []),
@@ -728,6 +766,9 @@ def test_pad_output_shape_is_per_part():
         (shape.Transpose(0, 3), TT("u8", 2, 4, 4)),
         (shape.Pad(1, value=256), TT("u8", 2, 4)),
         (shape.Crop(1), TT("u8", 2, 4)),
+        (shape.BlockMajorK(block=4), TT("u8", 8)),
+        (shape.UnblockMajorK(), TT("u8", 2, 4)),
+        (shape.UnblockMajorK(), TT("u8", 2, 4, K_)),
         (shape.Reshape((Const(3), Const(3))), TT("u8", 2, 4)),
         (shape.Reshape((I_, Const(4))), TT("u8", H_, Const(4))),
     ],

@@ -19,6 +19,10 @@ CORPUS = SPECS.parent / "tests" / "verify" / "corpus"
 @pytest.mark.parametrize("name,params", [
     ("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
     ("flashinfer_cutedsl_nvfp4", {"activation": "silu"}), ("flashinfer_cutedsl_nvfp4", {"activation": "relu2"}),
+    ("flashinfer_trtllm_mxfp4", {}), ("flashinfer_cutlass_mxfp4_padded", {"checkpoint": "gpt_oss"}),
+    ("flashinfer_trtllm_nvfp4", {"activation": "silu"}), ("flashinfer_cutlass_nvfp4", {"activation": "silu"}),
+    ("flashinfer_cutlass_nvfp4", {"activation": "relu2"}), ("flashinfer_trtllm_fp8_block", {}),
+    ("flashinfer_trtllm_bf16", {"activation": "silu"}),
 ])
 def test_shipped_specs_pass_the_probe(name, params):
     assert probe(layoutc.compile_file(SPECS / f"{name}.lyt", params)) == []
