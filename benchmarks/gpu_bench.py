@@ -1,12 +1,13 @@
 """GPU session for the fused lowering: parity with FlashInfer's kernels, a block-size sweep, benchmarks.
 
-    python benchmarks/gpu_bench.py OUT_DIR [parity] [bench] [--quick]
+    python benchmarks/gpu_bench.py OUT_DIR [parity] [bench] [--quick] [--new]
 
 parity  fused (Triton) == eager (torch on CUDA) == the vLLM-style recipe with FlashInfer's real
         CUDA kernels, bit for bit, for every shipped spec at several shapes including the
         gpt-oss-120b layer; and the recorded goldens
 bench   `layoutc bench` for every shipped spec at model shapes; JSON lines to OUT_DIR/bench.jsonl
         and a Markdown table to OUT_DIR/bench.md; guard overhead on CUDA
+--new   the issue-7 backends (TRT-LLM and padded CUTLASS layouts) instead of the seed specs
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from layoutc.demo import synthetic_inputs  # noqa: E402
 SPECS = ROOT / "specs"
 VARIANTS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
             ("flashinfer_cutedsl_nvfp4", {"activation": "silu"}), ("flashinfer_cutedsl_nvfp4", {"activation": "relu2"})]
+NEW_VARIANTS = [("flashinfer_trtllm_mxfp4", {}), ("flashinfer_cutlass_mxfp4_padded", {"checkpoint": "gpt_oss"}),
+                ("flashinfer_trtllm_nvfp4", {"activation": "silu"}), ("flashinfer_cutlass_nvfp4", {"activation": "silu"}),
+                ("flashinfer_trtllm_fp8_block", {}), ("flashinfer_trtllm_bf16", {"activation": "silu"})]
 MODELS = {  # (E, I, H); gpt-oss sizes padded to multiples of 128 as vLLM does for these backends
     "gpt-oss-20b": {"E": 32, "I": 2944, "H": 2944},
     "gpt-oss-120b": {"E": 128, "I": 2944, "H": 2944},
@@ -46,12 +50,12 @@ def same(a: dict, b: dict) -> bool:
                                     and torch.equal(bits(a[k]), bits(b[k])) for k in a)
 
 
-def parity(log) -> int:
+def parity(log, variants=VARIANTS) -> int:
     failures = 0
     kernels, note = reference.kernels_for("cuda")
     shapes = [{"E": 2, "I": 128, "H": 128}, {"E": 3, "I": 384, "H": 256}, {"E": 8, "I": 1024, "H": 512},
               MODELS["gpt-oss-120b"]]
-    for name, params in VARIANTS:
+    for name, params in variants:
         spec = layoutc.compile_file(SPECS / f"{name}.lyt", params)
         for dims in shapes:
             x = synthetic_inputs(spec, dims, 1, "cuda")
@@ -94,10 +98,10 @@ def sweep(log) -> None:
     fused.BLOCK_QUADS, fused.WORDS_WARPS = defaults
 
 
-def benches(out_dir: Path, log, quick: bool, only: str | None = None) -> None:
+def benches(out_dir: Path, log, quick: bool, only: str | None = None, variants=VARIANTS) -> None:
     rows = []
     models = {"gpt-oss-120b": MODELS["gpt-oss-120b"]} if quick else MODELS
-    for name, params in VARIANTS:
+    for name, params in variants:
         if only and name != only:
             continue
         spec = layoutc.compile_file(SPECS / f"{name}.lyt", params)
@@ -143,12 +147,13 @@ def main() -> int:
     log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, layoutc {layoutc.__version__}, "
         f"{time.strftime('%Y-%m-%d %H:%M')}")
     failures = 0
+    variants = NEW_VARIANTS if "--new" in what else VARIANTS
     if "parity" in what:
-        failures += parity(log)
+        failures += parity(log, variants)
     if "sweep" in what:
         sweep(log)
     if "bench" in what:
-        benches(out_dir, log, "--quick" in what)
+        benches(out_dir, log, "--quick" in what, variants=variants)
     if "bench-bf16" in what:
         benches(out_dir, log, False, "flashinfer_cutlass_bf16")
     log(f"FAILURES {failures}")
