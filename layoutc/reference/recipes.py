@@ -114,7 +114,7 @@ def swap_every_two_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 def deinterleave_w13(x: torch.Tensor, dim: int = 1) -> torch.Tensor:
     """gpt-oss [g0, u0, g1, u1..] -> [g; u] (vLLM: cat(x[0::2], x[1::2]))."""
-    idx = torch.arange(x.shape[dim])
+    idx = torch.arange(x.shape[dim], device=x.device)
     return torch.cat([x.index_select(dim, idx[0::2]), x.index_select(dim, idx[1::2])], dim=dim)
 
 
@@ -171,7 +171,7 @@ def _pad_to(x: torch.Tensor, dim: int, multiple: int, halves: bool = False) -> t
         n = p.shape[dim]
         shape = list(p.shape)
         shape[dim] = -(-n // multiple) * multiple
-        z = torch.zeros(shape, dtype=p.dtype)
+        z = torch.zeros(shape, dtype=p.dtype, device=p.device)
         z.narrow(dim, 0, n).copy_(p)
         padded.append(z)
     return torch.cat(padded, dim=dim)
