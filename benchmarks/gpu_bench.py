@@ -27,6 +27,7 @@ import layoutc.guard as guard  # noqa: E402
 from layoutc import reference  # noqa: E402
 from layoutc.bench import bench, report, timeit  # noqa: E402
 from layoutc.demo import synthetic_inputs  # noqa: E402
+from layoutc.dtypes import bit_view  # noqa: E402
 
 SPECS = ROOT / "specs"
 VARIANTS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
@@ -41,13 +42,9 @@ MODELS = {  # (E, I, H); gpt-oss sizes padded to multiples of 128 as vLLM does f
 }
 
 
-def bits(t):
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
 def same(a: dict, b: dict) -> bool:
     return set(a) == set(b) and all(a[k].shape == b[k].shape and a[k].dtype == b[k].dtype
-                                    and torch.equal(bits(a[k]), bits(b[k])) for k in a)
+                                    and torch.equal(bit_view(a[k]), bit_view(b[k])) for k in a)
 
 
 def parity(log, variants=VARIANTS) -> int:

@@ -29,6 +29,7 @@ import torch
 
 from . import __version__
 from .api import CompiledSpec
+from .dtypes import bit_view
 from .lower.runtime import LayoutError
 
 INDEX = "model.safetensors.index.json"
@@ -163,9 +164,12 @@ class _Reader:
 
     def get(self, name: str) -> torch.Tensor:
         shard = self.weight_map[name]
-        if shard not in self.handles:
-            self.handles[shard] = self._open(str(self.in_dir / shard), "pt")
-        return self.handles[shard].get_tensor(name)
+        try:
+            if shard not in self.handles:
+                self.handles[shard] = self._open(str(self.in_dir / shard), "pt")
+            return self.handles[shard].get_tensor(name)
+        except Exception as err:  # safetensors raises its own error types; the message is what matters
+            raise LayoutError(f"{self.in_dir / shard}: cannot read {name} ({err})") from None
 
     def names_in(self, shard: str) -> list[str]:
         return [n for n, s in self.weight_map.items() if s == shard]
@@ -197,10 +201,6 @@ def metadata(spec: CompiledSpec) -> dict[str, str]:
     }
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
 def _verify_sample(spec: CompiledSpec, inputs: Mapping[str, torch.Tensor], out: Mapping[str, torch.Tensor],
                    layer: str) -> None:
     """``convert(inverse(out)) == out`` bit for bit; for a spec without an inverse (a tensor-parallel
@@ -211,7 +211,7 @@ def _verify_sample(spec: CompiledSpec, inputs: Mapping[str, torch.Tensor], out: 
     else:
         again, how = spec.convert(inputs, lowering="eager"), "the eager reference conversion"
     for k, v in out.items():
-        if not torch.equal(_bits(again[k]), _bits(v)):
+        if not torch.equal(bit_view(again[k]), bit_view(v)):
             raise LayoutError(f"verification failed for layer {layer!r}: {k} differs from {how}")
 
 

@@ -352,6 +352,7 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
 
     from .api import compile_file
     from .checkpoint import convert_checkpoint, finish
+    from .lower.runtime import LayoutError
 
     spec = compile_file(spec_path, _parse_defines(defines))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -370,15 +371,25 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
         with click.progressbar(shards, label=f"rank {rank}/{world} converting", file=sys.stderr) as bar:
             yield from bar
 
-    summary = convert_checkpoint(spec, in_dir, out_dir, names, device, rank, world, progress, lowering, not no_verify)
+    failure: Exception | None = None
+    try:
+        summary = convert_checkpoint(spec, in_dir, out_dir, names, device, rank, world, progress, lowering,
+                                     not no_verify)
+    except Exception as err:  # noqa: BLE001 -- re-raised below, after the other ranks have heard of it
+        failure = err
     if dist is not None:
-        dist.barrier()
+        # Instead of a barrier: a rank that failed must not leave the others waiting for it.
+        failed = torch.tensor([int(failure is not None)], device=device if device.startswith("cuda") else "cpu")
+        dist.all_reduce(failed)
+        dist.destroy_process_group()
+        if failure is None and int(failed) > 0:
+            failure = LayoutError(f"{int(failed)} other rank(s) failed; their messages name the shard")
+    if failure is not None:
+        raise failure
     if rank == 0:
         finish(spec, in_dir, out_dir, names)
     click.echo(f"rank {rank}: {summary['written_shards']} shard(s) written, {summary['skipped_shards']} already done, "
                f"{summary['converted_layers']} MoE layer(s) converted, {summary['verified_layers']} verified", err=True)
-    if dist is not None:
-        dist.destroy_process_group()
     return 0
 
 

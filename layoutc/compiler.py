@@ -142,7 +142,6 @@ def _where(program: Program, pos: Pos | None) -> str:
 # ---------------------------------------------------------------------------
 
 
-
 def _block_rows_reason(spec: TensorSpec, op, t: TensorType) -> str:
     """Why a row transform of 2-D block scales has a size rule: its rows stand for blocks of weight rows."""
     tie = spec.tie
@@ -150,6 +149,7 @@ def _block_rows_reason(spec: TensorSpec, op, t: TensorType) -> str:
         return ""
     return (f"each row of {spec.name} scales {tie.row_block} rows of {tie.weight}, so {op.name} keeps the "
             f"scale blocks whole only when this holds")
+
 
 class _Builder:
     def __init__(self, program: Program):

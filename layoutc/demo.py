@@ -10,6 +10,7 @@ import torch
 
 from . import expr as ex
 from .api import CompiledSpec, compile_file
+from .dtypes import bit_view
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "specs" / "flashinfer_cutlass_bf16.lyt"
 
@@ -38,10 +39,6 @@ def _fmt_bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n}"
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def run_demo(
@@ -86,10 +83,10 @@ def run_demo(
     ok = True
     if spec.invertible:
         back = spec.inverse(out)
-        exact = all(torch.equal(_bits(back[k]), _bits(inputs[k])) for k in inputs)
+        exact = all(torch.equal(bit_view(back[k]), bit_view(inputs[k])) for k in inputs)
         ok &= exact
         echo(f"  inverse(convert(x)) == x bit for bit: {'yes' if exact else 'NO'}")
-    untouched = all(torch.equal(_bits(v), _bits(w)) for v, w in zip(inputs.values(), synthetic_inputs(spec, dims, seed, device).values()))
+    untouched = all(torch.equal(bit_view(v), bit_view(w)) for v, w in zip(inputs.values(), synthetic_inputs(spec, dims, seed, device).values()))
     ok &= untouched
     echo(f"  inputs left unmodified: {'yes' if untouched else 'NO'}")
     echo("  result: " + ("OK" if ok else "FAILED"))

@@ -310,6 +310,8 @@ class _Resolver:
                 for n in item.names:
                     if n.text in self.dims:
                         self.error(f"dim {n.text!r} is declared twice", n.pos)
+                    elif n.text in self.params:
+                        self.error(f"{n.text!r} is both a dim and a parameter", n.pos, "rename one of them")
                     else:
                         self.dims.append(n.text)
                         self.dim_pos[n.text] = n.pos
@@ -353,9 +355,6 @@ class _Resolver:
         """Integer parameters are constants inside expressions (``2*I/tp_size``, ``rank=tp_rank``)."""
         ints = {k: v for k, v in self.params.items() if type(v) is int}
         names = ex.free_vars(value.expr) & set(ints)
-        for n in names:
-            if n in self.dims:
-                self.error(f"{n!r} is both a dim and a parameter", value.pos)
         sub = {n: ints[n] for n in names}
         for m, pos in value.multiples:
             m = ex.substitute(m, {n: ints[n] for n in ex.free_vars(m) & set(ints)})

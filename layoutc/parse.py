@@ -102,7 +102,7 @@ class _ToAst(Transformer):
             )
         if len(args) != 2:
             raise _Fail(f"{fn_tok}() takes 2 arguments, got {len(args)}", _pos(meta))
-        if isinstance(args[1].expr, ex.Const) and args[1].expr.value <= 0:  # a name: a parameter or dim (> 0)
+        if isinstance(args[1].expr, ex.Const) and args[1].expr.value <= 0:
             raise _Fail(f"{fn_tok}(): the second argument must be a positive integer", args[1].pos)
         divisions = tuple(d for a in args for d in a.divisions)
         multiples = tuple(m for a in args for m in a.multiples)
@@ -185,9 +185,9 @@ class _ToAst(Transformer):
         return self._name(children[0]), (children[1] if len(children) > 1 else ())
 
     def packing_attr(self, meta, children):
-        (first, first_args), *rest = children
+        families = [fam for fam, _ in children]
         args = tuple((fam.text, key, value) for fam, fam_args in children for key, value in fam_args)
-        return ast.Packing(first, _pos(meta), tuple(fam for fam, _ in rest), args)
+        return ast.Packing(families[0], _pos(meta), tuple(families[1:]), args)
 
     def _decl(self, direction, meta, children):
         name, optional, elem, *rest = children

@@ -497,15 +497,18 @@ class _Verifier:
 
     def report_split_blocks(self, w: Chain, c: Chain, wmap: AxisMap, dims) -> None:
         rb = c.source.tie.row_block
-        bad = next(j for j in range(len(wmap.rows) // rb)
-                   if len({r // rb for r in wmap.rows[j * rb:(j + 1) * rb] if r >= 0}) > 1)
-        sources = sorted({r // rb for r in wmap.rows[bad * rb:(bad + 1) * rb] if r >= 0})
+        bad = next((j for j in range(len(wmap.rows) // rb)
+                    if len({r // rb for r in wmap.rows[j * rb:(j + 1) * rb] if r >= 0}) > 1), None)
         steps = [s for s in w.steps if s.op.category is not Category.VALUE and s.statement]
         at = ", ".join(f"{k}={v}" for k, v in dims.items())
+        if bad is None:  # the transforms leave a number of rows that is not a whole number of blocks
+            where = f"they leave {len(wmap.rows)} rows (with {at}), not a whole number of blocks"
+        else:
+            sources = sorted({r // rb for r in wmap.rows[bad * rb:(bad + 1) * rb] if r >= 0})
+            where = f"output rows {bad * rb}..{bad * rb + rb - 1} come from source blocks {sources} (with {at})"
         self.error(
             f"{w.tensor}: each row of {c.tensor} scales {rb} rows of {w.tensor}, but the transforms split those "
-            f"blocks: output rows {bad * rb}..{bad * rb + rb - 1} come from source blocks {sources} (with {at}); "
-            f"no row of block scales can follow that",
+            f"blocks: {where}; no row of block scales can follow that",
             steps[0].statement.pos if steps else w.source.pos, [w.tensor, c.tensor],
             f"row transforms on {w.tensor} must keep {rb}-row blocks whole (e.g. halves of a multiple of {rb} rows)",
         )

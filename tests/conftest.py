@@ -6,6 +6,7 @@
 * ``synthetic_inputs`` -- a deterministic synthetic layer for a compiled spec
 * ``run_cli``         -- run the ``layoutc`` command line in a subprocess
 * ``check_points_at`` -- assert a rendered diagnostic shows ``file:line:col``, the line and a caret
+* ``bf16``, ``mxfp8``  -- the two shipped CUTLASS MXFP4 specs, compiled once per module
 """
 
 from __future__ import annotations
@@ -24,10 +25,6 @@ from layoutc.demo import synthetic_inputs as _demo_synthetic_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS_DIR = ROOT / "specs"
-SPEC_BF16 = SPECS_DIR / "flashinfer_cutlass_bf16.lyt"
-SPEC_MXFP8 = SPECS_DIR / "flashinfer_cutlass_mxfp8.lyt"
-SPEC_NVFP4 = SPECS_DIR / "flashinfer_cutedsl_nvfp4.lyt"
-SHIPPED_SPECS = (SPEC_BF16, SPEC_MXFP8, SPEC_NVFP4)
 
 #: Small dims every shipped spec accepts (mxfp8 assumes I, H multiples of 128).
 SMALL_DIMS = {"E": 2, "I": 128, "H": 256}
@@ -117,3 +114,13 @@ def run_cli():
         )
 
     return _run
+
+
+@pytest.fixture(scope="module")
+def bf16() -> layoutc.CompiledSpec:
+    return layoutc.compile_file(SPECS_DIR / "flashinfer_cutlass_bf16.lyt")
+
+
+@pytest.fixture(scope="module")
+def mxfp8() -> layoutc.CompiledSpec:
+    return layoutc.compile_file(SPECS_DIR / "flashinfer_cutlass_mxfp8.lyt")

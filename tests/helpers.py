@@ -6,14 +6,14 @@ from pathlib import Path
 
 import torch
 
+from layoutc.dtypes import bit_view
+
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
 GOLDENS = ROOT / "tests" / "goldens"
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bit patterns as same-width integers (NaN-safe exact comparison)."""
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+bits = bit_view  # the tensor's bit patterns as same-width integers (NaN-safe exact comparison)
 
 
 def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from layoutc.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-SPECS = ["specs/flashinfer_cutedsl_nvfp4.lyt", "specs/flashinfer_cutlass_bf16.lyt", "specs/flashinfer_cutlass_mxfp8.lyt"]
+SPECS = sorted(f"specs/{p.name}" for p in (Path(__file__).resolve().parent.parent / "specs").glob("*.lyt"))
 
 PARAMS_SPEC = """\
 param gated = true

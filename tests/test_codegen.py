@@ -15,15 +15,13 @@ import pytest
 import torch
 
 import layoutc
+from tests.helpers import ROOT, SPECS, bits
 
-ROOT = Path(__file__).resolve().parent.parent
-SPEC = ROOT / "specs" / "flashinfer_cutlass_bf16.lyt"
+SPEC = SPECS / "flashinfer_cutlass_bf16.lyt"
 DIMS = {"E": 2, "I": 128, "H": 256}
 ALLOWED_TOP_LEVEL = set(sys.stdlib_module_names) | {"torch"}
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def _load(path: Path, name: str):
@@ -143,10 +141,10 @@ def test_written_module_converts_like_the_api(module, compiled, synthetic_inputs
     assert set(got) == set(ref) == set(x)
     for k in ref:
         assert got[k].dtype == ref[k].dtype and got[k].shape == ref[k].shape
-        assert torch.equal(_bits(got[k]), _bits(ref[k])), k
+        assert torch.equal(bits(got[k]), bits(ref[k])), k
     back = module.inverse(got)
     for k in x:
-        assert torch.equal(_bits(back[k]), _bits(x[k])), k
+        assert torch.equal(bits(back[k]), bits(x[k])), k
 
 
 def test_written_module_raises_its_own_layout_error(module, compiled, synthetic_inputs):
@@ -191,8 +189,8 @@ def test_written_module_runs_without_layoutc(written, compiled, synthetic_inputs
     result = torch.load(tmp_path / "out.pt")
     ref = compiled.convert(x)
     for k in ref:
-        assert torch.equal(_bits(result["out"][k]), _bits(ref[k])), k
-        assert torch.equal(_bits(result["back"][k]), _bits(x[k])), k
+        assert torch.equal(bits(result["out"][k]), bits(ref[k])), k
+        assert torch.equal(bits(result["back"][k]), bits(x[k])), k
 
 
 def test_generated_code_cites_every_statement(compiled):
@@ -228,7 +226,7 @@ def test_every_shipped_spec_generates_a_standalone_module(path, params, tmp_path
     x = synthetic_inputs(spec, DIMS if params.get("tp_size", 1) == 1 else {**DIMS, "I": 256})  # local I % 128
     got, ref = module.convert(x), spec.convert(x)
     for k in ref:
-        assert torch.equal(_bits(got[k]), _bits(ref[k])), k
+        assert torch.equal(bits(got[k]), bits(ref[k])), k
 
 
 def test_non_invertible_spec(compile_text):

@@ -5,7 +5,6 @@ inputs and never hand back memory that aliases them."""
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,28 +13,15 @@ import layoutc
 from layoutc import LayoutError
 from layoutc.ir import resolve
 from layoutc.parse import parse
+from tests.helpers import ROOT, SPECS, bits
 
-ROOT = Path(__file__).resolve().parent.parent
-SPECS = ROOT / "specs"
 DIMS = {"E": 2, "I": 128, "H": 256}
 
 
-@pytest.fixture(scope="module")
-def bf16():
-    return layoutc.compile_file(SPECS / "flashinfer_cutlass_bf16.lyt")
-
-
-@pytest.fixture(scope="module")
-def mxfp8():
-    return layoutc.compile_file(SPECS / "flashinfer_cutlass_mxfp8.lyt")
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -279,7 +265,7 @@ def test_converters_never_modify_inputs_nor_alias_them(path, params, present, sy
     assert len({_ptr(v) for v in out.values()}) == len(out), "two outputs share storage"
     # Writing into an output leaves the inputs alone.
     for v in out.values():
-        _bits(v).view(-1)[:16] ^= 0xFF if v.element_size() == 1 else 1
+        bits(v).view(-1)[:16] ^= 0xFF if v.element_size() == 1 else 1
     for k in x:
         assert _same(x[k], before[k])
     if spec.invertible:
@@ -291,7 +277,7 @@ def test_converters_never_modify_inputs_nor_alias_them(path, params, present, sy
         out_ptrs = {_ptr(v) for v in out.values()}
         assert all(_ptr(v) not in out_ptrs for v in back.values())
         for k in x:
-            assert torch.equal(_bits(back[k]), _bits(x[k])), f"inverse(convert(x))[{k}] != x[{k}]"
+            assert torch.equal(bits(back[k]), bits(x[k])), f"inverse(convert(x))[{k}] != x[{k}]"
 
 
 @pytest.mark.parametrize(
@@ -389,5 +375,5 @@ def test_accepted_alternative_dtype(path, params, tensor, synthetic_inputs):
     assert alt in spec.program.input(tensor).elem.accepted_torch_dtypes()
     out = spec.convert(y)
     for k in ref:
-        assert torch.equal(_bits(out[k]), _bits(ref[k])), k
+        assert torch.equal(bits(out[k]), bits(ref[k])), k
         assert out[k].dtype == spec.program.output(k).elem.torch_dtype, f"{k}: {out[k].dtype}"

@@ -16,16 +16,6 @@ from tests.helpers import SPECS
 DIMS = {"E": 2, "I": 128, "H": 128}
 
 
-@pytest.fixture(scope="module")
-def bf16():
-    return layoutc.compile_file(SPECS / "flashinfer_cutlass_bf16.lyt")
-
-
-@pytest.fixture(scope="module")
-def mxfp8():
-    return layoutc.compile_file(SPECS / "flashinfer_cutlass_mxfp8.lyt")
-
-
 def test_outputs_carry_their_provenance_through_nn_parameter(bf16):
     out = bf16.convert(synthetic_inputs(bf16, DIMS, 0))
     params = {k: torch.nn.Parameter(v, requires_grad=False) for k, v in out.items()}

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -21,29 +20,18 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import layoutc  # noqa: E402
+from layoutc.bench import timeit  # noqa: E402
+from layoutc.dtypes import bit_view  # noqa: E402
 from layoutc.reference import flashinfer_kernels as kernels, recipes  # noqa: E402
 from tools.gpu.record_goldens import mxfp4_layer  # noqa: E402
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bit_view(a), bit_view(b))
 
 
 def time_ms(fn, reps=20) -> float:
-    times = []
-    for _ in range(3):
-        fn()
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return timeit(fn, "cuda", reps=reps) * 1e3
 
 
 def main(golden_dir: str) -> int:
@@ -51,6 +39,8 @@ def main(golden_dir: str) -> int:
     failures = 0
     for path in sorted(Path(golden_dir).glob("flashinfer_*.pt")):
         data = torch.load(path)
+        if "spec" not in data:
+            continue  # flashinfer_dequant.pt records FlashInfer's reading, not a recipe
         for i, case in enumerate(data["cases"]):
             spec = layoutc.compile_file(ROOT / "specs" / f"{data['spec']}.lyt", case["params"])
             inputs = {k: v.to(dev) for k, v in case["inputs"].items()}
