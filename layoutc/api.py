@@ -26,6 +26,7 @@ from .indexmap import IndexMap
 from .ir import Program, resolve
 from .lower.runtime import LayoutError
 from .parse import parse
+from .source import read_spec
 from .verify import verify
 from .versions import check_requires
 
@@ -155,11 +156,4 @@ def compile_file(
 ) -> CompiledSpec:
     """Compile a ``.lyt`` file (see :func:`compile_source`)."""
     path = Path(path)
-    try:
-        source = path.read_bytes().decode("utf-8")  # no newline translation: SPEC_SHA256 is the file's hash
-    except OSError as err:
-        raise SpecError([Diagnostic("error", f"cannot read spec: {err.strerror}")], str(path)) from None
-    except UnicodeDecodeError as err:
-        raise SpecError([Diagnostic("error", f"the spec is not UTF-8 text ({err.reason} at byte {err.start})")],
-                        str(path)) from None
-    return compile_source(source, str(path), params, check_versions)
+    return compile_source(read_spec(path), str(path), params, check_versions)

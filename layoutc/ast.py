@@ -207,5 +207,6 @@ Statement = Union[SpecName, Requires, Dims, Assume, Param, TensorDecl, Transform
 @attrs.frozen
 class Spec:
     items: tuple[Statement, ...]
-    source: str
+    source: str  # normalised text (newline line ends): what positions refer to
     filename: str
+    sha256: str = ""  # of the text as given (a file's own bytes)

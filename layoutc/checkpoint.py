@@ -9,15 +9,25 @@
 * Writes one output shard per input shard (same names, converted MoE tensors, everything else
   copied), an index, and metadata (spec name, sha256, parameters, library versions) in every
   shard's safetensors header and in ``layoutc_manifest.json``.
-* Resumes: a finished shard is written atomically and marked done; a rerun skips it.
+* Resumes: a finished shard is written atomically and marked done with a stamp (the input shard's
+  sha256, the spec's sha256, parameters, name mapping); a rerun skips shards whose stamp matches
+  and redoes the others. A folder holding a conversion with another spec, other parameters or
+  another name mapping is refused, not mixed into.
 * Verifies a sample: for the first layer of every shard, ``convert(inverse(out)) == out`` bit for bit
   (for a tensor-parallel slice, which has no inverse: the eager reference lowering agrees).
-* Never writes into the input folder.
+* Files named by the checkpoint's index stay inside ``--in`` (plain file names only) and outputs
+  inside ``--out``; the input folder is never written to; a lock keeps two runs from writing one
+  ``--out`` at once.
+* A run that finds no MoE layer with its name mapping fails instead of copying everything.
 * Under ``torchrun``, rank r of n converts shards ``r, r+n, ...`` (gloo on CPU, NCCL on GPUs).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import re
@@ -27,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 import attrs
 import torch
 
-from . import __version__
+from . import __version__, shardfile
 from .api import CompiledSpec
 from .dtypes import bit_view
 from .lower.runtime import LayoutError
@@ -35,6 +45,10 @@ from .lower.runtime import LayoutError
 INDEX = "model.safetensors.index.json"
 MANIFEST = "layoutc_manifest.json"
 DONE = ".layoutc-done"
+RUN = ".layoutc-run.json"  # which spec, parameters and names this folder holds a conversion of
+LOCK = ".layoutc-lock"
+#: dtypes a name mapping may convert a tensor to on load (bf16 biases to float32, ...).
+LOAD_DTYPES = ("float32", "float16", "bfloat16", "uint8", "int8", "int32")
 
 
 @attrs.frozen
@@ -43,6 +57,16 @@ class NameRule:
     merge_last: bool = False  # merge the last two axes (gpt-oss stores MXFP4 as [.., K/32, 16] blocks)
     dtype: str | None = None  # convert values to this torch dtype on load (e.g. bf16 biases -> float32)
     rows: str | None = None  # the row order the checkpoint stores ("interleaved" for gpt-oss gate/up)
+
+    def __attrs_post_init__(self):
+        if not isinstance(self.template, str):
+            raise TypeError(f"name must be a string, got {self.template!r}")
+        if not isinstance(self.merge_last, bool):
+            raise TypeError(f"merge_last must be true or false, got {self.merge_last!r}")
+        if self.dtype is not None and self.dtype not in LOAD_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(LOAD_DTYPES)} (or null), got {self.dtype!r}")
+        if self.rows not in (None, "interleaved", "stacked"):
+            raise ValueError(f"rows must be 'interleaved', 'stacked' or null, got {self.rows!r}")
 
     def regex(self) -> re.Pattern:
         head, _, tail = self.template.partition("{layer}")
@@ -90,8 +114,8 @@ def _rules_from_json(spec: CompiledSpec, path: Path) -> dict[str, NameRule]:
     if not path.is_file():
         raise LayoutError(f"--names must be 'vllm', 'gpt-oss' or a JSON file; {path} is none of them")
     try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise LayoutError(f"{path}: not valid JSON ({err})") from None
     if not isinstance(raw, dict):
         raise LayoutError(f"{path}: expected an object mapping spec inputs to checkpoint names")
@@ -116,20 +140,45 @@ def _rules_from_json(spec: CompiledSpec, path: Path) -> dict[str, NameRule]:
     return rules
 
 
+def _plain_file_name(name: Any, where: str) -> str:
+    """A shard file name from a checkpoint index: a plain name in the checkpoint's folder. A path
+    (``../victim.safetensors``, ``/etc/x``) would read outside ``--in`` and write outside ``--out``."""
+    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
+            or "\0" in name or any(not c.isprintable() for c in name)):
+        raise LayoutError(f"{where}: {name!r} is not a plain file name in the checkpoint's folder; "
+                          f"an index may only name files beside it")
+    return name
+
+
 def _shard_map(in_dir: Path) -> dict[str, str]:
-    """Tensor name -> shard file name."""
+    """Tensor name -> shard file name (checked: plain names inside ``in_dir``)."""
     from safetensors import safe_open
 
     index = in_dir / INDEX
     if index.is_file():
-        return dict(json.loads(index.read_text())["weight_map"])
-    files = sorted(p.name for p in in_dir.glob("*.safetensors"))
+        try:
+            raw = json.loads(index.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise LayoutError(f"{index}: not a valid index ({err})") from None
+        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise LayoutError(f"{index}: expected an object with a non-empty \"weight_map\" of tensor name -> file")
+        out = {}
+        for tensor, file in weight_map.items():
+            out[str(tensor)] = _plain_file_name(file, str(index))
+            if not (in_dir / file).is_file():
+                raise LayoutError(f"{index}: names {file!r} for {tensor!r}, which is not a file in {in_dir}")
+        return out
+    files = sorted(p.name for p in in_dir.glob("*.safetensors") if p.is_file())
     if not files:
         raise LayoutError(f"{in_dir}: no *.safetensors file and no {INDEX}")
     out = {}
     for f in files:
-        with safe_open(str(in_dir / f), "pt") as h:
-            out.update({k: f for k in h.keys()})
+        try:
+            with safe_open(str(in_dir / f), "pt") as h:
+                out.update({k: f for k in h.keys()})
+        except Exception as err:  # safetensors raises its own error types; the message is what matters
+            raise LayoutError(f"{in_dir / f}: cannot read ({err})") from None
     return out
 
 
@@ -143,6 +192,11 @@ def _groups(weight_map: Mapping[str, str], rules: Mapping[str, NameRule], spec: 
             if m:
                 groups.setdefault(m.group("layer"), {})[n] = tensor
     required = [t.name for t in spec.program.inputs if not t.optional]
+    if not groups:
+        first = rules[required[0]].template if required else "?"
+        seen = ", ".join(sorted(weight_map)[:3])
+        raise LayoutError(f"no MoE layer matches the name mapping (e.g. {first!r} for {required[0] if required else '?'}); "
+                          f"the checkpoint holds names like {seen}; check --names (vllm, gpt-oss or a JSON file)")
     incomplete = {layer: sorted(set(required) - set(g)) for layer, g in groups.items() if not set(required) <= set(g)}
     if incomplete:
         layer, missing = next(iter(incomplete.items()))
@@ -215,23 +269,139 @@ def _verify_sample(spec: CompiledSpec, inputs: Mapping[str, torch.Tensor], out: 
             raise LayoutError(f"verification failed for layer {layer!r}: {k} differs from {how}")
 
 
+def _file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes (hashlib releases the GIL: this runs beside the conversion)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` so ``path`` is either absent, the old content or the whole new content, even if
+    the process is killed or the disk fills: a temporary file, fsync, rename, fsync of the folder."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_json(path: Path) -> Any:
+    """A marker or run file, or None when it is absent or unreadable (a crash mid-write leaves none:
+    they are written atomically; an empty or foreign file is treated as absent, never trusted)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def run_identity(spec: CompiledSpec, names: str | Path) -> dict[str, Any]:
+    """What a conversion folder holds: resuming with anything else would mix two layouts."""
+    return {"spec": spec.name, "sha256": spec.sha256, "params": spec.params, "names": str(names),
+            "layoutc_version": __version__}
+
+
+@contextlib.contextmanager
+def _folder_lock(out_dir: Path):
+    """An exclusive lock on ``out_dir`` while the run's identity is checked or written (ranks of one
+    torchrun take it in turn; a second, different run finds the identity of the first)."""
+    with open(out_dir / LOCK, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def claim_folder(out_dir: Path, identity: Mapping[str, Any], rank: int, world: int):
+    """Record (or check) what ``out_dir`` holds, and hold this rank's lock for the run. Returns the
+    open lock file (closing it releases the lock)."""
+    with _folder_lock(out_dir):
+        held = _read_json(out_dir / RUN)
+        if held is None and any(out_dir.glob("*.safetensors")):
+            raise LayoutError(f"--out {out_dir} already holds safetensors files that no layoutc conversion wrote; "
+                              f"use an empty folder")
+        if held is not None and held != dict(identity):
+            changed = ", ".join(k for k in identity if held.get(k) != identity[k]) or "the run"
+            raise LayoutError(
+                f"--out {out_dir} holds a conversion with another {changed} ({held.get('spec')}, parameters "
+                f"{held.get('params')}, names {held.get('names')}); resuming into it would mix two layouts. "
+                f"Use a new --out folder, or delete this one to start over")
+        if held is None:
+            _write_atomically(out_dir / RUN, json.dumps(dict(identity), sort_keys=True))
+    lock = open(out_dir / f"{LOCK}-rank{rank}-of-{world}", "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise LayoutError(f"another layoutc convert (rank {rank} of {world}) is writing into {out_dir}; "
+                          f"wait for it or use another --out folder") from None
+    return lock
+
+
 def convert_checkpoint(
     spec: CompiledSpec, in_dir: str | Path, out_dir: str | Path, names: str | Path = "vllm",
     device: str = "cpu", rank: int = 0, world: int = 1, progress: Callable[[Iterable], Iterable] | None = None,
     lowering: str = "auto", verify: bool = True,
 ) -> dict[str, Any]:
     """Convert the shards this rank owns; returns a summary. See the module docstring."""
-    from safetensors.torch import save_file
-
     in_dir, out_dir = Path(in_dir).resolve(), Path(out_dir).resolve()
     if not in_dir.is_dir():
         raise LayoutError(f"{in_dir} is not a folder")
     if out_dir == in_dir:
         raise LayoutError(f"--out {out_dir} is the input folder; layoutc convert never overwrites its input")
-    out_dir.mkdir(parents=True, exist_ok=True)
     rules = name_rules(spec, names)
     weight_map = _shard_map(in_dir)
-    groups = _groups(weight_map, rules, spec)
+    groups = _groups(weight_map, rules, spec)  # fails before anything is written when no layer matches
+    created = not out_dir.exists() and world == 1  # other ranks share the folder: only a lone run cleans up
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"converted_layers": 0, "skipped_shards": 0, "written_shards": 0, "verified_layers": 0}
+    try:
+        lock = claim_folder(out_dir, run_identity(spec, names), rank, world)
+    except BaseException:
+        if created:
+            _remove_if_empty(out_dir)
+        raise
+    try:
+        with lock, concurrent.futures.ThreadPoolExecutor(1) as hasher:
+            _convert_shards(spec, in_dir, out_dir, names, device, rank, world, progress, lowering, verify, rules,
+                            weight_map, groups, hasher, summary)
+    except BaseException:
+        if created and summary["written_shards"] == 0:
+            _remove_if_empty(out_dir)  # a failed first run leaves no folder of bookkeeping behind
+        raise
+    return summary
+
+
+def _remove_if_empty(out_dir: Path) -> None:
+    """Remove what layoutc put in a folder it created, if it holds no converted shard."""
+    if any(out_dir.glob("*.safetensors")):
+        return
+    for p in (out_dir / DONE).glob("*") if (out_dir / DONE).is_dir() else ():
+        with contextlib.suppress(OSError):
+            p.unlink()
+    for p in [out_dir / DONE, *out_dir.glob(f"{LOCK}*"), out_dir / RUN, *out_dir.glob(".*.tmp")]:
+        with contextlib.suppress(OSError):
+            p.rmdir() if p.is_dir() else p.unlink()
+    with contextlib.suppress(OSError):
+        out_dir.rmdir()
+
+
+def _convert_shards(spec, in_dir, out_dir, names, device, rank, world, progress, lowering, verify, rules, weight_map,
+                    groups, hasher, summary) -> None:
     member = {tensor: (layer, n) for layer, g in groups.items() for n, tensor in g.items()}
     shards = sorted(set(weight_map.values()))
     mine = shards[rank::world]
@@ -239,16 +409,21 @@ def convert_checkpoint(
     meta = metadata(spec)
     done_dir = out_dir / DONE
     done_dir.mkdir(exist_ok=True)
-    summary = {"converted_layers": 0, "skipped_shards": 0, "written_shards": 0, "verified_layers": 0}
+    identity = run_identity(spec, names)
     iterator = progress(mine) if progress else mine
     for shard in iterator:
         marker = done_dir / f"{shard}.json"
         source = in_dir / shard
-        stamp = {"size": source.stat().st_size, "mtime_ns": source.stat().st_mtime_ns, "sha256": spec.sha256,
-                 "params": spec.params, "names": str(names)}
-        if marker.is_file() and (out_dir / shard).is_file() and json.loads(marker.read_text()) == stamp:
+        stamp = _read_json(marker)
+        if (isinstance(stamp, dict) and (out_dir / shard).is_file() and stamp.get("run") == identity
+                and stamp.get("input_size") == source.stat().st_size
+                and stamp.get("output_size") == (out_dir / shard).stat().st_size
+                and stamp.get("input_sha256") == _file_sha256(source)):
             summary["skipped_shards"] += 1
             continue
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()  # redone from here: never trust an old stamp for a new shard
+        digest = hasher.submit(_file_sha256, source)  # read beside the conversion
         tensors: dict[str, torch.Tensor] = {}
         layers = []
         for name in reader.names_in(shard):
@@ -261,7 +436,10 @@ def convert_checkpoint(
         for i, layer in enumerate(layers):
             group = groups[layer]
             inputs = {k: v.to(device) for k, v in _load_group(reader, group, rules).items()}
-            out = spec.convert(inputs, lowering=lowering)
+            try:
+                out = spec.convert(inputs, lowering=lowering)
+            except LayoutError as err:
+                raise LayoutError(f"layer {layer!r} (shard {shard}): {err}") from None
             if verify and i == 0:
                 _verify_sample(spec, inputs, out, layer)
                 summary["verified_layers"] += 1
@@ -271,25 +449,33 @@ def convert_checkpoint(
             summary["converted_layers"] += 1
             del inputs, out
         tmp = out_dir / f".{shard}.tmp"
-        save_file(tensors, str(tmp), metadata=meta)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out_dir / shard)  # atomic: a shard is either absent or complete
-        marker.write_text(json.dumps(stamp))
+        try:
+            shardfile.write(tmp, tensors, meta)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, out_dir / shard)  # atomic: a shard is either absent or complete
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        _write_atomically(marker, json.dumps({
+            "run": identity, "input_sha256": digest.result(), "input_size": source.stat().st_size,
+            "output_size": (out_dir / shard).stat().st_size,
+        }, sort_keys=True))
         summary["written_shards"] += 1
-    return summary
 
 
 def finish(spec: CompiledSpec, in_dir: str | Path, out_dir: str | Path, names: str | Path) -> None:
     """Index and manifest, once every shard is written (rank 0 after the others)."""
     in_dir, out_dir = Path(in_dir).resolve(), Path(out_dir).resolve()
     weight_map = _shard_map(in_dir)
-    missing = [s for s in sorted(set(weight_map.values())) if not (out_dir / s).is_file()]
+    identity = run_identity(spec, names)
+    missing = [s for s in sorted(set(weight_map.values()))
+               if not (out_dir / s).is_file() or (_read_json(out_dir / DONE / f"{s}.json") or {}).get("run") != identity]
     if missing:
         raise LayoutError(f"shards not converted yet: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
     if (in_dir / INDEX).is_file():
-        index = json.loads((in_dir / INDEX).read_text())
+        index = json.loads((in_dir / INDEX).read_text(encoding="utf-8"))
         index.setdefault("metadata", {}).update(metadata(spec))
-        (out_dir / INDEX).write_text(json.dumps(index, indent=2))
+        _write_atomically(out_dir / INDEX, json.dumps(index, indent=2))
     manifest = metadata(spec) | {"names": str(names), "shards": sorted(set(weight_map.values())),
                                  "source": str(in_dir)}
-    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    _write_atomically(out_dir / MANIFEST, json.dumps(manifest, indent=2))

@@ -21,21 +21,30 @@ from typing import Any, Callable
 import click
 
 from . import __version__
-from .errors import SpecError
+from .errors import Diagnostic, SpecError
+from .limits import MAX_PARAM_COMBINATIONS
+from .text import display
+
+#: Optional dependencies -> the extra that installs them (pip install 'layoutc[extra]').
+EXTRAS = {"matplotlib": "review", "flashinfer": "flashinfer", "triton": "gpu"}
 
 EXIT_SPEC_ERROR = 2
 EXIT_INTERNAL = 3
 
 
 def _parse_defines(defines: tuple[str, ...]) -> dict[str, Any]:
-    from .ir import parse_param_value
+    from .ir import check_param_name, parse_param_value
 
     out = {}
     for item in defines:
         if "=" not in item:
-            raise click.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint="-D")
+            raise click.BadParameter(f"expected NAME=VALUE, got {display(item)!r}", param_hint="-D")
         name, value = item.split("=", 1)
-        out[name.strip()] = parse_param_value(value)
+        try:
+            check_param_name(name.strip())
+            out[name.strip()] = parse_param_value(value)
+        except ValueError as err:
+            raise click.BadParameter(f"{display(name.strip())}: {err}", param_hint="-D") from None
     return out
 
 
@@ -48,7 +57,8 @@ def _guard(fn: Callable[..., int | None]) -> Callable[..., None]:
     """Spec errors -> diagnostics and exit 2; anything unexpected -> a short message and exit 3."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args, debug: bool = False, **kwargs):
+        _DEBUG[0] = _DEBUG[0] or debug
         try:
             code = fn(*args, **kwargs)
         except SpecError as err:
@@ -67,7 +77,15 @@ def _guard(fn: Callable[..., int | None]) -> Callable[..., None]:
             from .lower.runtime import LayoutError
 
             if isinstance(err, LayoutError):  # tensors that break a spec's contract: bad input, not a bug
-                click.echo(f"error: {err}", err=True)
+                click.echo(f"error: {display(str(err))}", err=True)
+                sys.exit(EXIT_SPEC_ERROR)
+            missing = _missing_extra(err)
+            if missing is not None and not _DEBUG[0]:
+                click.echo(f"error: {missing}", err=True)
+                sys.exit(EXIT_SPEC_ERROR)
+            if isinstance(err, OSError) and not _DEBUG[0]:  # disk full, read-only folder, permissions
+                where = f": {display(str(err.filename))}" if err.filename else ""
+                click.echo(f"error: {err.strerror or err}{where}", err=True)
                 sys.exit(EXIT_SPEC_ERROR)
             if "--debug" in sys.argv or _DEBUG[0]:
                 raise
@@ -80,6 +98,49 @@ def _guard(fn: Callable[..., int | None]) -> Callable[..., None]:
 
 
 _DEBUG = [False]
+
+
+def _missing_extra(err: Exception) -> str | None:
+    """For an optional dependency that is not installed: what to install."""
+    if not isinstance(err, ImportError):
+        return None
+    top = (getattr(err, "name", None) or "").split(".")[0]
+    if top not in EXTRAS:
+        return None
+    return (f"this command needs {top}, which is not installed: pip install 'layoutc[{EXTRAS[top]}]' "
+            f"(or pip install {'flashinfer-python' if top == 'flashinfer' else top})")
+
+
+def command(*args, **kwargs):
+    """A subcommand with the house rules: errors as messages (:func:`_guard`) and ``--debug`` accepted
+    after the subcommand too (``layoutc draw --debug ...``)."""
+
+    def wrap(fn):
+        fn = _guard(fn)
+        fn = click.option("--debug", is_flag=True, hidden=True, help="Show tracebacks of internal errors.")(fn)
+        return main.command(*args, **kwargs)(fn)
+
+    return wrap
+
+
+def _check_device(ctx, param, value: str | None) -> str | None:
+    """cpu, cuda or cuda:N, and a GPU really there when one is asked for."""
+    if value is None:
+        return None
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", value):
+        raise click.BadParameter(f"{display(value)!r}: give cpu, cuda or cuda:N")
+    if value.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.BadParameter(f"{value}: no CUDA device here (torch {torch.__version__}"
+                                     f"{', a CPU build' if torch.version.cuda is None else ''})")
+        index = int(value.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise click.BadParameter(f"{value}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return value
 
 
 define_option = click.option(
@@ -100,8 +161,9 @@ def _param_domains(spec_path: Path, fixed: dict[str, Any]) -> list[dict[str, Any
     from . import ast
     from .ir import _value_to_python
     from .parse import parse
+    from .source import read_spec
 
-    tree = parse(spec_path.read_text(), str(spec_path))
+    tree = parse(read_spec(spec_path), str(spec_path))
     domains: dict[str, tuple] = {}
     for item in tree.items:
         if isinstance(item, ast.Param) and item.name.text not in fixed:
@@ -111,15 +173,22 @@ def _param_domains(spec_path: Path, fixed: dict[str, Any]) -> list[dict[str, Any
             elif isinstance(default, bool):
                 domains[item.name.text] = (default, not default)
     names = sorted(domains)
+    count = 1
+    for n in names:
+        count *= len(domains[n])
+    if count > MAX_PARAM_COMBINATIONS:
+        shown = ", ".join(f"{n} ({len(domains[n])} values)" for n in names)
+        raise SpecError([Diagnostic("error", f"the spec has {count} parameter combinations ({shown}); check verifies "
+                                             f"at most {MAX_PARAM_COMBINATIONS} at once", None,
+                                    "fix some with -D NAME=VALUE")], str(spec_path))
     return [dict(fixed, **dict(zip(names, combo))) for combo in itertools.product(*(domains[n] for n in names))]
 
 
-@main.command()
+@command()
 @click.argument("specs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @define_option
 @click.option("--quiet", "-q", is_flag=True, help="Print only problems.")
 @click.option("--probe", is_flag=True, help="Also verify dynamically: run the converter on self-describing inputs.")
-@_guard
 def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe: bool) -> int:
     """Parse and verify SPECS; every parameter combination unless fixed with -D."""
     from .api import compile_file
@@ -154,11 +223,10 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
     return 0
 
 
-@main.command(name="compile")
+@command(name="compile")
 @click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Where to write the module.")
 @define_option
-@_guard
 def compile_cmd(spec: Path, output: Path | None, defines: tuple[str, ...]) -> int:
     """Compile SPEC into a standalone converter module (torch only)."""
     from .api import compile_file
@@ -173,15 +241,14 @@ def compile_cmd(spec: Path, output: Path | None, defines: tuple[str, ...]) -> in
     return 0
 
 
-@main.command()
+@command()
 @click.argument(
     "spec", required=False, default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
 @click.option("--shape", default="E=8,I=256,H=512", show_default=True, help="Dims of the synthetic layer.")
 @click.option("--seed", default=0, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="cpu", show_default=True, callback=_check_device, help="cpu, cuda or cuda:N")
 @define_option
-@_guard
 def demo(spec: Path | None, shape: str, seed: int, device: str, defines: tuple[str, ...]) -> int:
     """Compile SPEC (default: the FlashInfer CUTLASS BF16 spec), verify it, convert a
     deterministic synthetic MoE layer, check the round trip and print a short report."""
@@ -202,16 +269,15 @@ def _parse_shape(shape: str) -> dict[str, int]:
     return dims
 
 
-@main.command()
+@command()
 @click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--shape", default="E=128,I=2944,H=2944", show_default=True, help="Dims of the synthetic layer.")
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="cpu", show_default=True, callback=_check_device, help="cpu, cuda or cuda:N")
 @click.option("--lowering", default="auto", show_default=True, type=click.Choice(["auto", "fused", "compiled", "gather", "eager"]))
 @click.option("--reps", default=20, show_default=True, help="Timed repetitions (the median is reported).")
 @click.option("--eager/--no-eager", default=False, help="Also time the eager lowering.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @define_option
-@_guard
 def bench(spec: Path, shape: str, device: str, lowering: str, reps: int, eager: bool, as_json: bool,
           defines: tuple[str, ...]) -> int:
     """Time SPEC's converter, the vLLM-style sequence it replaces and a device copy, in one run."""
@@ -229,12 +295,11 @@ def bench(spec: Path, shape: str, device: str, lowering: str, reps: int, eager: 
     return 0
 
 
-@main.command()
+@command()
 @click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(["text", "markdown", "json"]))
 @click.option("--tensor", default=None, help="Only this tensor.")
 @define_option
-@_guard
 def explain(spec: Path, fmt: str, tensor: str | None, defines: tuple[str, ...]) -> int:
     """What SPEC does to each tensor: statements, composed map, rows, ties, needs, verdict."""
     from .api import compile_file
@@ -249,20 +314,21 @@ def explain(spec: Path, fmt: str, tensor: str | None, defines: tuple[str, ...]) 
     return 0
 
 
-@main.command(name="diff")
+@command(name="diff")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--git", "revs", nargs=2, default=None, metavar="REV1 REV2", help="Compare one file at two git revisions.")
 @click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(["text", "markdown", "json"]))
 @define_option
-@_guard
 def diff_cmd(paths: tuple[str, ...], revs: tuple[str, str] | None, fmt: str, defines: tuple[str, ...]) -> int:
     """Semantic diff: OLD.lyt NEW.lyt, or --git REV1 REV2 FILE. Exit 0: no layout change, 1: layouts differ."""
-    from .diff import as_json, as_markdown, as_text, diff, git_text, load_pair
+    from .diff import as_json, as_markdown, as_text, diff, load_pair
+    from .gitrepo import text_at
+    from .source import read_spec
 
     if revs:
         if len(paths) != 1:
             raise click.UsageError("with --git give exactly one spec file")
-        old_text, new_text = git_text(revs[0], paths[0]), git_text(revs[1], paths[0])
+        old_text, new_text = text_at(revs[0], paths[0]), text_at(revs[1], paths[0])
         old_name, new_name = f"{paths[0]}@{revs[0]}", f"{paths[0]}@{revs[1]}"
     else:
         if len(paths) != 2:
@@ -270,7 +336,7 @@ def diff_cmd(paths: tuple[str, ...], revs: tuple[str, str] | None, fmt: str, def
         for p in paths:
             if not Path(p).is_file():
                 raise click.BadParameter(f"no such file: {p}")
-        old_text, new_text = (Path(p).read_bytes().decode("utf-8") for p in paths)
+        old_text, new_text = (read_spec(p) for p in paths)
         old_name, new_name = paths
     old, new = load_pair(old_text, old_name, new_text, new_name, _parse_defines(defines))
     result = diff(old, new)
@@ -278,14 +344,13 @@ def diff_cmd(paths: tuple[str, ...], revs: tuple[str, str] | None, fmt: str, def
     return 1 if result.changed else 0
 
 
-@main.command()
+@command()
 @click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--tensor", default=None, help="The tensor to draw (with its tied tensors).")
 @click.option("--graph", is_flag=True, help="Draw the transform graph of the whole spec instead.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="file.png or file.svg")
 @click.option("--no-verify", is_flag=True, help="Draw a spec that fails verification (to see the desync).")
 @define_option
-@_guard
 def draw(spec: Path, tensor: str | None, graph: bool, output: Path, no_verify: bool, defines: tuple[str, ...]) -> int:
     """A picture of a tensor's layout on a small instance (tied scales beside it), or the spec's graph."""
     from .api import compile_file
@@ -306,17 +371,17 @@ def draw(spec: Path, tensor: str | None, graph: bool, output: Path, no_verify: b
 
 def _compile_unverified(spec: Path, defines: tuple[str, ...]):
     from .api import compile_source
+    from .source import read_spec
 
-    return compile_source(spec.read_bytes().decode("utf-8"), str(spec), _parse_defines(defines), verify_spec=False)
+    return compile_source(read_spec(spec), str(spec), _parse_defines(defines), verify_spec=False)
 
 
-@main.command()
+@command()
 @click.argument("rev_range", metavar="BASE..HEAD")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the Markdown here (default: standard output).")
 @click.option("--images", type=click.Path(file_okay=False, path_type=Path), default=Path("layoutc-review"),
               show_default=True, help="Folder for the pictures.")
-@_guard
 def review(rev_range: str, output: Path | None, images: Path) -> int:
     """A Markdown report for a pull request: diff, explain and pictures of every changed spec."""
     from .review import review as run_review
@@ -333,16 +398,16 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
     return 0 if ok else EXIT_SPEC_ERROR
 
 
-@main.command(name="convert")
+@command(name="convert")
 @click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--in", "in_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--names", default="vllm", show_default=True, help="Name mapping: vllm, gpt-oss or a JSON file.")
-@click.option("--device", default=None, help="cpu or cuda (default: cuda:<local rank> under torchrun with GPUs, else cpu)")
+@click.option("--device", default=None, callback=_check_device,
+              help="cpu or cuda (default: cuda:<local rank> under torchrun with GPUs, else cpu)")
 @click.option("--lowering", default="auto", show_default=True, type=click.Choice(["auto", "fused", "compiled", "gather", "eager"]))
 @click.option("--no-verify", is_flag=True, help="Skip the round-trip check of a sample layer per shard.")
 @define_option
-@_guard
 def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device: str | None, lowering: str,
                 no_verify: bool, defines: tuple[str, ...]) -> int:
     """Convert a safetensors checkpoint (single file or sharded) into SPEC's kernel layout."""

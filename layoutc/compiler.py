@@ -14,8 +14,7 @@ that names the tensor, the statement and the dims.
 from __future__ import annotations
 
 import itertools
-import math
-from typing import Iterable, Mapping
+from typing import Iterable
 
 import attrs
 
@@ -23,6 +22,8 @@ from . import expr as ex
 from .ast import Pos
 from .errors import Diagnostic, SpecError
 from .indexmap import IndexMap, compose_all, identity
+from .instances import classify, sample_dims
+from .limits import MAX_STEPS_PER_TENSOR
 from .ir import Program, Statement, TensorSpec
 from .ops import BindError, Op, OpTypeError, TensorType, bind
 from .ops.base import Category
@@ -113,28 +114,6 @@ class Variant:
         return next(c for c in self.chains if c.tensor == tensor)
 
 
-# ---------------------------------------------------------------------------
-# divisibility
-
-
-def classify(value: ex.Expr, multiple: int, assumptions: Mapping[str, int]) -> str:
-    """'proven' when ``value % multiple == 0`` follows from ``dim % m == 0`` assumptions,
-    'impossible' when it is a constant that fails, 'runtime' otherwise."""
-    if multiple == 1:
-        return "proven"
-    form = ex.linear_form(value)
-    if form is None:
-        return "runtime"
-    coefs, const = form
-    if not coefs:
-        return "proven" if const.denominator == 1 and const.numerator % multiple == 0 else "impossible"
-    for name, coef in coefs.items():
-        eff = coef * assumptions.get(name, 1)
-        if eff.denominator != 1 or eff.numerator % multiple:
-            return "runtime"
-    return "proven" if const.denominator == 1 and const.numerator % multiple == 0 else "runtime"
-
-
 def _where(program: Program, pos: Pos | None) -> str:
     return f"{program.filename}:{pos.line}" if pos else program.filename
 
@@ -211,6 +190,10 @@ class _Builder:
             for r in inferred.requires:
                 constraints.append(self.constraint(spec.name, r.value, r.multiple, r.what, context, st.pos, why))
             if not op.is_identity:
+                if len(steps) >= MAX_STEPS_PER_TENSOR:
+                    self.error(f"{spec.name} takes more than {MAX_STEPS_PER_TENSOR} transforms; its chain is composed "
+                               f"into one index map, and layoutc bounds its length", st.pos, tensors=[spec.name])
+                    return None
                 steps.append(Step(op, st, t, inferred.type))
             t = inferred.type
         target = next((o for o in self.program.outputs if o.name == spec.name), None)
@@ -313,55 +296,9 @@ class _Builder:
                         progress = True
         for d in self.program.dims:
             if d not in known:
-                self.error(f"dim {d} cannot be inferred from the shapes of the required inputs", None,
-                           f"use {d} linearly in some input shape, e.g. [{d}, ...]")
-
-
-def _step(value: ex.Expr, multiple: int, dim: str) -> int | None:
-    """The period m' with ``value % multiple == 0  <=>  dim % m' == 0``, for ``value = (p/q) * dim``."""
-    form = ex.linear_form(value)
-    if form is None or form[1] != 0 or set(form[0]) != {dim}:
-        return None
-    coef = form[0][dim]
-    p, q = coef.numerator, coef.denominator
-    return multiple * q // math.gcd(abs(p), multiple * q)
-
-
-def sample_dims(dims: tuple[str, ...], constraints: Iterable[tuple[ex.Expr, int]], per_dim: int = 4) -> list[dict]:
-    """Small dims values that satisfy every divisibility constraint: the instances on which
-    shape claims that are not linear (round_up, padding) are checked exhaustively."""
-    single: dict[str, list] = {d: [] for d in dims}
-    period = {d: 1 for d in dims}
-    multi = []
-    for value, multiple in set(constraints):
-        names = ex.free_vars(value)
-        if len(names) == 1 and next(iter(names)) in single:
-            d = next(iter(names))
-            step = _step(value, multiple, d)
-            if step is None:
-                single[d].append((value, multiple))
-            else:
-                period[d] = math.lcm(period[d], step)
-        elif names:
-            multi.append((value, multiple))
-    candidates = []
-    for d in dims:
-        ok = []
-        for k in range(1, 4097):
-            v = k * period[d]
-            if all(ex.evaluate(val, {d: v}) % m == 0 for val, m in single[d]):
-                ok.append(v)
-                if len(ok) == per_dim:
-                    break
-        if not ok:
-            return []
-        candidates.append(ok)
-    out = []
-    for combo in itertools.product(*candidates):
-        env = dict(zip(dims, combo))
-        if all(ex.evaluate(val, env) % m == 0 for val, m in multi):
-            out.append(env)
-    return out
+                self.error(f"dim {d} cannot be inferred from the shapes of the required inputs",
+                           self.program.dim_position(d), f"use {d} linearly in some input shape, e.g. [{d}, ...], "
+                           f"or remove it from 'dims'")
 
 
 def shapes_differ(a: tuple[ex.Expr, ...], b: tuple[ex.Expr, ...], samples: list[dict]) -> dict | None:

@@ -12,8 +12,6 @@ tensors are still in sync.
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 from typing import Any, Mapping
 
 import attrs
@@ -21,8 +19,8 @@ import torch
 
 from . import expr as ex
 from .api import CompiledSpec, compile_source
-from .compiler import Chain, sample_dims
-from .errors import SpecError
+from .compiler import Chain
+from .instances import sample_dims
 from .indexmap import concrete_shape, lift_to_bits, source_indices
 from .verify import axis_map, describe_labels, row_labels, verify
 
@@ -194,17 +192,6 @@ def load_pair(old_text: str, old_name: str, new_text: str, new_name: str,
     """Both specs compiled without the verifier (its verdict on the new one is part of the diff)."""
     return (compile_source(old_text, old_name, params, verify_spec=False),
             compile_source(new_text, new_name, params, verify_spec=False))
-
-
-def git_text(rev: str, path: str) -> str:
-    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, cwd=Path(path).parent or ".")
-    if top.returncode != 0:
-        raise SpecError([_diag(f"not in a git repository: {path}")], path)
-    rel = Path(path).resolve().relative_to(Path(top.stdout.strip()))
-    shown = subprocess.run(["git", "show", f"{rev}:{rel.as_posix()}"], capture_output=True, text=True, cwd=top.stdout.strip())
-    if shown.returncode != 0:
-        raise SpecError([_diag(f"git show {rev}:{rel}: {shown.stderr.strip()}")], path)
-    return shown.stdout
 
 
 def _diag(message: str):

@@ -15,7 +15,8 @@ import torch
 
 from . import expr as ex
 from .api import CompiledSpec
-from .compiler import Chain, sample_dims
+from .compiler import Chain
+from .instances import sample_dims
 from .indexmap import concrete_shape, source_indices
 from .verify import _row_axis, axis_map
 

@@ -13,6 +13,7 @@ from typing import Iterable, Sequence
 import attrs
 
 from .ast import Pos
+from .text import display, forbidden
 
 
 @attrs.frozen
@@ -28,28 +29,49 @@ class Diagnostic:
         return format_diagnostic(self, filename, source)
 
 
+_WINDOW = 120  # characters of a source line shown in an excerpt
+
+
+def _shown(ch: str) -> str:
+    """A character as the excerpt prints it: invisible and control characters escaped."""
+    if ch == "\t":
+        return " "  # Lark counts a tab as one column
+    return ascii(ch)[1:-1] if forbidden(ch) else ch
+
+
 def _excerpt(lines: Sequence[str], pos: Pos) -> list[str]:
     if not 1 <= pos.line <= len(lines):
         return []
-    text = lines[pos.line - 1].rstrip("\n").expandtabs(1)
+    shown = [_shown(c) for c in lines[pos.line - 1]]  # column k of the source is shown[k - 1]
+    text = "".join(shown)
     width = len(str(pos.line))
     end = pos.end_column if pos.end_line == pos.line and pos.end_column > pos.column else pos.column + 1
-    end = min(max(end, pos.column + 1), len(text) + 2)
-    caret = " " * (pos.column - 1) + "^" * (end - pos.column)
+    end = min(max(end, pos.column + 1), len(shown) + 2)
+    lead = sum(len(s) for s in shown[: pos.column - 1]) + max(0, pos.column - 1 - len(shown))
+    marks = sum(len(s) for s in shown[pos.column - 1: end - 1]) + max(0, end - 1 - max(len(shown), pos.column - 1))
+    marks = max(1, min(marks, _WINDOW // 2))
+    if len(text) > _WINDOW:  # a window around the caret: generated or hostile lines can be megabytes
+        first = max(0, lead - _WINDOW // 4)
+        cut = text[first:first + _WINDOW]
+        text = ("..." if first else "") + cut + ("..." if first + _WINDOW < len(text) else "")
+        lead = lead - first + (3 if first else 0)
+    caret = " " * lead + "^" * marks
     return [f"  {pos.line:>{width}} | {text}", f"  {' ' * width} | {caret}"]
 
 
 def format_diagnostic(d: Diagnostic, filename: str, source: str | None) -> str:
-    lines = source.splitlines() if source is not None else []
+    # Split on newlines only: str.splitlines() also breaks at characters the parser does not.
+    lines = source.split("\n") if source is not None else []
+    filename = display(filename)
     where = f"{filename}:{d.pos.line}:{d.pos.column}" if d.pos else filename
-    out = [f"{where}: {d.severity}: {d.message}"]
+    out = [f"{where}: {d.severity}: {display(d.message)}"]
     if d.pos:
         out += _excerpt(lines, d.pos)
     for note, pos in d.related:
         out.append(f"{filename}:{pos.line}:{pos.column}: note: {note}")
         out += _excerpt(lines, pos)
     if d.hint:
-        out.append(f"  hint: {d.hint}")
+        out.append(f"  hint: {display(d.hint)}")
     return "\n".join(out)
 
 

@@ -231,10 +231,26 @@ def gather(m: IndexMap, x: torch.Tensor, dims: Mapping[str, int] | None = None) 
 # building blocks: kernel layouts are compositions of these
 
 
+def unravel(linear: Expr, shape: Sequence[Expr]) -> tuple[Expr, ...]:
+    """Row-major coordinates of a linear index in ``shape`` (the outermost needs no modulo)."""
+    coords: list[Expr] = []
+    stride: Expr = ex.Const(1)
+    for k in reversed(range(len(shape))):
+        c = ex.floordiv(linear, stride)
+        coords.append(c if k == 0 else ex.mod(c, shape[k]))
+        stride = ex.mul(stride, shape[k])
+    return tuple(reversed(coords))
+
+
+def ravel(coords: Sequence[Expr], shape: Sequence[Expr]) -> Expr:
+    linear: Expr = ex.Const(0)
+    for c, size in zip(coords, shape):
+        linear = ex.add(ex.mul(linear, size), c)
+    return linear
+
+
 def reshape_map(in_shape: Sequence[Expr], out_shape: Sequence[Expr]) -> IndexMap:
     """Row-major reshape: same linear order, new shape."""
-    from .ops.base import ravel, unravel
-
     in_shape = tuple(ex.as_expr(s) for s in in_shape)
     out_shape = tuple(ex.as_expr(s) for s in out_shape)
     # Equal leading axes (experts) reshape independently: keep them as plain coordinates, so the

@@ -8,7 +8,7 @@ is checked against its declaration. All errors found are reported together.
 
 from __future__ import annotations
 
-import hashlib
+import re
 from typing import Any, Iterable, Mapping
 
 import attrs
@@ -17,7 +17,10 @@ from . import ast
 from . import expr as ex
 from .dtypes import ELEMENT_TYPES, ElemType
 from .errors import Diagnostic, SpecError
+from .limits import MAX_DIMS, MAX_INT, MAX_OPTIONAL_INPUTS, MAX_STATEMENTS, MAX_STRING
+from .names import identifier_problem
 from .ops import ArgValue, suggest
+from .text import char_name, forbidden
 
 KNOWN_FAMILIES = ("sm90_mixed", "sf_128x4", "trtllm")
 
@@ -131,10 +134,11 @@ class Program:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     statements: tuple[Statement, ...]
+    sha256: str = ""  # of the spec text as given (a file's bytes)
+    dim_pos: tuple[ast.Pos, ...] = ()  # where each dim is declared
 
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.source.encode()).hexdigest()
+    def dim_position(self, dim: str) -> ast.Pos | None:
+        return self.dim_pos[self.dims.index(dim)] if dim in self.dims and self.dim_pos else None
 
     def input(self, name: str) -> TensorSpec:
         return next(t for t in self.inputs if t.name == name)
@@ -180,14 +184,32 @@ def _arg_value(v: ast.Value) -> ArgValue:
 
 
 def parse_param_value(text: str) -> Any:
-    """A ``-D name=value`` string as a parameter value (bool, int, or identifier/string)."""
+    """A ``-D name=value`` string as a parameter value (bool, int, or identifier/string).
+    Raises ValueError for values no spec parameter can take (control characters, huge numbers)."""
+    bad = next((c for c in text if forbidden(c) or c == "\n"), None)
+    if bad is not None:
+        raise ValueError(f"the value contains the character {char_name(bad)}")
+    if len(text) > MAX_STRING:
+        raise ValueError(f"the value is {len(text)} characters long (at most {MAX_STRING})")
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
-    try:
-        return int(text, 0)
-    except ValueError:
-        return text.strip().strip('"')
+    if re.fullmatch(r"\s*[+-]?(0[xob])?[0-9a-f_]+\s*", low):
+        try:
+            value = int(text, 0)
+        except ValueError:
+            pass
+        else:
+            if abs(value) > MAX_INT:
+                raise ValueError(f"{value} is too large (at most {MAX_INT})")
+            return value
+    return text.strip().strip('"')
+
+
+def check_param_name(name: str) -> None:
+    """A ``-D`` name must be a name a spec can declare."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*", name):
+        raise ValueError(f"{name!r} is not a parameter name (letters, digits and '_')")
 
 
 class _Resolver:
@@ -308,10 +330,15 @@ class _Resolver:
                 self.requires.append(Requirement(item.library.text, item.op, item.version, item.pos))
             elif isinstance(item, ast.Dims):
                 for n in item.names:
+                    problem = identifier_problem(n.text)
                     if n.text in self.dims:
                         self.error(f"dim {n.text!r} is declared twice", n.pos)
                     elif n.text in self.params:
                         self.error(f"{n.text!r} is both a dim and a parameter", n.pos, "rename one of them")
+                    elif problem is not None:
+                        self.error(f"{n.text!r} cannot be a dim: {problem}", n.pos, "rename it (dims are sizes: E, I, H, ...)")
+                    elif len(self.dims) >= MAX_DIMS:
+                        self.error(f"a spec declares at most {MAX_DIMS} dims", n.pos)
                     else:
                         self.dims.append(n.text)
                         self.dim_pos[n.text] = n.pos
@@ -483,6 +510,16 @@ class _Resolver:
         )
 
     def finish(self) -> Program:
+        if not self.inputs and not self.outputs and not self.diags:
+            self.error("this spec declares no tensors", ast.Pos(1, 1, 1, 2),
+                       "declare the checkpoint tensors with 'input NAME : TYPE[shape]' and the kernel's with 'output'")
+        if len(self.statements) > MAX_STATEMENTS:
+            self.error(f"the spec has {len(self.statements)} transform statements (at most {MAX_STATEMENTS})",
+                       self.statements[MAX_STATEMENTS].pos)
+        optional = [t for t in self.inputs.values() if t.optional]
+        if len(optional) > MAX_OPTIONAL_INPUTS:
+            self.error(f"a spec has at most {MAX_OPTIONAL_INPUTS} optional inputs (each doubles the variants verified)",
+                       optional[MAX_OPTIONAL_INPUTS].pos)
         if not self.dims:
             used = set()
             for spec in list(self.inputs.values()) + list(self.outputs.values()):
@@ -497,13 +534,17 @@ class _Resolver:
         return Program(
             self.name, self.spec.filename, self.spec.source, tuple(sorted(self.params.items())), tuple(self.dims),
             tuple(self.assumptions), tuple(self.requires), tuple(self.inputs.values()), tuple(self.outputs.values()),
-            tuple(self.statements),
+            tuple(self.statements), self.spec.sha256, tuple(self.dim_pos[d] for d in self.dims),
         )
 
 
 def _default_name(filename: str) -> str:
-    base = filename.rsplit("/", 1)[-1]
-    return base[:-4] if base.endswith(".lyt") else base
+    """A spec without a ``spec NAME`` line is named after its file, as a plain identifier: the
+    name is shown and stamped on outputs, and a file name can hold any character."""
+    base = filename.replace("\\", "/").rsplit("/", 1)[-1]
+    base = base[:-4] if base.endswith(".lyt") else base
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", base).strip("_")[:64]
+    return name if name and not name[0].isdigit() else f"spec_{name}"
 
 
 def resolve(spec: ast.Spec, params: Mapping[str, Any] | None = None) -> Program:

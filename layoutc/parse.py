@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from importlib import resources
 
 import lark
@@ -11,6 +12,8 @@ from lark import Lark, Token, Transformer, v_args
 from . import ast
 from . import expr as ex
 from .errors import Diagnostic, SpecError
+from .limits import MAX_INT, MAX_INT_DIGITS, MAX_NESTING, MAX_STATEMENTS
+from .source import normalize, sha256
 
 _FRIENDLY = {
     "NAME": "a name",
@@ -41,6 +44,15 @@ class _Fail(Exception):
         self.diagnostic = Diagnostic("error", message, pos, hint)
 
 
+def _integer(tok: Token) -> int:
+    """An integer literal, refused past :data:`MAX_INT` (before Python parses a 100,000-digit one)."""
+    text = str(tok)
+    if len(text.lstrip("0")) > MAX_INT_DIGITS or int(text) > MAX_INT:
+        shown = text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
+        raise _Fail(f"integer {shown} is too large (at most {MAX_INT})", _pos(tok))
+    return int(text)
+
+
 @v_args(meta=True)
 class _ToAst(Transformer):
     def __init__(self, source: str):
@@ -50,13 +62,17 @@ class _ToAst(Transformer):
     def _text(self, meta) -> str:
         return self.source[meta.start_pos : meta.end_pos]
 
+    def _expr_text(self, meta) -> str:
+        """An expression as written, on one line and without comments (it is shown in shapes)."""
+        return " ".join(re.sub(r"#[^\n]*", " ", self._text(meta)).split())
+
     def _name(self, tok: Token) -> ast.Name:
         return ast.Name(str(tok), _pos(tok))
 
     # -- expressions --
     def int(self, meta, children):
         (tok,) = children
-        return ast.ExprValue(ex.Const(int(tok)), str(tok), _pos(tok))
+        return ast.ExprValue(ex.Const(_integer(tok)), str(tok), _pos(tok))
 
     def name(self, meta, children):
         (tok,) = children
@@ -73,7 +89,7 @@ class _ToAst(Transformer):
             if isinstance(b.expr, ex.Const) and b.expr.value <= 0:
                 raise _Fail(f"division by {b.expr.value}", b.pos)
             divisions += ((a.expr, b.expr),)
-        return ast.ExprValue(fn(a.expr, b.expr), self._text(meta), _pos(meta), divisions, multiples)
+        return ast.ExprValue(fn(a.expr, b.expr), self._expr_text(meta), _pos(meta), divisions, multiples)
 
     def add(self, meta, children):
         return self._binary(meta, children, ex.add)
@@ -89,7 +105,7 @@ class _ToAst(Transformer):
 
     def neg(self, meta, children):
         (a,) = children
-        return ast.ExprValue(ex.mul(-1, a.expr), self._text(meta), _pos(meta), a.divisions, a.multiples)
+        return ast.ExprValue(ex.mul(-1, a.expr), self._expr_text(meta), _pos(meta), a.divisions, a.multiples)
 
     def call(self, meta, children):
         fn_tok, *args = children
@@ -108,7 +124,7 @@ class _ToAst(Transformer):
         multiples = tuple(m for a in args for m in a.multiples)
         if not isinstance(args[1].expr, ex.Const):  # must be an integer parameter: checked once they are known
             multiples += ((args[1].expr, args[1].pos),)
-        return ast.ExprValue(fn(args[0].expr, args[1].expr), self._text(meta), _pos(meta), divisions, multiples)
+        return ast.ExprValue(fn(args[0].expr, args[1].expr), self._expr_text(meta), _pos(meta), divisions, multiples)
 
     # -- other values --
     def string(self, meta, children):
@@ -154,6 +170,9 @@ class _ToAst(Transformer):
     def scales_attr(self, meta, children):
         weight, block = children
         rows, _, k = str(block).rpartition("x")
+        for part in (rows, k):
+            if len(part) > MAX_INT_DIGITS or (part and int(part) > MAX_INT):
+                raise _Fail(f"scale block {str(block)} is too large", _pos(block))
         row_block, block_k = int(rows or 1), int(k)
         if row_block <= 0 or block_k <= 0:
             raise _Fail("a scale block must be a positive number of elements (32, or rows x K: 128x128)", _pos(block))
@@ -170,13 +189,13 @@ class _ToAst(Transformer):
 
     def interleaved_rows(self, meta, children):
         a, b, group = children
-        if group is not None and int(group) < 1:
+        if group is not None and _integer(group) < 1:
             raise _Fail("an interleave group is at least 1 row", _pos(group))
-        return ast.InterleavedRows((self._name(a), self._name(b)), int(group) if group is not None else 1, _pos(meta))
+        return ast.InterleavedRows((self._name(a), self._name(b)), _integer(group) if group is not None else 1, _pos(meta))
 
     def family_arg(self, meta, children):
         key, value = children
-        return self._name(key), int(value)
+        return self._name(key), _integer(value)
 
     def family_args(self, meta, children):
         return tuple(children)
@@ -312,16 +331,46 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str) -> Diagnost
     return Diagnostic("error", str(err).splitlines()[0], pos)  # pragma: no cover
 
 
+def _check_size(tree: lark.Tree, filename: str, source: str) -> None:
+    """Refuse trees deeper than :data:`MAX_NESTING` (before anything walks them recursively) and specs
+    with more than :data:`MAX_STATEMENTS` transforms (before anything resolves them)."""
+    stack = [(tree, 1)]
+    statements = []
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise SpecError([Diagnostic("error", f"the spec nests more than {MAX_NESTING} levels deep here "
+                                                 "(unary minus or 'if' blocks)", _meta_pos(node.meta),
+                                        "write it flatter")], filename, source)
+        if node.data == "op_call":
+            statements.append(node)
+        stack.extend((c, depth + 1) for c in node.children if isinstance(c, lark.Tree))
+    if len(statements) > MAX_STATEMENTS:
+        later = sorted(statements, key=lambda n: (n.meta.line, n.meta.column))[MAX_STATEMENTS]
+        raise SpecError([Diagnostic("error", f"the spec has {len(statements)} transform statements (at most "
+                                             f"{MAX_STATEMENTS})", _meta_pos(later.meta))], filename, source)
+
+
+def _meta_pos(meta) -> ast.Pos | None:
+    return None if meta.empty else ast.Pos(meta.line, meta.column, meta.end_line, meta.end_column)
+
+
 def parse(source: str, filename: str = "<spec>") -> ast.Spec:
-    """Parse spec text; raises :class:`SpecError` with a positioned diagnostic."""
+    """Parse spec text; raises :class:`SpecError` with a positioned diagnostic.
+
+    The text is normalised first (:mod:`layoutc.source`: line ends, forbidden characters); the
+    tree keeps the normalised text and the hash of the text as given."""
+    digest = sha256(source)
+    source = normalize(source, filename)
     try:
         tree = parser().parse(source)
     except lark.exceptions.UnexpectedInput as err:
         raise SpecError([_syntax_error(err, source)], filename, source) from None
+    _check_size(tree, filename, source)
     try:
         items = _ToAst(source).transform(tree)
     except lark.exceptions.VisitError as err:
         if isinstance(err.orig_exc, _Fail):
             raise SpecError([err.orig_exc.diagnostic], filename, source) from None
         raise
-    return ast.Spec(items, source, filename)
+    return ast.Spec(items, source, filename, digest)

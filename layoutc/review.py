@@ -7,31 +7,18 @@ and the layout of every tensor whose layout changed). Pictures go to a folder be
 
 from __future__ import annotations
 
-import subprocess
+import re
+import urllib.parse
 from pathlib import Path
 
 from .api import compile_source
+from .gitrepo import changed_specs, show, toplevel
 from .diff import as_markdown as diff_markdown
 from .diff import diff, load_pair
 from .errors import SpecError
 from .explain import as_markdown as explain_markdown
 from .explain import explain
-
-
-def _git(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=cwd)
-
-
-def changed_specs(base: str, head: str, cwd: Path) -> list[str]:
-    out = _git("diff", "--name-only", "--diff-filter=AMR", base, head, "--", "*.lyt", cwd=cwd)
-    if out.returncode != 0:
-        raise ValueError(out.stderr.strip() or f"git diff {base} {head} failed")
-    return [line for line in out.stdout.splitlines() if line.strip()]
-
-
-def _show(rev: str, path: str, cwd: Path) -> str | None:
-    out = _git("show", f"{rev}:{path}", cwd=cwd)
-    return out.stdout if out.returncode == 0 else None
+from .text import display
 
 
 def review(rev_range: str, images: Path, cwd: Path = Path("."), report_dir: Path | None = None) -> tuple[str, bool]:
@@ -39,8 +26,12 @@ def review(rev_range: str, images: Path, cwd: Path = Path("."), report_dir: Path
     relative to ``report_dir`` (where the report will be written) when given."""
     import os
 
-    def link(p: Path) -> str:
-        return Path(os.path.relpath(p, report_dir)).as_posix() if report_dir is not None else p.as_posix()
+    def link(p: Path) -> str:  # URL-quoted: a file name must not end the Markdown link early
+        rel = Path(os.path.relpath(p, report_dir)).as_posix() if report_dir is not None else p.as_posix()
+        return urllib.parse.quote(rel)
+
+    def code(text: str) -> str:  # a file name as Markdown code, whatever it holds
+        return "`" + display(text).replace("`", "'") + "`"
 
     from .draw import draw_graph, draw_layout
 
@@ -48,7 +39,7 @@ def review(rev_range: str, images: Path, cwd: Path = Path("."), report_dir: Path
         raise ValueError("give a range BASE..HEAD")
     base, head = rev_range.split("..", 1)
     head = head or "HEAD"
-    top = Path(_git("rev-parse", "--show-toplevel", cwd=cwd).stdout.strip() or cwd)
+    top = toplevel(cwd)
     paths = changed_specs(base, head, top)
     lines = [f"## Layout review: `{base}..{head}`", ""]
     if not paths:
@@ -56,16 +47,16 @@ def review(rev_range: str, images: Path, cwd: Path = Path("."), report_dir: Path
     images.mkdir(parents=True, exist_ok=True)
     ok = True
     for path in paths:
-        new_text = _show(head, path, top)
-        old_text = _show(base, path, top)
-        lines += [f"### `{path}`", ""]
+        new_text = show(head, path, top)
+        old_text = show(base, path, top)
+        lines += [f"### {code(path)}", ""]
         try:
             new = compile_source(new_text, f"{path}@{head}", verify_spec=False)
         except SpecError as err:
             ok = False
             lines += ["The new version does not compile:", "", "```", err.render(), "```", ""]
             continue
-        stem = path.replace("/", "_").removesuffix(".lyt")
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.removesuffix(".lyt"))  # a picture name from any path
         if old_text is None:
             lines += ["New spec.", ""]
             changed_tensors = list(new.input_names)
@@ -86,7 +77,7 @@ def review(rev_range: str, images: Path, cwd: Path = Path("."), report_dir: Path
             ok = False
             lines += ["The new version fails verification:", "", "```", err.render(), "```", ""]
         graph = draw_graph(new, images / f"{stem}_graph.png")
-        lines += [f"![transform graph of {path}]({link(graph)})", ""]
+        lines += [f"![transform graph]({link(graph)})", ""]
         drawn = set()
         for tensor in changed_tensors:
             chain = next(c for c in new.compiled.variants[-1].chains if c.tensor == tensor)

@@ -36,7 +36,8 @@ import torch
 
 from . import expr as ex
 from .ast import Pos
-from .compiler import Chain, Compiled, Step, Variant, sample_dims
+from .compiler import Chain, Compiled, Step, Variant
+from .instances import sample_dims
 from .errors import Diagnostic
 from .indexmap import compose_all, concrete_shape, source_indices
 from .ir import Program, RowLayout, TensorSpec

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
 
 import layoutc
 from layoutc.demo import synthetic_inputs

@@ -52,7 +52,8 @@ def layer_inputs(tensors: dict, layer: int) -> dict:
 
 
 def folder_digest(folder: Path) -> dict:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def load_all(folder: Path) -> dict:
@@ -110,21 +111,33 @@ def test_resume_skips_finished_shards_and_redoes_changed_ones(tmp_path, bf16):
     (tmp_path / "out" / "model-00002-of-00002.safetensors").unlink()
     resumed = convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
     assert resumed["skipped_shards"] == 1 and resumed["written_shards"] == 1
-    # a shard whose input changed since is redone
+    # a touched input (same bytes) is not a change ...
     src = tmp_path / "in" / "model-00001-of-00002.safetensors"
     os.utime(src, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns + 10**9))
+    assert convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")["written_shards"] == 0
+    # ... but a shard changed in place, size and mtime kept, is redone: the stamp holds its sha256
+    stat = src.stat()
+    data = bytearray(src.read_bytes())
+    data[-1] ^= 0xFF
+    src.write_bytes(bytes(data))
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert src.stat().st_size == stat.st_size and src.stat().st_mtime_ns == stat.st_mtime_ns
     assert convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")["written_shards"] == 1
     assert not list((tmp_path / "out").glob(".*.tmp"))
 
 
-def test_parameters_are_part_of_the_resume_stamp(tmp_path, bf16):
+def test_a_folder_converted_with_other_parameters_is_not_resumed(tmp_path, bf16):
     make_checkpoint(tmp_path / "in", bf16, layers=2, shards=1)
     convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
     tp = layoutc.compile_file(SPECS / "flashinfer_cutlass_bf16.lyt", {"tp_size": 2, "tp_rank": 1})
     assert tp.sha256 == bf16.sha256  # the same file: only the parameters tell the two apart
-    summary = convert_checkpoint(tp, tmp_path / "in", tmp_path / "out")
-    assert summary["written_shards"] == 1, "a rank-1 slice must not be mistaken for the finished full conversion"
-    out = load_all(tmp_path / "out")
+    before = folder_digest(tmp_path / "out")
+    with pytest.raises(layoutc.LayoutError, match="another params .* would mix two layouts"):
+        convert_checkpoint(tp, tmp_path / "in", tmp_path / "out")
+    assert folder_digest(tmp_path / "out") == before  # nothing of the refused run was written
+    summary = convert_checkpoint(tp, tmp_path / "in", tmp_path / "out-rank1")
+    assert summary["written_shards"] == 1
+    out = load_all(tmp_path / "out-rank1")
     assert out[f"{PREFIX.format(0)}.w13_weight"].shape[1] == DIMS["I"]  # 2*I / 2
 
 

@@ -13,7 +13,7 @@ import layoutc
 from layoutc import LayoutError
 from layoutc.ir import resolve
 from layoutc.parse import parse
-from tests.helpers import ROOT, SPECS, bits
+from tests.helpers import SPECS, bits
 
 DIMS = {"E": 2, "I": 128, "H": 256}
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import layoutc
 from layoutc import expr as ex
-from layoutc.compiler import sample_dims
+from layoutc.instances import sample_dims
 from layoutc.indexmap import concrete_shape, coordinate_grids
 from tests.helpers import SPECS
 

@@ -14,6 +14,7 @@ import torch
 
 from .. import expr as ex
 from ..compiler import Chain
+from ..text import comment
 
 
 def render(value: Any) -> str:
@@ -45,9 +46,8 @@ def emit_chain(chain: Chain, filename: str, var: str = "x") -> list[str]:
     for s in chain.steps:
         fn, args = s.op.impl()
         call = f"{var} = {fn.__name__}({', '.join([var] + [render(a) for a in args])})"
-        text = " ".join(s.statement.text.split()) if s.statement else ""  # one line, whatever the spec's layout
-        origin = f"{filename}:{s.statement.pos.line}: {text}" if s.statement else str(s.op)
+        origin = f"{filename}:{s.statement.pos.line}: {s.statement.text}" if s.statement else str(s.op)
         if s.statement and s.op.name != s.statement.op:
             origin += f"  [{s.op.name}]"
-        lines.append(f"{call:<48}  # {origin}")
+        lines.append(f"{call:<48}  # {comment(origin)}")  # one escaped line, whatever the spec or file name holds
     return lines

@@ -105,7 +105,7 @@ def _coarsen(p: FusedPlan, chain: Chain) -> FusedPlan:
     (the 4-byte groups of the SM90 scale fold and of the 128x4 swizzle) move as one R-element word."""
     import torch
 
-    from ..compiler import sample_dims
+    from ..instances import sample_dims
 
     m = p.map
     if not m.fill == ex.Const(0):
@@ -148,7 +148,7 @@ def _coarsen(p: FusedPlan, chain: Chain) -> FusedPlan:
 
 
 def _samples(chain: Chain) -> list[dict]:
-    from ..compiler import sample_dims
+    from ..instances import sample_dims
 
     names = sorted(set().union(*(ex.free_vars(s) for s in chain.source.shape)))
     found = sample_dims(tuple(names), [(c.value, c.multiple) for c in chain.constraints], per_dim=6)
@@ -330,19 +330,33 @@ def _bit_permutation_terms(table: Sequence[int]) -> list[tuple[int, int]]:
 # Triton
 
 
+#: The canonical quiet NaN of each float type, as bits (what torch.tensor(nan, dtype) holds).
+CANONICAL_NAN = {"bfloat16": ("tl.uint16", 0x7FC0), "float16": ("tl.uint16", 0x7E00),
+                 "float32": ("tl.uint32", 0x7FC00000), "float8_e4m3fn": ("tl.uint8", 0x7F),
+                 "float8_e5m2": ("tl.uint8", 0x7E)}
+
+
 def _conv_triton(plan: FusedPlan, value: str) -> list[str]:
     lines = []
     elem = plan.in_elem
     for kind, to in plan.conversions:
         dtype = TRITON_DTYPES[to.canonical]
         if kind == "cast" and elem.canonical == "float32" and to.canonical == "bfloat16":
-            # Round to nearest even on the bits, exactly as torch does (NaN -> 0x7FC0), whatever
-            # the backend's conversion (Triton's CPU interpreter truncates).
+            # Round to nearest even on the bits, exactly as torch does, whatever the backend's
+            # conversion (Triton's CPU interpreter truncates); NaN -> the canonical 0x7FC0.
             lines += [
                 f"_b = {value}.to(tl.uint32, bitcast=True)",
                 "_r = (_b + 0x7FFF + ((_b >> 16) & 1)) >> 16",
                 "_r = tl.where((_b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, _r)",
                 f"{value} = _r.to(tl.uint16).to(tl.bfloat16, bitcast=True)",
+            ]
+        elif kind == "cast" and elem.numeric and elem.canonical.startswith(("float", "bfloat")) \
+                and to.canonical in CANONICAL_NAN and to.canonical != elem.canonical:
+            bits, nan = CANONICAL_NAN[to.canonical]
+            lines += [
+                f"_nan = {value} != {value}",
+                f"{value} = {value}.to({dtype})",
+                f"{value} = tl.where(_nan, tl.full({value}.shape, {nan:#x}, {bits}).to({dtype}, bitcast=True), {value})",
             ]
         else:
             lines.append(f"{value} = {value}.to({dtype}{', bitcast=True' if kind == 'view' else ''})")
@@ -515,7 +529,8 @@ def torch_function(plan: FusedPlan, name: str, dims: Sequence[str]) -> str:
             strides, offset = affine_strides(plan.map)
             shape = ", ".join(ex.to_python(s) for s in plan.out_shape)
             st = ", ".join(ex.to_python(s) for s in strides)
-            lines.append(f"    y = x.contiguous().as_strided(({shape},), ({st},), {ex.to_python(offset)})")
+            lines.append("    x = x.contiguous()  # as_strided offsets count from the storage's start, not the tensor's")
+            lines.append(f"    y = x.as_strided(({shape},), ({st},), x.storage_offset() + {ex.to_python(offset)})")
         lines += _conv_torch(plan, "y", "    ")
         lines.append("    return y.contiguous()")
         return "\n".join(lines) + "\n"
@@ -599,23 +614,24 @@ def launcher(plan: FusedPlan, name: str, kernel: str, dims: Sequence[str]) -> st
     out = ", ".join(ex.to_python(s) for s in plan.out_shape)
     lines = [f"def {name}(x, d, kernels):"]
     lines += [f"    {d} = d[{d!r}]" for d in dims]
+    lines.append("    x = _aligned(x)  # the kernels load whole words")
     lines.append(f"    y = torch.empty(({out},), dtype=torch.{plan.out_elem.canonical}, device=x.device)")
     if plan.form == "words4":
         total = ex.to_python(ex.mul(*_quad_shape(plan)))
         view = "int64" if plan.word4_pairs else "int32"
-        lines.append(f"    xs, ys = x.contiguous().view(torch.{view}), y.view(torch.int32)")
+        lines.append(f"    xs, ys = x.view(torch.{view}), y.view(torch.int32)")
         block = BLOCK_QUADS
     elif plan.kind == "words":
         total = ex.to_python(ex.mul(*plan.word_shape))
-        lines.append("    xs, ys = x.contiguous().view(torch.uint8), y.view(torch.int32)")
+        lines.append("    xs, ys = x.view(torch.uint8), y.view(torch.int32)")
         block = BLOCK_WORDS
     else:
         total = ex.to_python(ex.mul(*plan.out_shape)) if plan.out_shape else "1"
         if plan.conversions:
-            lines.append("    xs, ys = x.contiguous(), y")
+            lines.append("    xs, ys = x, y")
         else:
             bits = BIT_VIEWS[plan.in_elem.bits]
-            lines.append(f"    xs, ys = x.contiguous().view(torch.{bits}), y.view(torch.{bits})")
+            lines.append(f"    xs, ys = x.view(torch.{bits}), y.view(torch.{bits})")
         block = BLOCK_ELEMENTS
     lines.append(f"    total = {total}")
     lines.append("    if total == 0:")
@@ -634,7 +650,7 @@ def launcher(plan: FusedPlan, name: str, kernel: str, dims: Sequence[str]) -> st
         lines.append(f"    if x.shape[-1] % {plan.coarse} == 0 and y.shape[-1] % {plan.coarse} == 0:  # move whole words")
         lines.append(f"        n = total // {plan.coarse}")
         lines.append(f"        grid = ((n + {block - 1}) // {block},)")
-        lines.append(f"        kernels[{kernel + '_coarse'!r}][grid](x.contiguous().view(torch.{wide_bits}), "
+        lines.append(f"        kernels[{kernel + '_coarse'!r}][grid](x.view(torch.{wide_bits}), "
                      f"y.view(torch.{wide_bits}), {args}, WIDE=wide, BLOCK={block})")
         lines.append("    else:")
         lines.append(f"        grid = ((total + {block - 1}) // {block},)")
@@ -649,7 +665,7 @@ def launcher(plan: FusedPlan, name: str, kernel: str, dims: Sequence[str]) -> st
 
 def _conv_torch(plan: FusedPlan, var: str, indent: str) -> list[str]:
     out = []
-    for kind, to in plan.conversions:
-        call = "view" if kind == "view" else "to"
-        out.append(f"{indent}{var} = {var}.{call}(torch.{to.canonical})")
+    for kind, to in plan.conversions:  # casts through the eager op's own function: one semantics (NaNs too)
+        call = f"{var}.view(torch.{to.canonical})" if kind == "view" else f"cast({var}, torch.{to.canonical})"
+        out.append(f"{indent}{var} = {call}")
     return out

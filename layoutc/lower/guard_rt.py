@@ -8,6 +8,14 @@ it, so wrapping an output in ``nn.Parameter`` keeps its record and freeing it dr
 the record. The guard then checks, for every tensor of a layer, that a record exists,
 that all records name the same spec, parameters and library versions, and that the
 tensor was not modified in place since (torch's version counter).
+
+What the guard sees, and what it cannot: in-place torch ops on the tensor or its views
+(``add_``, ``copy_``, indexing assignment) bump the version counter and are caught; so are a
+storage swapped with ``set_()``, a storage resized, a reshape or dtype relabel, and a tensor of
+the converted layer replaced by ``None``. Writes that bypass torch's version counter are not:
+``.data`` edits, writes through ``.numpy()``, ``untyped_storage()``, DLPack or another tensor
+aliasing the same storage. Seeing those would need the bytes re-read (a device pass per call),
+which the guard, meant to cost microseconds before every MoE call, does not do.
 """
 
 import importlib.metadata
@@ -51,12 +59,15 @@ def _stamp(outputs, spec_name, sha256, params, requires):
         del reg.records[key]
     call = next(reg.calls)
     library = tuple((lib, _installed(dist)) for lib, dist, _, _ in requires)
+    converted = frozenset(outputs)
     for name, t in outputs.items():
         storage = t.untyped_storage()
         reg.records[(storage.data_ptr(), t.storage_offset())] = {
             "tensor": name, "spec": spec_name, "sha256": sha256, "params": params, "library": library,
             "call": call, "shape": tuple(t.shape), "stride": tuple(t.stride()), "dtype": t.dtype,
-            "version": t._version, "storage": StorageWeakRef(storage),
+            "nbytes": storage.nbytes(), "converted": converted,
+            # Inference tensors (in-place conversion under torch.inference_mode) have no version counter.
+            "version": None if t.is_inference() else t._version, "storage": StorageWeakRef(storage),
         }
 
 
@@ -85,8 +96,15 @@ def _guard_layer(tensors, expect_sha256=None, expect_params=None, same_call=Fals
                 f"{what}: {name} was reshaped or reinterpreted after conversion "
                 f"({r['dtype']}{list(r['shape'])} -> {t.dtype}{list(t.shape)})"
             )
-        if t._version != r["version"]:
+        if t.untyped_storage().nbytes() != r["nbytes"]:
+            raise LayoutError(f"{what}: the storage of {name} was resized after {r['spec']} converted it")
+        if r["version"] is not None and t._version != r["version"]:
             raise LayoutError(f"{what}: {name} was modified in place after {r['spec']} converted it")
+        dropped = sorted(n for n in r["converted"] if n in tensors and tensors[n] is None)
+        if dropped:
+            raise LayoutError(f"{what}: {', '.join(dropped)} {'was' if len(dropped) == 1 else 'were'} converted with "
+                              f"{name} but {'is' if len(dropped) == 1 else 'are'} None now; the kernel would run "
+                              f"without {'it' if len(dropped) == 1 else 'them'}")
         if expect_sha256 is not None and r["sha256"] != expect_sha256:
             raise LayoutError(
                 f"{what}: {name} was converted by spec {r['spec']} (sha256 {r['sha256'][:12]}), "

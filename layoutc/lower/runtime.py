@@ -9,6 +9,7 @@ and the library version the layout belongs to.
 
 import importlib.metadata
 import linecache
+import os
 from fractions import Fraction
 
 import torch
@@ -178,10 +179,14 @@ def _choose_lowering(lowering, tensors):
     # layers (compiling takes seconds once per shape, cached by torch) and the eager ops otherwise.
     if lowering not in ("auto", "fused", "compiled", "gather", "eager"):
         raise LayoutError(f"lowering must be 'auto', 'fused', 'compiled', 'gather' or 'eager', got {lowering!r}")
-    if lowering != "auto":
-        return lowering
     given = [t for t in tensors.values() if t is not None]
     device = given[0].device if given else torch.device("cpu")
+    if lowering == "fused" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise LayoutError(f"lowering='fused' runs Triton kernels, which need CUDA tensors (these are on {device}); "
+                          "use 'auto', 'gather' or 'eager' here, or set TRITON_INTERPRET=1 before importing "
+                          "triton to run the kernels in Triton's interpreter")
+    if lowering != "auto":
+        return lowering
     if device.type == "cuda":
         try:
             import triton  # noqa: F401
@@ -193,6 +198,15 @@ def _choose_lowering(lowering, tensors):
 
 
 _COMPILE_ABOVE_BYTES = 1 << 28
+
+
+def _aligned(x, align=16):
+    # Fused kernels load whole words of up to 16 bytes: an input that starts at an odd address
+    # (a slice of a larger buffer) is copied first instead of failing in the kernel's view.
+    x = x.contiguous()
+    if (x.storage_offset() * x.element_size()) % align or x.data_ptr() % align:
+        x = x.clone()
+    return x
 
 
 def _compiled(fn):

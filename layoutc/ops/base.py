@@ -18,7 +18,7 @@ kernel family (a swizzle), reshapes, or changes values/labels (cast/view).
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar
 
 import attrs
 
@@ -166,41 +166,3 @@ def with_shape(t: TensorType, dim: int, size: Expr) -> TensorType:
     shape = list(t.shape)
     shape[dim] = size
     return attrs.evolve(t, shape=tuple(shape))
-
-
-def unravel(linear: Expr, shape: Sequence[Expr]) -> tuple[Expr, ...]:
-    """Row-major coordinates of a linear index in ``shape`` (the outermost needs no modulo)."""
-    coords: list[Expr] = []
-    stride: Expr = ex.Const(1)
-    for k in reversed(range(len(shape))):
-        c = ex.floordiv(linear, stride)
-        coords.append(c if k == 0 else ex.mod(c, shape[k]))
-        stride = ex.mul(stride, shape[k])
-    return tuple(reversed(coords))
-
-
-def ravel(coords: Sequence[Expr], shape: Sequence[Expr]) -> Expr:
-    linear: Expr = ex.Const(0)
-    for c, size in zip(coords, shape):
-        linear = ex.add(ex.mul(linear, size), c)
-    return linear
-
-
-def divisions(exprs) -> list[tuple[Expr, int]]:
-    """``(numerator, denominator)`` of every exact division in ``exprs`` (each must divide)."""
-    out = []
-    stack = list(exprs)
-    while stack:
-        e = stack.pop()
-        if isinstance(e, ex.Div) and isinstance(e.den, ex.Const):
-            out.append((e.num, e.den.value))
-        stack.extend(ex.children(e))
-    return out
-
-
-def small_instances(exprs, constraints=()) -> list[dict]:
-    """Small dims values under which every exact division in ``exprs`` (and ``constraints``) holds."""
-    from ..compiler import sample_dims
-
-    names = tuple(sorted(set().union(set(), *(ex.free_vars(e) for e in exprs))))
-    return sample_dims(names, list(divisions(exprs)) + list(constraints), per_dim=4) if names else [{}]

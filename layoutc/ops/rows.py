@@ -32,7 +32,7 @@ import attrs
 from .. import expr as ex
 from ..indexmap import IndexMap, out_var
 from . import torch_impl
-from .base import Category, Inferred, Op, OpTypeError, TensorType, along, check_dim, require_multiple
+from .base import Category, Inferred, Op, TensorType, along, check_dim, require_multiple
 
 
 def _dim_field(default: int = 1):

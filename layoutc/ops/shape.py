@@ -21,7 +21,8 @@ import attrs
 from .. import expr as ex
 from ..indexmap import IndexMap, crop_map, out_var, out_vars, pad_map, reshape_map
 from . import torch_impl
-from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType, check_dim, divisions, small_instances, with_shape
+from ..instances import divisions, small_instances
+from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType, check_dim, with_shape
 
 
 def _part_size(t: TensorType, dim: int, parts: int) -> ex.Expr:

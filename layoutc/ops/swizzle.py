@@ -22,7 +22,8 @@ import attrs
 from .. import expr as ex
 from ..indexmap import IndexMap, compose_all, crop_map, pad_map, permute_map, reshape_map
 from . import torch_impl
-from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType, small_instances
+from ..instances import small_instances
+from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType
 
 FAMILY = "sf_128x4"
 

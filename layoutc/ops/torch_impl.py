@@ -201,5 +201,9 @@ def view_as(x, dtype):
 
 
 def cast(x, dtype):
-    # Convert values (round to nearest even for narrowing float casts).
-    return x.to(dtype)
+    # Convert values: round to nearest even; every NaN becomes the target type's canonical quiet NaN
+    # (torch's own conversion is device-dependent there: f32 -> bf16 gives 0xFFFF on the CPU).
+    y = x.to(dtype)
+    if x.is_floating_point() and y.is_floating_point() and x.dtype != dtype:
+        y = torch.where(torch.isnan(x), torch.tensor(float("nan"), dtype=dtype, device=x.device), y)
+    return y

@@ -80,3 +80,49 @@ def test_the_generator_reaches_the_compiler():
     sample()
     assert stages["syntax"] == 0  # generated from the grammar: always parses
     assert stages["later"] > 50
+
+
+# -- hostile characters and shapes: CR, U+2028, NUL, bidi controls, deep nesting ----------------------
+
+HOSTILE_CHARS = st.sampled_from(["\r", "\r\n", "\u2028", "\u2029", "\x00", "\x0b", "\x0c", "\x1b", "\u202e",
+                                 "\u200b", "\ufeff", "\x85", "\t", '"""', "'''", "\\", "#", "\n"])
+SHIPPED = sorted((__import__("pathlib").Path(__file__).resolve().parents[2] / "specs").glob("*.lyt"))
+
+
+@settings(max_examples=150, deadline=5000, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_hostile_characters_anywhere_in_a_real_spec(data):
+    text = data.draw(st.sampled_from(SHIPPED)).read_text()
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(text)))
+        text = text[:at] + data.draw(HOSTILE_CHARS) + text[at:]
+    try:
+        layoutc.compile_source(text, "hostile.lyt", check_versions=False)
+    except layoutc.SpecError as err:
+        rendered = err.render()
+        assert not any(c in rendered for c in "\r\x00\x0b\x0c\x1b\u2028\u2029\u202e\u200b\x85"), repr(rendered)
+
+
+@settings(max_examples=60, deadline=5000, suppress_health_check=list(HealthCheck))
+@given(depth=st.integers(1, 400), kind=st.sampled_from(["neg", "paren", "if"]))
+def test_deep_nesting_never_crashes(depth, kind):
+    if kind == "if":
+        body = "param p = true\n" + "if p {\n" * depth + "}\n" * depth
+        shape = "E"
+    else:
+        body = ""
+        shape = ("-" * depth + "E") if kind == "neg" else ("(" * depth + "E" + ")" * depth)
+    text = f"dims E\n{body}input a : u8[E, {shape}]\noutput a : u8[E, {shape}]\n"
+    try:
+        layoutc.compile_source(text, "deep.lyt", check_versions=False)
+    except layoutc.SpecError as err:
+        assert err.render()
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_line_endings_do_not_change_a_shipped_spec(path):
+    text = path.read_text()
+    lf = layoutc.compile_source(text, path.name)
+    for ending in ("\r\n", "\r"):
+        other = layoutc.compile_source(text.replace("\n", ending), path.name)
+        assert [(s.text, s.pos) for s in other.program.statements] == [(s.text, s.pos) for s in lf.program.statements]

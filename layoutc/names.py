@@ -1,0 +1,50 @@
+"""Which names from a spec may become identifiers in generated code.
+
+Dims are the only spec names that generated converters use as Python identifiers (locals and
+parameters holding sizes: ``2*I`` reads better than ``d['I']*2``); every other name from a
+spec (tensors, parameters, the spec's own name) reaches generated code as a ``repr()`` literal.
+The grammar already limits names to ``[A-Za-z_][A-Za-z0-9_]*``; a dim must also not shadow
+a Python keyword or builtin, a name the generated module or its kernels use, or the index-map
+coordinate variables ``o0, o1, ...``. ``tests/security`` generates converters for every shipped
+spec and checks that every identifier they use is in :data:`GENERATED` (or is a dim), so a new
+local in the code generator cannot silently become shadowable.
+"""
+
+from __future__ import annotations
+
+import builtins
+import keyword
+import re
+
+#: Identifiers the code generator writes into converter modules, their Triton kernels and the
+#: runtime functions copied into them (module names, functions, locals, kernel arguments).
+GENERATED = frozenset("""
+    torch triton tl importlib itertools linecache sys types Fraction math
+    tensors dims lowering chunk inplace d present how out x y xs ys kernels total wide grid n
+    start stop step flat zero src ok v r w byte compiled part full same_bytes name
+    pid offs mask rows cols live inside j s p0 p1 BLOCK WIDE BR BC x_ptr y_ptr n_rows n_cols bc br
+    t record tensor convert inverse guard provenance
+    LayoutError SPEC_NAME SPEC_SHA256 PARAMS REQUIRES DIMS INVERTIBLE CHUNK_DIM INPUTS OUTPUTS
+    swap_halves interleave_rows deinterleave_rows swap_pairs shuffle_rows unshuffle_rows pad crop shard
+    block_major_k unblock_major_k swizzle_128x4 unswizzle_128x4 sm90_fold_scales sm90_unfold_scales
+    sm90_interleave_fp4 sm90_deinterleave_fp4 reshape transpose view_as cast SM90_FP4_BITS
+""".split())
+
+#: Numbered locals: index-map coordinates o0, o1, ... and the kernels' byte and word temporaries.
+_NUMBERED = re.compile(r"[obp][0-9]+")
+_SAFE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+def identifier_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a dim (a sentence), or None when it can."""
+    if not _SAFE.fullmatch(name):
+        return "dim names start with a letter and hold letters, digits and '_'"
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        return f"{name!r} is a Python keyword"
+    if name in dir(builtins):
+        return f"{name!r} is a Python builtin, which generated converters use"
+    if name in GENERATED:
+        return f"{name!r} is a name generated converters use"
+    if _NUMBERED.fullmatch(name):
+        return f"{name!r} is the name of an index-map coordinate or a kernel temporary (o0, b0, p0, ...)"
+    return None
