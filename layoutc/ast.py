@@ -55,13 +55,21 @@ class BoolValue:
 
 
 @attrs.frozen
+class EllipsisValue:
+    """``...`` in a shape list: the leading axes, whatever their number (``[..., R, C]``)."""
+
+    text: str
+    pos: Pos
+
+
+@attrs.frozen
 class ListValue:
     items: tuple[Value, ...]
     text: str
     pos: Pos
 
 
-Value = Union[ExprValue, StrValue, BoolValue, ListValue]
+Value = Union[ExprValue, StrValue, BoolValue, ListValue, EllipsisValue]
 
 
 # -- declarations -----------------------------------------------------------
@@ -89,9 +97,14 @@ class Dims:
 
 @attrs.frozen
 class Assume:
+    """``assume I % 64 == 0`` (``value`` = I, ``multiple`` = 64) or ``assume I >= 128`` (``multiple`` None,
+    ``op`` and ``bound``)."""
+
     value: ExprValue
-    multiple: ExprValue  # a constant once integer parameters are substituted
+    multiple: ExprValue | None  # a constant once integer parameters are substituted
     pos: Pos
+    op: str = "%"
+    bound: ExprValue | None = None
 
 
 @attrs.frozen
@@ -186,11 +199,44 @@ class Transform:
 
 @attrs.frozen
 class Condition:
-    kind: str  # "true" | "not" | "eq" | "ne" | "in"
-    name: Name
-    value: Value | None
+    kind: str  # "true" | "not" | "cmp" | "in"
+    name: Name | None  # the tested name (true / not / in, and cmp with a plain name on the left)
+    value: Value | None  # the right-hand side (cmp / in)
     pos: Pos
     text: str
+    lhs: ExprValue | None = None  # cmp: the left-hand side
+    op: str = ""  # cmp: == != < <= > >=
+
+
+@attrs.frozen
+class Import:
+    """``import "families.lyt"``: the families another file defines (a path beside the spec)."""
+
+    path: StrValue
+    pos: Pos
+
+
+@attrs.frozen
+class RoleDef:
+    """``weight(t: fp4x2[..., N, KB]) { ... }``: how a family packs tensors of one role. ``axes`` names
+    the trailing axes (None stands for ``...``, the leading ones); the names are sizes in the body."""
+
+    role: Name
+    tensor: Name
+    elem: Name | None
+    axes: tuple[Name | None, ...] | None
+    body: tuple[Any, ...]
+    pos: Pos
+
+
+@attrs.frozen
+class FamilyDef:
+    """``family NAME(param=default, ...) { role(...) { ... } ... }``: a packing family as data."""
+
+    name: Name
+    params: tuple[tuple[Name, int], ...]
+    roles: tuple[RoleDef, ...]
+    pos: Pos
 
 
 @attrs.frozen
@@ -201,7 +247,7 @@ class If:
     pos: Pos
 
 
-Statement = Union[SpecName, Requires, Dims, Assume, Param, TensorDecl, Transform, If]
+Statement = Union[SpecName, Requires, Dims, Assume, Param, TensorDecl, Transform, If, Import, FamilyDef]
 
 
 @attrs.frozen

@@ -41,6 +41,7 @@ RUNTIME_NAMES = (
     "_bind_dims",
     "_check_tensors",
     "_check_divisibility",
+    "_holding",
     "_owned",
     "_version_ok",
     "_check_requires",
@@ -147,6 +148,16 @@ def _axes(specs: Iterable[TensorSpec]) -> str:
     return "\n".join(lines)
 
 
+def _conditions(p, dims: tuple[str, ...]) -> str:
+    """The spec's size conditions: (label, predicate of the dims), evaluated once per call."""
+    lines = ["["]
+    for c in p.conditions:
+        test = f"({ex.to_python(c.lhs)}) {c.op} ({ex.to_python(c.rhs)})"
+        lines.append(f"    ({c.label!r}, {_dims_lambda(dims, test)}),")
+    lines.append("]")
+    return "\n".join(lines)
+
+
 def _checks(variants: tuple[Variant, ...], dims: tuple[str, ...], assumptions: list[str]) -> str:
     """Run-time divisibility checks, each with the variants it belongs to (None = all).
     ``assumptions`` are the spec's ``assume`` lines, checked whatever tensors are given."""
@@ -190,6 +201,7 @@ def _emit_direction(
             '    """',
             "    _check_requires(REQUIRES, SPEC_NAME)",
             f"    d, present = _check_tensors(tensors, {contract}, {shapes}, {axes}, dims, DIMS, 'convert')",
+            "    present = present | _holding(_CONDITIONS, d)  # size conditions ('if I > 128') choose branches too",
             f"    _check_divisibility({checks}, d, {{k for k in tensors if tensors[k] is not None}}, present)",
             "    how = _choose_lowering(lowering, tensors)",
             "    # Plain tensors out whatever the caller's mode (inference_mode, requires_grad inputs): no autograd",
@@ -212,6 +224,7 @@ def _emit_direction(
             textwrap.indent(f'"""{doc}"""', "    "),
             "    _check_requires(REQUIRES, SPEC_NAME)",
             f"    d, present = _check_tensors(tensors, {contract}, {shapes}, {axes}, dims, DIMS, {fn_name!r})",
+            "    present = present | _holding(_CONDITIONS, d)",
             f"    _check_divisibility({checks}, d, {{k for k in tensors if tensors[k] is not None}}, present)",
             "    with torch.inference_mode(False), torch.no_grad():",
             "        return _inverse(tensors, d, present)",
@@ -278,7 +291,11 @@ def generate(compiled: Compiled) -> str:
     assumptions = [
         f"    (None, {_dims_lambda(dims, a.dim)}, {a.multiple}, "
         f"{f'the spec assumes {a.dim} % {a.multiple} == 0 ({p.filename}:{a.pos.line})'!r}, None),"
-        for a in p.assumptions
+        for a in p.assumptions if a.multiple > 1
+    ] + [
+        f"    (None, {_dims_lambda(dims, f'{a.dim} >= {a.minimum}')}, 0, "
+        f"{f'the spec assumes {a.dim} >= {a.minimum} ({p.filename}:{a.pos.line})'!r}, None),"
+        for a in p.assumptions if a.minimum > 1
     ]
     doc = "\n".join([
         f"{p.name}: convert checkpoint MoE tensors into the kernel layout, and back.",
@@ -372,6 +389,7 @@ def generate(compiled: Compiled) -> str:
         f"_OUTPUT_SHAPES = {_shapes(p.outputs, dims)}",
         f"_INPUT_AXES = {_axes(p.inputs)}",
         f"_OUTPUT_AXES = {_axes(p.outputs)}",
+        f"_CONDITIONS = {_conditions(p, dims)}",
         f"_CONVERT_CHECKS = {_checks(compiled.variants, dims, assumptions)}",
         f"_INVERSE_CHECKS = {_checks(compiled.inverse_variants or (), dims, assumptions)}",
         "",

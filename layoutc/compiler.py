@@ -20,13 +20,13 @@ import attrs
 
 from . import expr as ex
 from .ast import Pos
-from .errors import Diagnostic, SpecError
+from .errors import Diagnostic, Reporter
 from .indexmap import IndexMap, compose_all, identity
 from .instances import classify, sample_dims
 from .limits import MAX_STEPS_PER_TENSOR
 from .ir import Program, Statement, TensorSpec
-from .ops import BindError, Op, OpTypeError, TensorType, bind
-from .ops.base import Category
+from .expand import ExpandError, PackingTag, statement_ops
+from .ops import Op, OpTypeError, TensorType
 
 
 @attrs.frozen
@@ -35,6 +35,11 @@ class Step:
     statement: Statement | None  # None for steps synthesised by inversion
     in_type: TensorType
     out_type: TensorType
+    tag: PackingTag | None = None  # set when the step is part of a family's packing
+
+    @property
+    def packing(self) -> bool:
+        return self.tag is not None
 
     @property
     def where(self) -> str:
@@ -93,16 +98,16 @@ class Chain:
         return (self.tensor,) + tuple((repr(s.op), s.statement.pos if s.statement else None) for s in self.steps)
 
     def packings(self) -> tuple[str, ...]:
-        """Kernel families whose packing the chain leaves applied (forward minus inverse ops)."""
-        net: list[str] = []
+        """The kernel families whose packing the chain applies, in order."""
+        return tuple(dict.fromkeys(s.tag.family for s in self.steps if s.tag is not None))
+
+    def applications(self) -> dict[tuple[int, int], list[Step]]:
+        """The steps of each family application (one ``interleave`` statement), in order."""
+        out: dict[tuple[int, int], list[Step]] = {}
         for s in self.steps:
-            if s.op.category is Category.PACKING:
-                if s.op.name.startswith(("un", "sm90_deinterleave", "sm90_unfold")):
-                    if s.op.family in net:
-                        net.remove(s.op.family)
-                else:
-                    net.append(s.op.family)
-        return tuple(dict.fromkeys(net))
+            if s.tag is not None:
+                out.setdefault(s.tag.instance, []).append(s)
+        return out
 
 
 @attrs.frozen
@@ -124,7 +129,7 @@ def _where(program: Program, pos: Pos | None) -> str:
 def _block_rows_reason(spec: TensorSpec, op, t: TensorType) -> str:
     """Why a row transform of 2-D block scales has a size rule: its rows stand for blocks of weight rows."""
     tie = spec.tie
-    if tie is None or tie.row_block <= 1 or getattr(op, "dim", None) not in (t.rank - 2, -2):
+    if tie is None or tie.row_block <= 1 or op.axis(t) != t.rank - 2:
         return ""
     return (f"each row of {spec.name} scales {tie.row_block} rows of {tie.weight}, so {op.name} keeps the "
             f"scale blocks whole only when this holds")
@@ -133,17 +138,12 @@ def _block_rows_reason(spec: TensorSpec, op, t: TensorType) -> str:
 class _Builder:
     def __init__(self, program: Program):
         self.program = program
-        self.diags: list[Diagnostic] = []
+        self.diags = Reporter()
         self.assumptions = {a.dim: a.multiple for a in program.assumptions}
         self.dims = set(program.dims)
 
     def error(self, message, pos, hint=None, tensors=(), related=()):
-        for i, old in enumerate(self.diags):  # one finding per statement, naming every tensor it hits
-            if (old.message, old.pos, old.hint) == (message, pos, hint):
-                more = tuple(t for t in tensors if t not in old.tensors)
-                self.diags[i] = attrs.evolve(old, tensors=old.tensors + more)
-                return
-        self.diags.append(Diagnostic("error", message, pos, hint, tuple(tensors), tuple(related)))
+        self.diags.error(message, pos, hint, tensors, related)
 
     def constraint(self, tensor: str, value: ex.Expr, multiple: int, what: str, context: str, pos,
                    why: str = "") -> Constraint:
@@ -169,10 +169,23 @@ class _Builder:
         for st in self.program.statements:
             if not st.applies(present) or spec.name not in {n for n, _ in st.tensors}:
                 continue
+            current = [t]
             try:
-                op = bind(st.op, [a for a, _ in st.positional], {k: a for k, a, _ in st.keywords},
-                          t, spec.role, self.dims)
-            except BindError as err:
+                for op, tag in statement_ops(st, lambda: current[0], spec.role, self.dims, self.program):
+                    inferred = op.infer(current[0])
+                    context = f"{st.text} at {_where(self.program, st.pos)}"
+                    why = _block_rows_reason(spec, op, current[0])
+                    for r in inferred.requires:
+                        constraints.append(self.constraint(spec.name, r.value, r.multiple, r.what, context, st.pos, why))
+                    if not op.is_identity:
+                        if len(steps) >= MAX_STEPS_PER_TENSOR:
+                            self.error(f"{spec.name} takes more than {MAX_STEPS_PER_TENSOR} transforms; its chain is "
+                                       f"composed into one index map, and layoutc bounds its length", st.pos,
+                                       tensors=[spec.name])
+                            return None
+                        steps.append(Step(op, st, current[0], inferred.type, tag))
+                    current[0] = inferred.type
+            except ExpandError as err:
                 pos = st.op_pos
                 if isinstance(err.arg, int) and err.arg < len(st.positional):
                     pos = st.positional[err.arg][1]
@@ -180,22 +193,10 @@ class _Builder:
                     pos = next((p for k, _, p in st.keywords if k == err.arg), pos)
                 self.error(f"{err.message}", pos, err.hint, tensors=[spec.name])
                 return None
-            try:
-                inferred = op.infer(t)
             except OpTypeError as err:
                 self.error(f"{spec.name}: {err.message}", st.pos, err.hint, tensors=[spec.name])
                 return None
-            context = f"{st.text} at {_where(self.program, st.pos)}"
-            why = _block_rows_reason(spec, op, t)
-            for r in inferred.requires:
-                constraints.append(self.constraint(spec.name, r.value, r.multiple, r.what, context, st.pos, why))
-            if not op.is_identity:
-                if len(steps) >= MAX_STEPS_PER_TENSOR:
-                    self.error(f"{spec.name} takes more than {MAX_STEPS_PER_TENSOR} transforms; its chain is composed "
-                               f"into one index map, and layoutc bounds its length", st.pos, tensors=[spec.name])
-                    return None
-                steps.append(Step(op, st, t, inferred.type))
-            t = inferred.type
+            t = current[0]
         target = next((o for o in self.program.outputs if o.name == spec.name), None)
         return Chain(spec.name, spec, target, tuple(steps), tuple(constraints))
 
@@ -233,16 +234,13 @@ class _Builder:
                 self.error(f"{spec.name}: the output declares packing {fam} but no {fam} packing is applied",
                            out.pos, tensors=[spec.name], related=related)
         for fam, key, value, pos in out.packing_args:
-            carriers = [s for s in chain.steps if s.op.category is Category.PACKING and s.op.family == fam
-                        and key in {f.name for f in attrs.fields(type(s.op))}]
-            if not carriers:
-                self.error(f"{spec.name}: the output declares {fam}({key}={value}), but no {fam} packing applied "
-                           f"here has a {key}", pos, tensors=[spec.name], related=related)
-            for s in carriers:
-                if getattr(s.op, key) != value:
+            uses = {s.tag.instance: s for s in chain.steps if s.tag is not None and s.tag.family == fam}
+            for s in uses.values():
+                used = dict(s.tag.args).get(key)
+                if used != value:
                     self.error(
                         f"{spec.name}: the kernel reads the {fam} packing with {key}={value}, but "
-                        f"{s.statement.text if s.statement else s.op} uses {key}={getattr(s.op, key)}",
+                        f"{s.statement.text if s.statement else fam} applies it with {key}={used}",
                         s.statement.pos if s.statement else out.pos, f"use {key}={value}", tensors=[spec.name],
                         related=[("the output declares it here", pos)],
                     )
@@ -266,7 +264,7 @@ class _Builder:
         for s in reversed(chain.steps):
             inv = s.op.inverse(s.in_type)
             if inv is None:
-                return None
+                return None  # e.g. a tensor-parallel slice: the other ranks' rows are gone
             try:
                 inferred = inv.infer(t)
             except OpTypeError:
@@ -275,7 +273,7 @@ class _Builder:
             for r in inferred.requires:
                 constraints.append(self.constraint(chain.tensor, r.value, r.multiple, r.what, context,
                                                    s.statement.pos if s.statement else None))
-            steps.append(Step(inv, s.statement, t, inferred.type))
+            steps.append(Step(inv, s.statement, t, inferred.type, s.tag))
             t = inferred.type
         return Chain(chain.tensor, chain.target, chain.source, tuple(steps), tuple(constraints))
 
@@ -331,18 +329,20 @@ class Compiled:
     warnings: tuple[Diagnostic, ...] = ()
 
     def variant(self, present: Iterable[str]) -> Variant:
-        key = frozenset(present) & frozenset(self.program.optional_inputs)
+        """The variant for these present optional inputs and holding size conditions (by label)."""
+        key = frozenset(present) & frozenset(self.program.variant_keys)
         return next(v for v in self.variants if v.present == key)
 
     def inverse_variant(self, present: Iterable[str]) -> Variant:
         if self.inverse_variants is None:
             raise ValueError(f"spec {self.program.name} is not invertible")
-        key = frozenset(present) & frozenset(self.program.optional_inputs)
+        key = frozenset(present) & frozenset(self.program.variant_keys)
         return next(v for v in self.inverse_variants if v.present == key)
 
 
 def presence_sets(program: Program) -> list[frozenset[str]]:
-    opt = program.optional_inputs
+    """Every variant key: a set of present optional inputs and holding size conditions."""
+    opt = program.variant_keys
     return [frozenset(c) for r in range(len(opt) + 1) for c in itertools.combinations(opt, r)]
 
 
@@ -379,6 +379,5 @@ def build(program: Program) -> Compiled:
             b.check_output(c, samples)
         variants.append(Variant(present, tuple(chains)))
         inverses.append(Variant(present, tuple(inv_chains)))
-    if b.diags:
-        raise SpecError(b.diags, program.filename, program.source)
+    b.diags.raise_if_errors(program.filename, program.source)
     return Compiled(program, tuple(variants), tuple(inverses) if invertible else None)

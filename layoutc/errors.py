@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Iterable, Sequence
 
 import attrs
@@ -75,6 +76,12 @@ def format_diagnostic(d: Diagnostic, filename: str, source: str | None) -> str:
     return "\n".join(out)
 
 
+def suggest(name: str, choices: Sequence[str]) -> str | None:
+    """``did you mean 'swap_halves'?`` for a name close to one of ``choices``."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else None
+
+
 class SpecError(Exception):
     """A spec could not be parsed, resolved or verified. Carries every error found."""
 
@@ -90,3 +97,41 @@ class SpecError(Exception):
 
     def render(self) -> str:
         return "\n".join(d.format(self.filename, self.source) for d in self.diagnostics)
+
+
+class Reporter:
+    """Collects a pass's findings, one per problem: the same message at the same place is one finding
+    naming every tensor it hits (a statement on a list of tensors fails once, not once per tensor)."""
+
+    def __init__(self) -> None:
+        self.diagnostics: list[Diagnostic] = []
+
+    def __len__(self) -> int:
+        return len(self.diagnostics)
+
+    def __bool__(self) -> bool:
+        return bool(self.diagnostics)
+
+    def add(self, d: Diagnostic) -> None:
+        for i, old in enumerate(self.diagnostics):
+            if (old.severity, old.message, old.pos) == (d.severity, d.message, d.pos):
+                more = tuple(t for t in d.tensors if t not in old.tensors)
+                self.diagnostics[i] = attrs.evolve(old, tensors=old.tensors + more)
+                return
+        self.diagnostics.append(d)
+
+    def error(self, message: str, pos: Pos | None = None, hint: str | None = None, tensors: Iterable[str] = (),
+              related: Iterable[tuple[str, Pos]] = ()) -> None:
+        self.add(Diagnostic("error", message, pos, hint, tuple(tensors), tuple(related)))
+
+    def warning(self, message: str, pos: Pos | None = None, hint: str | None = None, tensors: Iterable[str] = (),
+                related: Iterable[tuple[str, Pos]] = ()) -> None:
+        self.add(Diagnostic("warning", message, pos, hint, tuple(tensors), tuple(related)))
+
+    def extend(self, diags: Iterable[Diagnostic]) -> None:
+        for d in diags:
+            self.add(d)
+
+    def raise_if_errors(self, filename: str, source: str | None) -> None:
+        if any(d.severity == "error" for d in self.diagnostics):
+            raise SpecError(self.diagnostics, filename, source)

@@ -306,6 +306,10 @@ def floordiv(a: ExprLike, b: ExprLike) -> Expr:
                 rest.append(t)
         if whole:
             return add(*whole, floordiv(add(*rest), b))
+        # (g*u) // (g*v) == u // v for g > 0: divide out what every term shares with the divisor.
+        g = math.gcd(b.value, *(_split_coef(t)[0] for t in _terms(a)))
+        if g > 1:
+            return floordiv(add(*(_scaled(_split_coef(t)[0] // g, _split_coef(t)[1]) for t in _terms(a))), b.value // g)
         # (x // c1) // c2 == x // (c1*c2) for positive c1, c2.
         if isinstance(a, FloorDiv) and isinstance(a.den, Const):
             return floordiv(a.num, a.den.value * b.value)

@@ -91,16 +91,17 @@ def identity(shape: Sequence[Expr]) -> IndexMap:
     return IndexMap(shape, shape, out_vars(len(shape)))
 
 
-def lift_to_bits(m: IndexMap) -> IndexMap:
-    """The bit-level map equal to byte-level ``m``: bit ``b`` follows its byte."""
+def lift_to_bits(m: IndexMap, width: int = BITS_PER_BYTE) -> IndexMap:
+    """The bit-level map equal to element-level ``m`` on elements of ``width`` bits: bit ``b`` follows
+    its element."""
     if m.bit_level:
         return m
     bit = out_var(m.out_rank)
-    pow2 = tuple(1 << b for b in range(BITS_PER_BYTE))
+    pow2 = tuple(1 << b for b in range(width))
     fill_bit = ex.mod(ex.floordiv(m.fill, ex.table(pow2, bit)), 2) if m.fill != ex.Const(0) else m.fill
     return IndexMap(
-        m.in_shape + (ex.Const(BITS_PER_BYTE),),
-        m.out_shape + (ex.Const(BITS_PER_BYTE),),
+        m.in_shape + (ex.Const(width),),
+        m.out_shape + (ex.Const(width),),
         m.src + (bit,),
         m.valid,
         fill_bit,
@@ -109,9 +110,12 @@ def lift_to_bits(m: IndexMap) -> IndexMap:
 
 
 def compose(first: IndexMap, second: IndexMap) -> IndexMap:
-    """The map of "apply ``first``, then ``second``" (second's input is first's output)."""
-    if first.bit_level != second.bit_level:
-        first, second = lift_to_bits(first), lift_to_bits(second)
+    """The map of "apply ``first``, then ``second``" (second's input is first's output). A bit-level
+    map composes with an element-level one lifted to the width of the elements between them."""
+    if first.bit_level and not second.bit_level:
+        second = lift_to_bits(second, _width(first.out_shape[-1]))
+    elif second.bit_level and not first.bit_level:
+        first = lift_to_bits(first, _width(second.in_shape[-1]))
     if len(first.out_shape) != len(second.in_shape):
         raise ValueError(
             f"cannot compose: first map yields rank {len(first.out_shape)}, second expects rank {len(second.in_shape)}"
@@ -127,6 +131,12 @@ def compose(first: IndexMap, second: IndexMap) -> IndexMap:
     else:
         fill = ex.where(second.valid, ex.substitute(first.fill, sub), second.fill)
     return IndexMap(first.in_shape, second.out_shape, src, valid, fill, first.bit_level)
+
+
+def _width(axis: Expr) -> int:
+    if not isinstance(axis, ex.Const):
+        raise ValueError(f"a bit axis has a constant size, got {ex.to_str(axis)}")
+    return axis.value
 
 
 def compose_all(maps: Sequence[IndexMap]) -> IndexMap:
@@ -194,25 +204,47 @@ def source_indices(m: IndexMap, dims: Mapping[str, int], device: torch.device | 
     return linear, valid, fill
 
 
+_INT_OF_BYTES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def bytes_to_bits(x: torch.Tensor) -> torch.Tensor:
-    shifts = torch.arange(BITS_PER_BYTE, dtype=torch.uint8, device=x.device)
-    return (x.unsqueeze(-1) >> shifts) & 1
+    """Each element's bits along a new last axis (bit ``b`` = ``(x >> b) & 1``), for any element width."""
+    width = 8 * x.element_size()
+    raw = x.contiguous().view(_INT_OF_BYTES[x.element_size()])
+    if width == 8:
+        shifts = torch.arange(BITS_PER_BYTE, dtype=torch.uint8, device=x.device)
+        return (raw.unsqueeze(-1) >> shifts) & 1
+    shifts = torch.arange(width, dtype=torch.int64, device=x.device)
+    return ((raw.to(torch.int64).unsqueeze(-1) >> shifts) & 1).to(torch.uint8)
 
 
 def bits_to_bytes(bits: torch.Tensor) -> torch.Tensor:
-    shifts = torch.arange(BITS_PER_BYTE, dtype=torch.int64, device=bits.device)
-    return (bits.to(torch.int64) << shifts).sum(-1).to(torch.uint8)
+    """The inverse of :func:`bytes_to_bits`: elements as wide as the last axis (8 bits: uint8)."""
+    width = bits.shape[-1]
+    shifts = torch.arange(width, dtype=torch.int64, device=bits.device)
+    word = (bits.to(torch.int64) << shifts).sum(-1)
+    if width == 8:
+        return word.to(torch.uint8)
+    if width < 64:
+        word = torch.where(word >= 1 << (width - 1), word - (1 << width), word)
+    return word.to(_INT_OF_BYTES[width // 8])
 
 
-def gather(m: IndexMap, x: torch.Tensor, dims: Mapping[str, int] | None = None) -> torch.Tensor:
-    """Evaluate ``m`` on tensor ``x``: the reference semantics of an index map."""
+def gather(m: IndexMap, x: torch.Tensor, dims: Mapping[str, int] | None = None,
+           dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Evaluate ``m`` on tensor ``x``: the reference semantics of an index map. A bit-level map's output
+    elements are as wide as its output bit axis; ``dtype`` labels them (default: ``x``'s dtype when
+    the width is the same, else a same-width integer)."""
     dims = dict(dims or {})
     if m.bit_level:
-        if x.element_size() != 1:
-            raise ValueError(f"a bit-level map needs a 1-byte tensor, got {x.dtype}")
-        raw = x.contiguous().view(torch.uint8)
-        out_bits = gather(attrs.evolve(m, bit_level=False), bytes_to_bits(raw), dims)
-        return bits_to_bytes(out_bits).view(x.dtype)
+        width_in = _width(m.in_shape[-1])
+        if width_in != 8 * x.element_size():
+            raise ValueError(f"a bit-level map over {width_in}-bit elements, given {x.dtype}")
+        out_bits = gather(attrs.evolve(m, bit_level=False), bytes_to_bits(x), dims)
+        words = bits_to_bytes(out_bits)
+        if dtype is None and words.element_size() == x.element_size():
+            dtype = x.dtype
+        return words.view(dtype) if dtype is not None else words
     expected = concrete_shape(m.in_shape, dims)
     if tuple(x.shape) != expected:
         raise ValueError(f"index map expects an input of shape {list(expected)}, got {list(x.shape)}")
@@ -250,17 +282,80 @@ def ravel(coords: Sequence[Expr], shape: Sequence[Expr]) -> Expr:
 
 
 def reshape_map(in_shape: Sequence[Expr], out_shape: Sequence[Expr]) -> IndexMap:
-    """Row-major reshape: same linear order, new shape."""
+    """Row-major reshape: same linear order, new shape.
+
+    Where the reshape only splits axes and merges neighbours (``[N, KB] -> [N/16, 2, 8, KB/32, 8, 4]``),
+    each group of axes gets its own arithmetic (``row = 16*g + 8*tr + r8``) instead of one linear
+    index over the whole tensor: composed maps then simplify axis by axis. Equal leading axes
+    (experts) are plain coordinates."""
     in_shape = tuple(ex.as_expr(s) for s in in_shape)
     out_shape = tuple(ex.as_expr(s) for s in out_shape)
-    # Equal leading axes (experts) reshape independently: keep them as plain coordinates, so the
-    # composed arithmetic stays per expert instead of running over the whole tensor.
-    lead = 0
-    while lead < min(len(in_shape), len(out_shape)) - 1 and in_shape[lead] == out_shape[lead]:
-        lead += 1
     outs = out_vars(len(out_shape))
-    linear = ravel(outs[lead:], out_shape[lead:])
-    return IndexMap(in_shape, out_shape, tuple(outs[:lead]) + unravel(linear, in_shape[lead:]))
+    groups = _axis_groups(in_shape, out_shape)
+    if groups is None:  # no grouping: one linear index past the equal leading axes
+        lead = 0
+        while lead < min(len(in_shape), len(out_shape)) - 1 and in_shape[lead] == out_shape[lead]:
+            lead += 1
+        groups = [(range(k, k + 1), range(k, k + 1)) for k in range(lead)]
+        groups.append((range(lead, len(in_shape)), range(lead, len(out_shape))))
+    src: list[Expr] = []
+    for ins, os_ in groups:
+        linear = ravel([outs[k] for k in os_], [out_shape[k] for k in os_])
+        src += unravel(linear, [in_shape[k] for k in ins]) if len(ins) > 1 else [linear]
+    return IndexMap(in_shape, out_shape, tuple(src))
+
+
+#: Bindings of the dims at which sizes are compared numerically (multiples of 4096 times distinct
+#: primes: every exact division in a size holds there, and different polynomials differ).
+_PROBES = (4096 * 1009, 4096 * 2027, 4096 * 3121)
+
+
+def _size_at(e: Expr, k: int) -> int:
+    return int(ex.evaluate(e, _ProbeEnv(k)))
+
+
+class _ProbeEnv(dict):
+    def __init__(self, k: int):
+        super().__init__()
+        self.k = k
+
+    def __contains__(self, name) -> bool:
+        return True
+
+    def __getitem__(self, name) -> int:
+        return _PROBES[self.k] + 2 * 4096 * (sum(map(ord, name)) % 97)
+
+
+def _equal_sizes(a: Expr, b: Expr) -> bool:
+    same = ex.same_value(a, b)
+    if same is not None:
+        return same
+    return all(_size_at(a, k) == _size_at(b, k) for k in range(len(_PROBES)))
+
+
+def _axis_groups(in_shape: tuple[Expr, ...], out_shape: tuple[Expr, ...]):
+    """Consecutive runs of input and output axes with equal products, each run one axis on one side
+    (a split or a merge), or None when the reshape is not such a regrouping."""
+    groups, i, j = [], 0, 0
+    while i < len(in_shape) and j < len(out_shape):
+        a, b = [i], [j]
+        pa, pb = in_shape[i], out_shape[j]
+        while not _equal_sizes(pa, pb):
+            if _size_at(pa, 0) < _size_at(pb, 0) and a[-1] + 1 < len(in_shape):
+                a.append(a[-1] + 1)
+                pa = ex.mul(pa, in_shape[a[-1]])
+            elif _size_at(pb, 0) < _size_at(pa, 0) and b[-1] + 1 < len(out_shape):
+                b.append(b[-1] + 1)
+                pb = ex.mul(pb, out_shape[b[-1]])
+            else:
+                return None
+        if len(a) > 1 and len(b) > 1:
+            return None
+        groups.append((range(a[0], a[-1] + 1), range(b[0], b[-1] + 1)))
+        i, j = a[-1] + 1, b[-1] + 1
+    if i != len(in_shape) or j != len(out_shape):
+        return None
+    return groups
 
 
 def permute_map(in_shape: Sequence[Expr], perm: Sequence[int]) -> IndexMap:

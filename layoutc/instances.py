@@ -72,10 +72,12 @@ def _combinations(candidates: Sequence[Sequence[int]], budget: int) -> Iterable[
 
 
 def sample_dims(dims: Sequence[str], constraints: Iterable[tuple[ex.Expr, int]], per_dim: int = 4,
-                budget: int = BUDGET) -> list[dict]:
+                budget: int = BUDGET, minimum: Mapping[str, int] | None = None,
+                maximum: Mapping[str, int] | None = None, accept=None) -> list[dict]:
     """Small dims values that satisfy every divisibility constraint: the instances on which
     claims that are not linear (round_up, padding, composed maps) are checked. At most
-    ``budget`` instances, in a deterministic order (the smallest per dim first)."""
+    ``budget`` instances, in a deterministic order (the smallest per dim first). ``minimum`` /
+    ``maximum`` bound single dims; ``accept(env)`` filters whole instances."""
     dims = tuple(dims)
     single: dict[str, list] = {d: [] for d in dims}
     period = {d: 1 for d in dims}
@@ -92,10 +94,14 @@ def sample_dims(dims: Sequence[str], constraints: Iterable[tuple[ex.Expr, int]],
         elif names:
             multi.append((value, multiple))
     candidates = []
+    minimum, maximum = minimum or {}, maximum or {}
     for d in dims:
         ok = []
-        for k in range(1, 4097):
+        first = max(1, -(-minimum.get(d, 1) // period[d]))
+        for k in range(first, first + 4096):
             v = k * period[d]
+            if v > maximum.get(d, v):
+                break
             if all(ex.evaluate(val, {d: v}) % m == 0 for val, m in single[d]):
                 ok.append(v)
                 if len(ok) == per_dim:
@@ -106,7 +112,8 @@ def sample_dims(dims: Sequence[str], constraints: Iterable[tuple[ex.Expr, int]],
     out: list[dict] = []
     for combo in _combinations(candidates, budget):
         env = dict(zip(dims, combo))
-        if env not in out and all(ex.evaluate(val, env) % m == 0 for val, m in multi):
+        if env not in out and all(ex.evaluate(val, env) % m == 0 for val, m in multi) \
+                and (accept is None or accept(env)):
             out.append(env)
             if len(out) >= budget:
                 break
@@ -129,3 +136,45 @@ def small_instances(exprs: Sequence[ex.Expr], constraints: Iterable[tuple[ex.Exp
     """Small dims values under which every exact division in ``exprs`` (and ``constraints``) holds."""
     names = tuple(sorted(set().union(set(), *(ex.free_vars(e) for e in exprs))))
     return sample_dims(names, list(divisions(exprs)) + list(constraints), per_dim=4) if names else [{}]
+
+
+def _bound(cond, holds: bool) -> tuple[str, int | None, int | None] | None:
+    """``(dim, lowest, highest)`` a size condition on one dim implies when it ``holds`` (or not)."""
+    form = ex.linear_form(ex.add(cond.lhs, ex.mul(-1, cond.rhs)))
+    if form is None or len(form[0]) != 1:
+        return None
+    (dim, coef), const = next(iter(form[0].items())), form[1]
+    op = cond.op if holds else {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}[cond.op]
+    if coef < 0:  # -d + c > 0  <=>  d - c < 0
+        coef, const = -coef, -const
+        op = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}[op]
+    edge = -const / coef  # d OP edge
+    if op in (">", ">="):
+        lo = math.floor(edge) + 1 if op == ">" else math.ceil(edge)
+        return dim, lo, None
+    if op in ("<", "<="):
+        hi = math.ceil(edge) - 1 if op == "<" else math.floor(edge)
+        return dim, None, hi
+    return None
+
+
+def variant_instances(program, present, constraints: Iterable[tuple[ex.Expr, int]], per_dim: int = 4) -> list[dict]:
+    """Instances for one variant of a program: its divisibility rules, its ``assume`` lower bounds, and
+    its size conditions holding (or not) as the variant says."""
+    minimum = {a.dim: a.minimum for a in program.assumptions if a.minimum > 1}
+    maximum: dict[str, int] = {}
+    conditions = [(c, c.label in present) for c in program.conditions]
+    for cond, holds in conditions:
+        b = _bound(cond, holds)
+        if b is not None:
+            dim, lo, hi = b
+            if lo is not None:
+                minimum[dim] = max(minimum.get(dim, 1), lo)
+            if hi is not None:
+                maximum[dim] = min(maximum.get(dim, hi), hi)
+
+    def accept(env):
+        return all(c.holds(env) == holds for c, holds in conditions)
+
+    return sample_dims(program.dims, constraints, per_dim, minimum=minimum, maximum=maximum,
+                       accept=accept if conditions else None)

@@ -15,14 +15,15 @@ import attrs
 
 from . import ast
 from . import expr as ex
+from . import families
 from .dtypes import ELEMENT_TYPES, ElemType
-from .errors import Diagnostic, SpecError
+from .errors import Reporter, SpecError
 from .limits import MAX_DIMS, MAX_INT, MAX_OPTIONAL_INPUTS, MAX_STATEMENTS, MAX_STRING
 from .names import identifier_problem
-from .ops import ArgValue, suggest
-from .text import char_name, forbidden
+from .args import ArgValue
+from .errors import suggest
+from .text import char_name, display, forbidden
 
-KNOWN_FAMILIES = ("sm90_mixed", "sf_128x4", "trtllm")
 
 
 @attrs.frozen
@@ -82,11 +83,36 @@ class TensorSpec:
 
 @attrs.frozen
 class Guard:
-    tensor: str
+    """A run-time condition a statement depends on: an optional tensor's presence (``if w13_bias``) or
+    a size condition (``if I > 128``), by its key (the tensor name or the condition's label)."""
+
+    key: str
     present: bool
 
+    @property
+    def tensor(self) -> str:  # the key of a presence guard
+        return self.key
+
     def __str__(self) -> str:
-        return self.tensor if self.present else f"not {self.tensor}"
+        return self.key if self.present else f"not ({self.key})"
+
+
+@attrs.frozen
+class SizeCondition:
+    """``if I > 128``: decided per call from the bound dims; ``label`` keys its variants."""
+
+    label: str
+    lhs: ex.Expr
+    op: str
+    rhs: ex.Expr
+    pos: ast.Pos
+
+    def holds(self, dims: Mapping[str, int]) -> bool:
+        return compare(ex.evaluate(self.lhs, dims), self.op, ex.evaluate(self.rhs, dims))
+
+
+def compare(a: Any, op: str, b: Any) -> bool:
+    return {"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
 
 
 @attrs.frozen
@@ -117,9 +143,12 @@ class Requirement:
 
 @attrs.frozen
 class Assumption:
+    """``assume I % 64 == 0`` (a multiple) or ``assume I >= 128`` (a minimum, ``multiple`` 1)."""
+
     dim: str
     multiple: int
     pos: ast.Pos
+    minimum: int = 1
 
 
 @attrs.frozen
@@ -136,6 +165,8 @@ class Program:
     statements: tuple[Statement, ...]
     sha256: str = ""  # of the spec text as given (a file's bytes)
     dim_pos: tuple[ast.Pos, ...] = ()  # where each dim is declared
+    conditions: tuple[SizeCondition, ...] = ()  # size conditions (run-time branches)
+    families: tuple[Any, ...] = ()  # packing families in scope (layoutc.families.Family)
 
     def dim_position(self, dim: str) -> ast.Pos | None:
         return self.dim_pos[self.dims.index(dim)] if dim in self.dims and self.dim_pos else None
@@ -149,6 +180,14 @@ class Program:
     @property
     def optional_inputs(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.inputs if t.optional)
+
+    @property
+    def variant_keys(self) -> tuple[str, ...]:
+        """What a variant is keyed by: optional inputs present, size conditions that hold."""
+        return self.optional_inputs + tuple(c.label for c in self.conditions)
+
+    def family(self, name: str):
+        return next((f for f in self.families if f.name == name), None)
 
     @property
     def param_values(self) -> dict[str, Any]:
@@ -166,6 +205,8 @@ def _value_to_python(v: ast.Value) -> Any:
         return v.value
     if isinstance(v, ast.ListValue):
         return tuple(_value_to_python(i) for i in v.items)
+    if isinstance(v, ast.EllipsisValue):
+        return ...
     if isinstance(v.expr, ex.Const):
         return v.expr.value
     if isinstance(v.expr, ex.Var):
@@ -180,6 +221,8 @@ def _arg_value(v: ast.Value) -> ArgValue:
         return ArgValue("str", v.value, v.text)
     if isinstance(v, ast.BoolValue):
         return ArgValue("bool", v.value, v.text)
+    if isinstance(v, ast.EllipsisValue):
+        return ArgValue("ellipsis", ..., v.text)
     return ArgValue("list", tuple(_arg_value(i) for i in v.items), v.text)
 
 
@@ -216,7 +259,7 @@ class _Resolver:
     def __init__(self, spec: ast.Spec, overrides: Mapping[str, Any]):
         self.spec = spec
         self.overrides = dict(overrides)
-        self.diags: list[Diagnostic] = []
+        self.diags = Reporter()
         self.name: str | None = None
         self.params: dict[str, Any] = {}
         self.param_decls: dict[str, ast.Param] = {}
@@ -227,14 +270,20 @@ class _Resolver:
         self.inputs: dict[str, TensorSpec] = {}
         self.outputs: dict[str, TensorSpec] = {}
         self.statements: list[Statement] = []
+        self.conditions: dict[str, SizeCondition] = {}
+        self.families: dict[str, Any] = {}
 
     def error(self, message: str, pos: ast.Pos | None, hint: str | None = None, tensors: Iterable[str] = ()) -> None:
-        self.diags.append(Diagnostic("error", message, pos, hint, tuple(tensors)))
+        self.diags.error(message, pos, hint, tensors)
 
     # -- first pass: parameters, so conditions anywhere can use them --
     def collect_params(self, items: Iterable[Any]) -> None:
         for item in items:
-            if isinstance(item, ast.Param):
+            if isinstance(item, ast.Import):  # families first: declarations and statements name them
+                self.import_families(item)
+            elif isinstance(item, ast.FamilyDef):
+                self.define_family(item)
+            elif isinstance(item, ast.Param):
                 name = item.name.text
                 if name in self.param_decls:
                     self.error(f"parameter {name!r} is declared twice", item.name.pos)
@@ -274,6 +323,8 @@ class _Resolver:
 
     # -- conditions --
     def condition(self, cond: ast.Condition) -> bool | Guard | None:
+        if cond.kind == "cmp" and (cond.name is None or cond.name.text not in self.params):
+            return self.size_condition(cond)
         name = cond.name.text
         if name in self.params:
             value = self.params[name]
@@ -289,10 +340,15 @@ class _Resolver:
                     return None
                 return not value
             other = _value_to_python(cond.value)
-            if cond.kind == "eq":
-                return value == other
-            if cond.kind == "ne":
-                return value != other
+            if cond.kind == "cmp":
+                if cond.op in ("==", "!="):
+                    return (value == other) == (cond.op == "==")
+                if type(value) is not int or type(other) is not int:
+                    if type(value) is int and isinstance(cond.value, ast.ExprValue):
+                        return self.size_condition(cond)
+                    self.error(f"'{cond.op}' compares numbers; {name} = {value!r}", cond.pos)
+                    return None
+                return compare(value, cond.op, other)
             if not isinstance(other, tuple):
                 self.error("'in' needs a list: if x in [a, b]", cond.value.pos)
                 return None
@@ -311,13 +367,33 @@ class _Resolver:
                 )
                 return None
             return Guard(name, cond.kind == "true")
-        known = list(self.params) + list(self.inputs)
+        known = list(self.params) + list(self.inputs) + list(self.dims)
         self.error(f"unknown name {name!r} in condition", cond.name.pos,
-                   suggest(name, known) or "conditions test parameters or optional inputs")
+                   suggest(name, known) or "conditions test parameters, optional inputs or sizes of the dims")
         return None
 
+    def size_condition(self, cond: ast.Condition) -> bool | Guard | None:
+        """``if I > 128``: decided now when parameters alone decide it, else per call from the dims."""
+        if not isinstance(cond.value, ast.ExprValue):
+            self.error(f"{cond.value.text} is not a number or size to compare with", cond.value.pos)
+            return None
+        lhs, rhs = self.constants(cond.lhs), self.constants(cond.value)
+        for side in (lhs, rhs):
+            unknown = sorted(ex.free_vars(side.expr) - set(self.dims))
+            if unknown:
+                self.error(f"unknown name {unknown[0]!r} in condition", side.pos,
+                           suggest(unknown[0], list(self.dims) + list(self.params)) or
+                           "a size condition compares expressions of the dims and integer parameters")
+                return None
+        if not (ex.free_vars(lhs.expr) | ex.free_vars(rhs.expr)):
+            return compare(ex.evaluate(lhs.expr, {}), cond.op, ex.evaluate(rhs.expr, {}))
+        label = f"{ex.to_str(lhs.expr, slash=True)} {cond.op} {ex.to_str(rhs.expr, slash=True)}"
+        if label not in self.conditions:
+            self.conditions[label] = SizeCondition(label, lhs.expr, cond.op, rhs.expr, cond.pos)
+        return Guard(label, True)
+
     # -- walk --
-    def walk(self, items: Iterable[Any], guards: tuple[Guard, ...]) -> None:
+    def walk(self, items: Iterable[Any], guards: tuple[Guard, ...], top: bool = True) -> None:
         for item in items:
             if isinstance(item, ast.SpecName):
                 if guards:
@@ -353,23 +429,56 @@ class _Resolver:
                     self.declare(item)
             elif isinstance(item, ast.Transform):
                 self.statement(item, guards)
+            elif isinstance(item, (ast.FamilyDef, ast.Import)):
+                if guards or not top:
+                    self.error("families are defined and imported at top level", item.pos)
             elif isinstance(item, ast.If):
                 decision = self.condition(item.cond)
                 if decision is None:
                     continue
                 if isinstance(decision, Guard):
-                    self.walk(item.then, guards + (decision,))
-                    self.walk(item.other, guards + (Guard(decision.tensor, not decision.present),))
+                    self.walk(item.then, guards + (decision,), False)
+                    self.walk(item.other, guards + (Guard(decision.key, not decision.present),), False)
                 else:
-                    self.walk(item.then if decision else item.other, guards)
+                    self.walk(item.then if decision else item.other, guards, False)
+
+    def add_family(self, fam, pos: ast.Pos) -> None:
+        old = self.families.get(fam.name)
+        if old is not None and old is not fam:
+            where = "layoutc's prelude" if old.filename.startswith("<layoutc>") else old.filename
+            self.error(f"family {fam.name} is already defined ({where})", pos, "give this one another name")
+        else:
+            self.families[fam.name] = fam
+
+    def define_family(self, item: ast.FamilyDef) -> None:
+        fam, problems = families.from_ast(item, self.spec)
+        self.diags.extend(problems)
+        self.add_family(fam, item.name.pos)
+
+    def import_families(self, item: ast.Import) -> None:
+        try:
+            for fam in families.load_import(item.path.value, self.spec.filename):
+                self.add_family(fam, item.path.pos)
+        except ValueError as err:
+            self.error(str(err), item.path.pos)
+        except SpecError as err:
+            first = err.diagnostics[0]
+            at = f" ({display(err.filename)}:{first.pos.line}:{first.pos.column})" if first.pos else ""
+            self.error(f"the imported file has errors{at}: {first.message}", item.path.pos)
 
     def assume(self, item: ast.Assume) -> None:
         e = item.value.expr
         if not isinstance(e, ex.Var):
-            self.error("assume takes one dim: assume I % 64 == 0", item.value.pos)
+            self.error("assume takes one dim: assume I % 64 == 0, assume I >= 128", item.value.pos)
         elif e.name not in self.dims:
             self.error(f"assume names {e.name!r}, which is not a declared dim", item.value.pos,
                        suggest(e.name, self.dims))
+        elif item.multiple is None:
+            b = self.constants(item.bound).expr
+            if not isinstance(b, ex.Const):
+                self.error(f"assume needs a number (or integer parameters), got {item.bound.text}", item.bound.pos)
+            else:
+                self.assumptions.append(Assumption(e.name, 1, item.pos, b.value + (1 if item.op == ">" else 0)))
         else:
             m = self.constants(item.multiple).expr
             if not isinstance(m, ex.Const) or m.value <= 0:
@@ -451,20 +560,26 @@ class _Resolver:
             rows = RowLayout(kind, tuple(n.text for n in d.rows.shards), group, d.rows.pos)
         packing = None
         if d.packing is not None:
-            families = []
+            declared = []
             for fam in d.packing.families:
-                if fam.text not in KNOWN_FAMILIES + ("none",):
+                if fam.text not in self.families and fam.text != "none":
+                    known = sorted(self.families)
                     self.error(f"unknown packing family {fam.text!r}", fam.pos,
-                               suggest(fam.text, list(KNOWN_FAMILIES)) or f"families: {', '.join(KNOWN_FAMILIES)}")
-                elif fam.text in families:
+                               suggest(fam.text, known) or f"families: {', '.join(known)}")
+                elif fam.text in declared:
                     self.error(f"packing {fam.text} is listed twice", fam.pos)
-                families.append(fam.text)
-            if "none" in families and len(families) > 1:
+                declared.append(fam.text)
+            if "none" in declared and len(declared) > 1:
                 self.error("'packing none' cannot be combined with other families", d.packing.pos)
-            packing = None if families == ["none"] else "+".join(families)
+            packing = None if declared == ["none"] else "+".join(declared)
             for fam, key, value in d.packing.args:
+                known = self.families.get(fam)
                 if fam == "none":
                     self.error("'packing none' takes no parameters", key.pos)
+                elif known is not None and key.text not in known.param_names:
+                    self.error(f"family {fam} has no parameter {key.text!r}", key.pos,
+                               suggest(key.text, list(known.param_names)) or
+                               f"parameters of {fam}: {', '.join(known.param_names) or 'none'}")
         packing_args = tuple((fam, key.text, value, key.pos) for fam, key, value in d.packing.args) if d.packing else ()
         divisions = tuple((num, den, v.pos) for v in shape for num, den in v.divisions)
         table[name] = TensorSpec(
@@ -516,10 +631,10 @@ class _Resolver:
         if len(self.statements) > MAX_STATEMENTS:
             self.error(f"the spec has {len(self.statements)} transform statements (at most {MAX_STATEMENTS})",
                        self.statements[MAX_STATEMENTS].pos)
-        optional = [t for t in self.inputs.values() if t.optional]
+        optional = [t.pos for t in self.inputs.values() if t.optional] + [c.pos for c in self.conditions.values()]
         if len(optional) > MAX_OPTIONAL_INPUTS:
-            self.error(f"a spec has at most {MAX_OPTIONAL_INPUTS} optional inputs (each doubles the variants verified)",
-                       optional[MAX_OPTIONAL_INPUTS].pos)
+            self.error(f"a spec has at most {MAX_OPTIONAL_INPUTS} optional inputs and size conditions together "
+                       f"(each doubles the variants verified)", optional[MAX_OPTIONAL_INPUTS])
         if not self.dims:
             used = set()
             for spec in list(self.inputs.values()) + list(self.outputs.values()):
@@ -529,12 +644,12 @@ class _Resolver:
                 self.error("no 'dims' declaration", None, f"add: dims {', '.join(sorted(used))}")
         if self.name is None:
             self.name = _default_name(self.spec.filename)
-        if self.diags:
-            raise SpecError(self.diags, self.spec.filename, self.spec.source)
+        self.diags.raise_if_errors(self.spec.filename, self.spec.source)
         return Program(
             self.name, self.spec.filename, self.spec.source, tuple(sorted(self.params.items())), tuple(self.dims),
             tuple(self.assumptions), tuple(self.requires), tuple(self.inputs.values()), tuple(self.outputs.values()),
             tuple(self.statements), self.spec.sha256, tuple(self.dim_pos[d] for d in self.dims),
+            tuple(self.conditions.values()), tuple(self.families.values()),
         )
 
 
@@ -549,6 +664,8 @@ def _default_name(filename: str) -> str:
 
 def resolve(spec: ast.Spec, params: Mapping[str, Any] | None = None) -> Program:
     r = _Resolver(spec, params or {})
+    for fam in families.prelude():
+        r.families[fam.name] = fam
     r.collect_params(spec.items)
     r.walk(spec.items, ())
     return r.finish()

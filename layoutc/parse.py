@@ -20,7 +20,7 @@ _FRIENDLY = {
     "INT": "an integer",
     "STRING": "a string",
     "VERSION": "a version number",
-    "VERSION_OP": "a comparison (>=, <, ==, ...)",
+    "COMPARE": "a comparison (>=, <, ==, ...)",
     "OPTIONAL": "'?'",
     "$END": "end of file",
 }
@@ -103,6 +103,18 @@ class _ToAst(Transformer):
     def div(self, meta, children):
         return self._binary(meta, children, ex.div, extra_division=True)
 
+    def _integer_operator(self, meta, children, fn, what):
+        a, b = children
+        if isinstance(b, ast.ExprValue) and isinstance(b.expr, ex.Const) and b.expr.value <= 0:
+            raise _Fail(f"{what} by {b.expr.value}: the right side must be positive", b.pos)
+        return self._binary(meta, children, fn)
+
+    def floordiv(self, meta, children):
+        return self._integer_operator(meta, children, ex.floordiv, "floor division")
+
+    def mod(self, meta, children):
+        return self._integer_operator(meta, children, ex.mod, "modulo")
+
     def neg(self, meta, children):
         (a,) = children
         return ast.ExprValue(ex.mul(-1, a.expr), self._expr_text(meta), _pos(meta), a.divisions, a.multiples)
@@ -137,6 +149,9 @@ class _ToAst(Transformer):
     def false(self, meta, children):
         return ast.BoolValue(False, "false", _pos(meta))
 
+    def ellipsis(self, meta, children):
+        return ast.EllipsisValue("...", _pos(meta))
+
     def list(self, meta, children):
         items = tuple(c for c in children if c is not None)
         return ast.ListValue(items, self._text(meta), _pos(meta))
@@ -153,11 +168,18 @@ class _ToAst(Transformer):
         return ast.Dims(tuple(self._name(t) for t in children), _pos(meta))
 
     def assume(self, meta, children):
-        value, multiple = children
-        if not isinstance(multiple, ast.ExprValue):
-            raise _Fail("assume needs a number: assume I % 64 == 0", multiple.pos)
-        if isinstance(multiple.expr, ex.Const) and multiple.expr.value <= 0:
-            raise _Fail("assume needs a positive multiple", multiple.pos)
+        lhs, op, rhs = children
+        op = str(op)
+        if op in (">=", ">") and isinstance(lhs.expr, ex.Var):
+            return ast.Assume(lhs, None, _pos(meta), op, rhs)
+        zero = isinstance(rhs.expr, ex.Const) and rhs.expr.value == 0
+        if op != "==" or not zero or not isinstance(lhs.expr, ex.Mod):
+            raise _Fail("assume states a divisibility or a lower bound: assume I % 64 == 0, assume I >= 128", _pos(meta))
+        num, den = lhs.expr.num, lhs.expr.den
+        if isinstance(den, ex.Const) and den.value <= 0:
+            raise _Fail("assume needs a positive multiple", lhs.pos)
+        value = ast.ExprValue(num, ex.to_str(num), lhs.pos)
+        multiple = ast.ExprValue(den, ex.to_str(den), lhs.pos)
         return ast.Assume(value, multiple, _pos(meta))
 
     def param(self, meta, children):
@@ -262,14 +284,52 @@ class _ToAst(Transformer):
     def cond_not(self, meta, children):
         return self._cond("not", meta, children)
 
-    def cond_eq(self, meta, children):
-        return self._cond("eq", meta, children)
-
-    def cond_ne(self, meta, children):
-        return self._cond("ne", meta, children)
-
     def cond_in(self, meta, children):
         return self._cond("in", meta, children)
+
+    def cond_cmp(self, meta, children):
+        lhs, op, rhs = children
+        if str(op) == "~=":
+            raise _Fail("'~=' compares versions; a condition uses == != < <= > >=", _pos(op))
+        if not isinstance(lhs, ast.ExprValue):
+            raise _Fail(f"{lhs.text} cannot be compared", lhs.pos)
+        name = ast.Name(lhs.expr.name, lhs.pos) if isinstance(lhs.expr, ex.Var) else None
+        return ast.Condition("cmp", name, rhs, _pos(meta), self._text(meta), lhs, str(op))
+
+    # -- families --
+    def import_stmt(self, meta, children):
+        (tok,) = children
+        return ast.Import(ast.StrValue(str(tok)[1:-1], str(tok), _pos(tok)), _pos(meta))
+
+    def family_param(self, meta, children):
+        name, value = children
+        return self._name(name), _integer(value)
+
+    def family_params(self, meta, children):
+        return tuple(children)
+
+    def role_type(self, meta, children):
+        return self._name(children[0])
+
+    def axis_name(self, meta, children):
+        return self._name(children[0])
+
+    def axis_rest(self, meta, children):
+        return None
+
+    def role_axes(self, meta, children):
+        axes = tuple(children)
+        if axes.count(None) > 1 or (None in axes and axes[0] is not None):
+            raise _Fail("'...' stands for the leading axes: write [..., R, C]", _pos(meta))
+        return axes
+
+    def role_def(self, meta, children):
+        role, tensor, elem, axes, body = children
+        return ast.RoleDef(self._name(role), self._name(tensor), elem, axes, body, _pos(meta))
+
+    def family_def(self, meta, children):
+        name, params, *roles = children
+        return ast.FamilyDef(self._name(name), params or (), tuple(r for r in roles if r is not None), _pos(meta))
 
     def block(self, meta, children):
         return tuple(children)

@@ -1,314 +1,86 @@
 """The static verifier: tied tensors stay in sync, outputs meet the kernel contract.
 
-Every real layout bug in DESIGN.md section 1 produced wrong numbers with no error.
-They all break one of a few checkable equations, which this module checks on every
-variant of a spec (each set of present optional tensors) before it compiles.
+Every real layout bug in the project's history (docs/design.md) produced wrong numbers with no
+error. They all break one of a few checkable equations, which this module checks on every
+variant of a spec (each set of present optional tensors and size conditions) before it compiles.
+The rules decide from what ops declare (:class:`~layoutc.ops.base.Facts`), from which steps a
+family's packing made (their tags) and from index maps, never from names.
 
-**Logical vs physical.** A tensor's chain is split into *logical* ops (which row of
-the kernel's logical view is where: gate/up swaps, interleaves, per-half padding)
-and *physical* packings owned by a kernel family (SM90 interleave, 128x4 swizzle,
-epilogue shuffles) plus reshapes and casts. Logical ops must come first; then the
-logical part is one index map per tensor.
+**Logical vs physical.** A tensor's chain splits into its *logical* prefix (steps no family packs
+that keep the axes: swaps, interleaves, padding, slices, casts) and the rest (reshapes, kernel
+packings). Logical steps must come first; then the prefix is one index map per tensor
+(:mod:`layoutc.rowmap`).
 
-**Sync along ties.** A scale tensor shares its weight's rows and covers ``block``
-weight elements along K; a bias shares its weight's output rows. On concrete
-instances of the dims (small values that satisfy every divisibility rule), the
-logical row maps of a weight, its scales and its bias must be the same function,
-and K moves of the weight must be matched by its scales block for block. Tied
-tensors must carry the packings their kernel family puts on each role (an SM90
-interleaved weight with scales not folded for it was vLLM bug 46585).
+**Sync along ties.** A scale tensor shares its weight's rows and covers ``block`` weight
+elements along K; a bias shares its weight's output rows. On concrete instances of the dims, the
+logical row maps of a weight, its scales and its bias must be the same function (in block units
+for 2-D block scales), and K moves must match block for block. Packing steps that only permute
+rows (an epilogue shuffle) are compared the same way. A family applied to one tensor of a tie group
+must be applied to every tied tensor whose role it packs, unless its chain for them only permutes
+rows and the row maps already agree (a shuffle inside a block-scale row).
 
-**Contract.** With the row order the checkpoint declares (``rows [w1; w3]``) the
-logical map determines the order the kernel receives; it must be the declared one
-(``rows [w3; w1]``, padding at the end of each shard).
+**Contract.** With the row order the checkpoint declares (``rows [w1; w3]``) the logical map
+determines the order the kernel receives; it must be the declared one (``rows [w3; w1]``, padding
+at the end of each shard).
 
-Every finding names the tensors and points at the statements involved; all
-findings are reported together.
+The facts the rules read (row and K functions of a prefix) come from a :class:`Source`: the index
+maps (:class:`StaticSource`), or a probe run of the converter (:mod:`layoutc.probe`). Every finding
+names the tensors and points at the statements involved; all are reported together.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import attrs
-import torch
 
 from . import expr as ex
 from .ast import Pos
 from .compiler import Chain, Compiled, Step, Variant
+from .errors import Diagnostic, Reporter
 from .instances import sample_dims
-from .errors import Diagnostic
-from .indexmap import compose_all, concrete_shape, source_indices
-from .ir import Program, RowLayout, TensorSpec
+from .ir import Program, RowLayout
 from .ops.base import Category
-
-#: Which tensor roles a kernel family packs. A family on one tensor of a tie group must be
-#: on every tensor of these roles in the group, and on no tensor of another role.
-FAMILY_ROLES = {
-    "sm90_mixed": {"weight", "scale"},
-    "trtllm": {"weight", "scale", "bias"},
-    "sf_128x4": {"scale"},
-}
-#: Packings that only move whole rows (their row permutation must match across a tie group).
-ROW_PACKINGS = {"shuffle_rows", "unshuffle_rows"}
-#: Logical ops that need two shards (gate and up) on their axis.
-TWO_SHARD_OPS = {"swap_halves", "interleave_rows", "deinterleave", "reorder_gated_rows", "swap_pairs"}
+from .rowmap import (AxisMap, axis_map, declared_rows, describe_labels, logical_prefix, n_rows, row_axis,
+                     row_labels)
 
 
-# ---------------------------------------------------------------------------
-# row maps on concrete dims
+class Source(Protocol):
+    """Where the rules' facts about a chain come from."""
+
+    def axis(self, chain: Chain, dims: dict, rows: bool = False) -> AxisMap: ...
+
+    def samples(self, program: Program, variant: Variant) -> list[dict]: ...
 
 
-@attrs.frozen
-class AxisMap:
-    """Where each logical output row (and K column) of a tensor comes from, on concrete dims.
+class StaticSource:
+    """Facts from the index maps (what ``check`` runs)."""
 
-    ``rows[r]`` is the source row of output row ``r`` (-1: padding); ``cols`` likewise
-    along K, in K *elements* for weights (bytes x 2 for packed FP4) and in blocks for scales.
-    """
+    def axis(self, chain: Chain, dims: dict, rows: bool = False) -> AxisMap:
+        return axis_map(chain, dims, rows)
 
-    rows: tuple[int, ...]
-    cols: tuple[int, ...] | None
-    consistent: bool  # the map moves whole rows and whole columns, within each expert
+    def samples(self, program: Program, variant: Variant) -> list[dict]:
+        return verification_dims(program, variant)
 
 
-def _row_axis(spec: TensorSpec, rank: int) -> int:
-    return rank - 1 if spec.role == "bias" else rank - 2
-
-
-def _prefix(chain: Chain, with_row_packings: bool) -> list[Step]:
-    out = []
-    for s in chain.steps:
-        if s.op.category is Category.LOGICAL or s.op.category is Category.VALUE:
-            out.append(s)
-        elif with_row_packings and s.op.name in ROW_PACKINGS:
-            out.append(s)
-        else:
-            break
-    return out
-
-
-def prefix_length(chain: Chain, with_row_packings: bool = False) -> int:
-    return len(_prefix(chain, with_row_packings))
-
-
-def static_sources(chain: Chain, dims: dict, upto: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]] | None:
-    """(source linear index, valid) over the output of the first ``upto`` steps, from the index maps."""
-    steps = chain.steps[:upto]
-    if not steps:
-        shape = concrete_shape(chain.source.shape, dims)
-        n = 1
-        for v in shape:
-            n *= v
-        return torch.arange(n).reshape(shape), torch.ones(shape, dtype=torch.bool), shape
-    m = compose_all([s.op.index_map(s.in_type) for s in steps])
-    linear, valid, _ = source_indices(m, dims)
-    return linear, valid, concrete_shape(m.out_shape, dims)
-
-
-def _spread(n: int, full: bool) -> torch.Tensor:
-    """All of ``range(n)``, or a few positions spread over it (ends, middle, a stride)."""
-    if full or n <= 12:
-        return torch.arange(n)
-    picks = {0, 1, n // 3, n // 2, n - 2, n - 1} | set(range(0, n, max(1, n // 5)))
-    return torch.tensor(sorted(picks))
-
-
-def axis_map(chain: Chain, dims: dict, with_row_packings: bool = False) -> AxisMap:
-    """The logical part of ``chain`` evaluated on ``dims`` from its index maps.
-
-    Evaluated twice on cross-sections rather than the whole domain: every row against a
-    spread of columns and experts (the row function), and every column against a spread
-    of rows (the K function); both also check that other axes stay where they are."""
-    steps = chain.steps[: prefix_length(chain, with_row_packings)]
-    spec = chain.source
-    in_shape = concrete_shape(spec.shape, dims)
-    rank = len(in_shape)
-    ra = _row_axis(spec, rank)
-    has_k = spec.role != "bias"
-    if not steps:
-        cols = tuple(range(in_shape[-1])) if has_k else None
-        return AxisMap(tuple(range(in_shape[ra])), _elements(spec, cols) if has_k else None, True)
-    m = compose_all([s.op.index_map(s.in_type) for s in steps])
-    out_shape = concrete_shape(m.out_shape, dims)
-    if len(out_shape) != rank:
-        return AxisMap((), None, False)
-
-    def section(full_axis: int):
-        picks = [_spread(n, a == full_axis) for a, n in enumerate(out_shape)]
-        env = dict(dims)
-        for a, idx in enumerate(picks):
-            view = [1] * rank
-            view[a] = len(idx)
-            env[f"o{a}"] = idx.view(view)
-        shape = tuple(len(i) for i in picks)
-        valid = torch.as_tensor(ex.evaluate(m.valid, env)).to(torch.bool).expand(shape)
-        coords = [torch.as_tensor(ex.evaluate(e, env)).expand(shape) for e in m.src]
-        return picks, valid, coords
-
-    def function_of(axis: int):
-        picks, valid, coords = section(axis)
-        ok = all(bool(torch.all(~valid | (coords[a] == picks[a].view([-1 if b == a else 1 for b in range(rank)]))))
-                 for a in range(rank) if a not in special)
-        src = torch.where(valid, coords[axis], -1).movedim(axis, 0).contiguous()
-        src = src.reshape(src.shape[0], -1)
-        value = src.amax(dim=1)
-        ok &= bool(torch.all((src == value[:, None]) | (src == -1)))
-        return tuple(value.tolist()), ok
-
-    special = {ra, rank - 1} if has_k else {ra}
-    rows, ok_rows = function_of(ra)
-    cols, ok_cols = None, True
-    if has_k:
-        raw, ok_cols = function_of(rank - 1)
-        cols = _elements(spec, raw)
-    return AxisMap(rows, cols, ok_rows and ok_cols)
-
-
-def reduce_to_axes(spec: TensorSpec, dims: dict, linear: torch.Tensor, valid: torch.Tensor,
-                   out_shape: tuple[int, ...]) -> AxisMap:
-    """Row and K functions of a gather given as (source linear index, valid) per output element."""
-    in_shape = concrete_shape(spec.shape, dims)
-    rank = len(in_shape)
-    ra = _row_axis(spec, rank)
-    has_k = spec.role != "bias"
-    if len(out_shape) != rank:
-        return AxisMap((), None, False)
-    coords, rem = [], linear
-    for size in reversed(in_shape):
-        coords.append(rem % size)
-        rem = rem // size
-    coords.reverse()
-    grids = torch.meshgrid(*[torch.arange(n) for n in out_shape], indexing="ij")
-    special = {ra, rank - 1} if has_k else {ra}
-    consistent = all(bool(torch.all(~valid | (coords[a] == grids[a]))) for a in range(rank) if a not in special)
-
-    def function_of(axis: int) -> tuple[tuple[int, ...], bool]:
-        src = torch.where(valid, coords[axis], torch.full_like(linear, -1)).movedim(axis, 0)
-        src = src.reshape(out_shape[axis], -1)
-        src = src.contiguous()
-        value = src.amax(dim=1) if src.shape[1] else torch.full((out_shape[axis],), -1)
-        ok = bool(torch.all((src == value[:, None]) | (src == -1)))
-        return tuple(value.tolist()), ok
-
-    rows, ok_rows = function_of(ra)
-    cols = None
-    ok_cols = True
-    if has_k:
-        raw, ok_cols = function_of(rank - 1)
-        cols = _elements(spec, raw)
-    return AxisMap(rows, cols, consistent and ok_rows and ok_cols)
-
-
-def _elements(spec: TensorSpec, cols: tuple[int, ...]) -> tuple[int, ...]:
-    """K columns in elements: a packed fp4x2 byte holds elements 2j and 2j+1."""
-    if spec.elem.name != "fp4x2":
-        return cols
-    out = []
-    for c in cols:
-        out += [-1, -1] if c < 0 else [2 * c, 2 * c + 1]
-    return tuple(out)
-
-
-# ---------------------------------------------------------------------------
-# row labels: the declared logical order
-
-
-def row_labels(layout: RowLayout, n_rows: int, shard_size: int | None = None) -> list[tuple[str, int] | None]:
-    """Label of each row: (shard name, index within the shard), or None for padding.
-
-    ``shard_size`` is the number of real rows per shard (rows past it are padding)."""
-    n = len(layout.shards)
-    per = n_rows // n if n else n_rows
-    real = per if shard_size is None else shard_size
-    out: list[tuple[str, int] | None] = []
-    for r in range(n_rows):
-        if layout.kind == "stacked":
-            shard, idx = r // per, r % per
-        else:
-            g = layout.group
-            block, within = r // (n * g), r % (n * g)
-            shard, idx = within // g, block * g + within % g
-        out.append((layout.shards[shard], idx) if shard < n and idx < real else None)
-    return out
-
-
-def describe_labels(labels: Sequence[tuple[str, int] | None], shards: Sequence[str]) -> str:
-    """``[w3; w1]`` / ``interleave(w3, w1, group=64)`` / ``[w3; w1] then 32 padding rows`` /
-    an explicit start of the order."""
-    labels = list(labels)
-    n_rows = len(labels)
-    real = max((lab[1] + 1 for lab in labels if lab is not None), default=0)
-    for names in _orderings(shards):
-        per_shard_pad = real * len(names) < n_rows
-        candidates = [("stacked", 1)] + ([] if per_shard_pad else [("interleaved", g) for g in _groups(n_rows, len(names))])
-        for kind, group in candidates:
-            layout = RowLayout(kind, tuple(names), group, Pos(0, 0, 0, 0))
-            if row_labels(layout, n_rows, real) == labels:
-                return str(layout) + (" with each shard padded" if per_shard_pad else "")
-    tail = len(labels) - len(list(_rstrip_none(labels)))
-    if 0 < tail < n_rows:
-        head = describe_labels(labels[: n_rows - tail], shards)
-        if not head.startswith("the order"):
-            return f"{head} then {tail} padding rows at the end"
-    shown = ", ".join("pad" if lab is None else f"{lab[0]}[{lab[1]}]" for lab in labels[:6])
-    return f"the order {shown}, ..."
-
-
-def _rstrip_none(labels: list) -> list:
-    out = list(labels)
-    while out and out[-1] is None:
-        out.pop()
-    return out
-
-
-def _orderings(shards: Sequence[str]) -> list[list[str]]:
-    names = list(dict.fromkeys(shards))
-    if len(names) == 2:
-        return [names, names[::-1]]
-    return [names]
-
-
-def _groups(n_rows: int, n_shards: int) -> list[int]:
-    out, g = [], 1
-    while g * n_shards <= n_rows:
-        if n_rows % (g * n_shards) == 0:
-            out.append(g)
-        g *= 2
-    return out
-
-
-# ---------------------------------------------------------------------------
-
-
-class _Verifier:
-    def __init__(self, compiled: Compiled):
+class Verifier:
+    def __init__(self, compiled: Compiled, source: Source | None = None):
         self.compiled = compiled
         self.program: Program = compiled.program
-        self.diags: list[Diagnostic] = []
+        self.source = source or StaticSource()
+        self.report = Reporter()
 
-    def axis(self, chain: Chain, dims: dict, with_row_packings: bool = False) -> AxisMap:
-        """Where the verdict's maps come from: the index maps (static), or a probe run (dynamic)."""
-        return axis_map(chain, dims, with_row_packings)
+    @property
+    def diags(self) -> list[Diagnostic]:
+        return self.report.diagnostics
 
     def error(self, message: str, pos: Pos | None, tensors: Iterable[str], hint: str | None = None,
               related: Iterable[tuple[str, Pos]] = ()) -> None:
-        d = Diagnostic("error", message, pos, hint, tuple(tensors), tuple(related))
-        if not any(x.message == d.message and x.pos == d.pos for x in self.diags):
-            self.diags.append(d)
+        self.report.error(message, pos, hint, tensors, related)
 
-    # -- helpers --
-    def declared_rows(self, spec: TensorSpec, side: str) -> RowLayout | None:
-        """A tensor's row layout, inherited from its tied weight when it declares none."""
-        table = {t.name: t for t in (self.program.inputs if side == "input" else self.program.outputs)}
-        own = table.get(spec.name)
-        if own is not None and own.rows is not None:
-            return own.rows
-        tie = self.program.input(spec.name).tie if any(t.name == spec.name for t in self.program.inputs) else None
-        if tie is not None and tie.weight in table:
-            return table[tie.weight].rows
-        return None
+    def declared_rows(self, spec, side: str) -> RowLayout | None:
+        return declared_rows(self.program, spec, side)
 
     def groups(self, variant: Variant) -> list[tuple[Chain, list[Chain]]]:
         """(weight chain, tied chains) for every weight with scales or a bias in this variant."""
@@ -330,7 +102,7 @@ class _Verifier:
             if t.tie is None or t.tie.weight not in inputs:
                 continue
             w = inputs[t.tie.weight]
-            wr, tr = w.shape[_row_axis(w, len(w.shape))], t.shape[_row_axis(t, len(t.shape))]
+            wr, tr = w.shape[row_axis(w)], t.shape[row_axis(t)]
             rb = t.tie.row_block
             if rb > 1 and not _agree(ex.mul(tr, rb), wr, samples):
                 self.error(f"{t.name} has {ex.to_str(tr)} rows of {rb}-row scale blocks, but its weight {w.name} "
@@ -350,27 +122,20 @@ class _Verifier:
                     )
 
     def check_order(self, chain: Chain) -> None:
-        ra = _row_axis(chain.source, len(chain.source.shape))
-        for s in chain.steps:
-            if s.op.category is Category.SHAPE:
-                break  # axes renumbered from here on
-            if s.op.name in ROW_PACKINGS and s.op.dim != ra:
-                self.error(
-                    f"{chain.tensor}: {s.statement.text} shuffles axis {s.op.dim}, but the kernel's epilogue shuffle "
-                    f"moves rows (axis {ra} of {chain.tensor})",
-                    s.statement.pos if s.statement else None, [chain.tensor], f"use dim={ra}",
-                )
+        """Logical steps first: a step that changes logical rows after a physical one (a reshape, a
+        packing) acts on an arrangement the kernel's row order no longer describes."""
         seen_physical: Step | None = None
         for s in chain.steps:
-            if s.op.category in (Category.PACKING, Category.SHAPE):
+            if s.tag is not None or s.op.category is Category.SHAPE:
                 seen_physical = seen_physical or s
             elif s.op.category is Category.LOGICAL and seen_physical is not None:
+                what = f"{seen_physical.tag.family} packing" if seen_physical.tag else seen_physical.op.name
                 self.error(
-                    f"{chain.tensor}: {s.statement.text} changes the logical rows after the physical "
-                    f"{seen_physical.op.name} packing; logical transforms (swaps, interleaves, padding) come first",
+                    f"{chain.tensor}: {s.statement.text} changes the logical rows after the physical {what}; "
+                    f"logical transforms (swaps, interleaves, padding) come first",
                     s.statement.pos if s.statement else None, [chain.tensor],
                     "move it before the packing (e.g. pad per half before the scale swizzle)",
-                    [(f"{seen_physical.op.name} is applied here", seen_physical.statement.pos)]
+                    [(f"the {what} is applied here", seen_physical.statement.pos)]
                     if seen_physical.statement else (),
                 )
                 return
@@ -379,63 +144,63 @@ class _Verifier:
         layout = self.declared_rows(chain.source, "input")
         if layout is None:
             return
-        rank = len(chain.source.shape)
-        ra = _row_axis(chain.source, rank)
+        ra = row_axis(chain.source)
         n = len(layout.shards)
         for s in chain.steps:
-            on_rows = getattr(s.op, "dim", None) == ra
-            if n == 1 and on_rows and s.op.name in TWO_SHARD_OPS:
+            if s.tag is not None or s.op.axis(s.in_type) != ra:
+                continue
+            if n == 1 and s.op.facts.gate_up:
                 self.error(
                     f"{chain.tensor} has a single shard (rows {layout}), but {s.statement.text} treats its rows as "
                     f"two (gate and up); a non-gated activation keeps its one w13 shard as it is",
                     s.statement.pos if s.statement else None, [chain.tensor],
                     "guard the gate/up transforms with the activation, e.g. 'if activation != relu2 { ... }'",
                 )
-            if s.op.name == "shard" and on_rows and layout.kind == "stacked" and s.op.parts != n:
+            parts = getattr(s.op, "parts", 1)
+            if s.op.facts.slice and layout.kind == "stacked" and parts != n:
                 self.error(
                     f"{chain.tensor} rows are {layout} ({n} shard{'s' if n > 1 else ''}), but {s.statement.text} "
-                    f"slices them as {s.op.parts} part{'s' if s.op.parts > 1 else ''}; tensor parallelism takes "
+                    f"slices them as {parts} part{'s' if parts > 1 else ''}; tensor parallelism takes "
                     f"rank r's slice of each shard (gate and up separately)",
                     s.statement.pos if s.statement else None, [chain.tensor], f"use shard(..., parts={n})",
                 )
 
-    def check_families(self, weight: Chain, tied: list[Chain]) -> None:
+    def check_families(self, weight: Chain, tied: list[Chain], samples: list[dict]) -> None:
+        """A family applied to one tensor of a tie group is applied to every tied tensor whose role it
+        packs, unless its chain only permutes rows and the row maps agree without it (checked by
+        :meth:`check_sync`)."""
         group = [weight] + tied
-        for fam, roles in FAMILY_ROLES.items():
-            carriers = [c for c in group if fam in _families(c)]
-            if not carriers:
-                continue
+        applied: dict[str, Chain] = {}
+        for c in group:
+            for fam in c.packings():
+                applied.setdefault(fam, c)
+        for fam, carrier in applied.items():
+            family = self.program.family(fam)
             for c in group:
-                has = fam in _families(c)
-                if fam == "trtllm" and _row_blocked(c) and not has:
-                    continue  # row shuffles stay inside a block-scale row (check_sync proves it)
-                if c.source.role in roles and not has:
-                    first = carriers[0]
-                    step = next(s for s in first.steps if s.op.family == fam)
-                    self.error(
-                        f"{first.tensor} is packed for {fam} ({step.op.name}) but its tied {c.tensor} is not; "
-                        f"the kernel reads both in the {fam} layout",
-                        step.statement.pos if step.statement else None, [first.tensor, c.tensor],
-                        f"add interleave({c.tensor}, {fam})" if fam in ("sm90_mixed", "sf_128x4")
-                        else f"apply the same {fam} packing to {c.tensor}",
-                    )
-                elif c.source.role not in roles and has:
-                    step = next(s for s in c.steps if s.op.family == fam)
-                    self.error(
-                        f"{c.tensor} is a {c.source.role}, which the {fam} family does not pack ({step.op.name})",
-                        step.statement.pos if step.statement else None, [c.tensor],
-                    )
+                if fam in c.packings() or family is None or c.source.role not in family.role_names:
+                    continue
+                steps = [s for s in carrier.steps if s.tag is not None and s.tag.family == fam]
+                if _only_permutes_rows(carrier, steps) and _row_blocked(c):
+                    continue  # a shuffle inside the block-scale rows: check_sync proves the blocks stay whole
+                first = steps[0]
+                self.error(
+                    f"{carrier.tensor} is packed for {fam} but its tied {c.tensor} is not; the kernel reads both "
+                    f"in the {fam} layout",
+                    first.statement.pos if first.statement else None, [carrier.tensor, c.tensor],
+                    f"add interleave({c.tensor}, {fam})",
+                )
 
     def check_sync(self, weight: Chain, tied: list[Chain], samples: list[dict]) -> None:
         before = len(self.diags)
-        row_packed = any(s.op.name in ROW_PACKINGS for c in [weight] + tied for s in c.steps)
+        row_packed = any(s.tag is not None and s in logical_prefix(c, rows=True)
+                         for c in [weight] + tied for s in c.steps)
         for dims in samples:
             for with_packing in (False, True) if row_packed else (False,):
-                wmap = self.axis(weight, dims, with_packing)
+                wmap = self.source.axis(weight, dims, with_packing)
                 if not self.followable(weight, wmap):
                     return
                 for c in tied:
-                    cmap = self.axis(c, dims, with_packing)
+                    cmap = self.source.axis(c, dims, with_packing)
                     if not self.followable(c, cmap):
                         return
                     rows = _row_blocks(wmap.rows, c.source.tie.row_block) if _row_blocked(c) else wmap.rows
@@ -444,10 +209,9 @@ class _Verifier:
                     elif rows != cmap.rows:
                         self.report_row_desync(weight, c, attrs.evolve(wmap, rows=rows), cmap, with_packing, dims)
                     elif c.source.role == "scale" and wmap.cols is not None and cmap.cols is not None:
-                        block = c.source.tie.block
-                        expected = _blocks(wmap.cols, block)
+                        expected = _blocks(wmap.cols, c.source.tie.block)
                         if expected is None or expected != cmap.cols:
-                            self.report_col_desync(weight, c, dims)
+                            self.report_col_desync(weight, c)
                 if len(self.diags) > before:
                     return
 
@@ -467,8 +231,8 @@ class _Verifier:
 
     def report_row_desync(self, w: Chain, c: Chain, wmap: AxisMap, cmap: AxisMap, packing: bool, dims) -> None:
         layout = self.declared_rows(w.source, "input")
-        what = "rows (after the epilogue row shuffles)" if packing else "rows"
-        n_w, n_c = _n_rows(w.source, dims), _n_rows(c.source, dims)
+        what = "rows (after the packings' row shuffles)" if packing else "rows"
+        n_w, n_c = n_rows(w.source, dims), n_rows(c.source, dims)
         labelled = (layout is not None and len(wmap.rows) == len(cmap.rows) and not _row_blocked(c) and n_w == n_c
                     and max(wmap.rows + cmap.rows, default=-1) < n_w)  # a mistyped tie can make them differ
         if labelled:
@@ -489,11 +253,12 @@ class _Verifier:
         pos = culprit.statement.pos if culprit is not None and culprit.statement else (c.source.pos)
         hint = None
         if only_w and not only_c and only_w[0].statement is not None:
-            hint = f"apply {only_w[0].statement.op} to {c.tensor} too, e.g. {only_w[0].statement.op}([{w.tensor}, {c.tensor}], ...)"
+            st = only_w[0].statement
+            hint = f"apply {st.op} to {c.tensor} too, e.g. {st.op}([{w.tensor}, {c.tensor}], ...)"
         elif only_c and not only_w and only_c[0].statement is not None:
             hint = f"{c.tensor} gets {only_c[0].statement.op} but {w.tensor} does not"
-        related = [(f"{s.op.name} on {c.tensor} only" if s in only_c else f"{s.op.name} on {w.tensor} only", s.statement.pos)
-                   for s in (only_w + only_c)[1:4] if s.statement]
+        related = [(f"{s.statement.op} on {c.tensor} only" if s in only_c else f"{s.statement.op} on {w.tensor} only",
+                    s.statement.pos) for s in (only_w + only_c)[1:4] if s.statement]
         self.error(f"{detail}: a {c.source.role} must follow its weight's rows", pos, [w.tensor, c.tensor], hint, related)
 
     def report_split_blocks(self, w: Chain, c: Chain, wmap: AxisMap, dims) -> None:
@@ -514,9 +279,9 @@ class _Verifier:
             f"row transforms on {w.tensor} must keep {rb}-row blocks whole (e.g. halves of a multiple of {rb} rows)",
         )
 
-    def report_col_desync(self, w: Chain, c: Chain, dims) -> None:
+    def report_col_desync(self, w: Chain, c: Chain) -> None:
         k_steps = [s for s in w.steps + c.steps if s.op.category is Category.LOGICAL
-                   and getattr(s.op, "dim", None) == len(s.in_type.shape) - 1]
+                   and s.op.axis(s.in_type) == len(s.in_type.shape) - 1]
         pos = k_steps[0].statement.pos if k_steps and k_steps[0].statement else c.source.pos
         self.error(
             f"{w.tensor} and its scales {c.tensor} move K differently: each scale column must keep covering "
@@ -534,61 +299,62 @@ class _Verifier:
                        chain.target.rows.pos if chain.target.rows else chain.target.pos, [chain.tensor],
                        f"declare the checkpoint order, e.g. input {chain.tensor} : ... rows [...]")
             return
+        ra = row_axis(chain.source)
+        slices = [s for s in chain.steps if s.op.facts.slice and s.op.axis(s.in_type) == ra]
         for dims in samples[:2]:
-            amap = self.axis(chain, dims)
+            amap = self.source.axis(chain, dims)
             if not self.followable(chain, amap):
                 return
-            n_in = _n_rows(chain.source, dims)
+            n_in = n_rows(chain.source, dims)
             src = row_labels(src_layout, n_in)
             actual = [src[r] if r >= 0 else None for r in amap.rows]
-            if any(s.op.name == "shard" for s in chain.steps):
+            if slices:
                 actual = _rebased(actual)
-            ra = _row_axis(chain.source, len(chain.source.shape))
-            ranks = math.prod(s.op.ranks for s in chain.steps if s.op.name == "shard" and s.op.dim == ra)
+            ranks = math.prod(s.op.ranks for s in slices)
             shard_real = n_in // max(1, len(src_layout.shards)) // ranks
-            expected = row_labels(dst_layout, len(amap.rows), shard_real if len(dst_layout.shards) == len(src_layout.shards) else None)
+            expected = row_labels(dst_layout, len(amap.rows),
+                                  shard_real if len(dst_layout.shards) == len(src_layout.shards) else None)
             if actual != expected:
-                steps = [s for s in chain.steps if s.op.category is Category.LOGICAL]
+                steps = [s for s in chain.steps if s.op.category is Category.LOGICAL and s.tag is None]
                 pos = steps[-1].statement.pos if steps and steps[-1].statement else chain.target.pos
-                hint = self.contract_hint(chain, src_layout, dst_layout, actual)
                 self.error(
                     f"{chain.tensor}: the kernel expects rows {dst_layout}, but the transforms give "
                     f"{describe_labels(actual, src_layout.shards)} (from the checkpoint's {src_layout})",
-                    pos, [chain.tensor], hint,
-                    [("the output declares the kernel's order here", (chain.target.rows.pos if chain.target.rows else chain.target.pos))],
+                    pos, [chain.tensor], self.contract_hint(chain, src_layout, actual),
+                    [("the output declares the kernel's order here", (chain.target.rows.pos if chain.target.rows
+                                                                      else chain.target.pos))],
                 )
                 return
 
-    def contract_hint(self, chain: Chain, src: RowLayout, dst: RowLayout, actual) -> str | None:
-        names = [s.op.name for s in chain.steps if s.op.category is Category.LOGICAL]
-        if src.kind == "interleaved" and "swap_halves" in names and "deinterleave" not in names:
-            return ("the checkpoint rows are interleaved (gpt-oss); swap_halves swaps the first and second half of "
-                    "an interleaved order. Use deinterleave then swap_halves, or swap_pairs for an interleaved output")
-        if names.count("swap_halves") >= 2:
-            return "swap_halves is applied twice, which undoes the swap"
-        if any(lab is None for lab in actual) and any(s.op.name == "pad" and s.op.parts == 1 for s in chain.steps):
-            return "gated w13 is padded per half: pad(..., parts=2) pads each shard, parts=1 pads only the end"
+    def contract_hint(self, chain: Chain, src: RowLayout, actual) -> str | None:
+        """What usually causes a wrong row order, read from the steps' facts and the order obtained."""
+        ra = row_axis(chain.source)
+        gate_up = [s for s in chain.steps if s.tag is None and s.op.facts.gate_up and s.op.axis(s.in_type) == ra]
+        if src.kind == "interleaved" and gate_up and all(s.op.inverse(s.in_type) == s.op for s in gate_up):
+            return ("the checkpoint rows are interleaved (gpt-oss); a transform written for stacked [w1; w3] rows "
+                    "moves the wrong rows. Deinterleave first, or swap pairs for an interleaved output")
+        for a, b in zip(gate_up, gate_up[1:]):
+            if a.op == b.op and a.op.inverse(a.in_type) == a.op:
+                return f"{a.statement.op} is applied twice, which undoes it"
+        pads = [s for s in chain.steps if s.tag is None and s.op.axis(s.in_type) == ra
+                and s.out_type.shape[ra] != s.in_type.shape[ra]]
+        if any(lab is None for lab in actual) and pads and len(src.shards) > 1 and getattr(pads[0].op, "parts", 1) == 1:
+            return "a gated w13 is padded per half: pad(..., parts=2) pads each shard, parts=1 pads only the end"
         return None
 
     # -- run --
-    def samples(self, variant: Variant) -> list[dict]:
-        return verification_dims(self.program, variant)
-
-    def variants(self) -> Sequence[Variant]:
-        return self.compiled.variants
-
     def run(self) -> list[Diagnostic]:
         self.check_ties_declared()
-        for variant in self.variants():
+        for variant in self.compiled.variants:
             before = len(self.diags)
-            samples = self.samples(variant)
+            samples = self.source.samples(self.program, variant)
             for c in variant.chains:
                 self.check_order(c)
                 self.check_shards(c)
             if len(self.diags) > before:
                 continue  # the maps below would only repeat these findings
             for weight, tied in self.groups(variant):
-                self.check_families(weight, tied)
+                self.check_families(weight, tied, samples)
                 if samples:
                     self.check_sync(weight, tied, samples)
             if samples:
@@ -597,12 +363,13 @@ class _Verifier:
         return self.diags
 
 
-def _families(c: Chain) -> tuple[str, ...]:
-    return c.packings()
+def _only_permutes_rows(chain: Chain, steps: Sequence[Step]) -> bool:
+    prefix = logical_prefix(chain, rows=True)
+    return all(s in prefix for s in steps)
 
 
 def _row_steps(c: Chain, packing: bool) -> list[Step]:
-    return [s for s in _prefix(c, packing) if s.op.category is not Category.VALUE]
+    return [s for s in logical_prefix(c, packing) if s.op.category is not Category.VALUE]
 
 
 def _rebased(labels: list[tuple[str, int] | None]) -> list[tuple[str, int] | None]:
@@ -631,10 +398,6 @@ def _row_blocks(rows: tuple[int, ...], block: int) -> tuple[int, ...] | None:
             return None
         out.append(src.pop() if src else -1)
     return tuple(out)
-
-
-def _n_rows(spec: TensorSpec, dims) -> int:
-    return int(ex.evaluate(spec.shape[_row_axis(spec, len(spec.shape))], dims))
 
 
 def _blocks(cols: tuple[int, ...], block: int) -> tuple[int, ...] | None:
@@ -677,12 +440,15 @@ def _pick(samples: list[dict]) -> list[dict]:
 
 
 def verification_dims(program: Program, variant: Variant) -> list[dict]:
-    """The small instances a variant is verified on (every divisibility rule holds)."""
+    """The small instances a variant is verified on: every divisibility rule holds, every lower bound,
+    and the variant's size conditions (``if I > 128``) decide as the variant says."""
+    from .instances import variant_instances
+
     known = [(k.value, k.multiple) for c in variant.chains for k in c.constraints]
     known += [(ex.Var(a.dim), a.multiple) for a in program.assumptions]
-    return _pick(sample_dims(program.dims, known))
+    return _pick(variant_instances(program, variant.present, known))
 
 
 def verify(compiled: Compiled) -> list[Diagnostic]:
     """All sync and contract findings of a compiled spec (empty when it verifies)."""
-    return _Verifier(compiled).run()
+    return Verifier(compiled).run()

@@ -108,8 +108,8 @@ def test_gpt_oss_rows_swapped_as_halves_are_rejected():
 
 
 def test_trtllm_scales_not_shuffled_with_their_weight_are_rejected():
-    errors = _errors("flashinfer_trtllm_nvfp4", "shuffle_rows([w13_weight, w13_weight_scale, ",
-                     "shuffle_rows([w13_weight, ")
+    errors = _errors("flashinfer_trtllm_nvfp4", "interleave([w13_weight, w13_weight_scale, ",
+                     "interleave([w13_weight, ")
     assert any("w13_weight_scale: the output declares packing trtllm but no trtllm packing is applied" in e
                for e in errors), errors
 
@@ -130,8 +130,8 @@ def test_fp8_block_scales_left_unswapped_are_rejected():
 
 def test_fp8_weight_rows_that_split_scale_blocks_are_rejected():
     # the gated-GEMM row reorder interleaves gate and up rows: no 128-row scale block survives it
-    errors = _errors("flashinfer_trtllm_fp8_block", "shuffle_rows([w13_weight, w2_weight]",
-                     "reorder_gated_rows(w13_weight, dim=1)\nshuffle_rows([w13_weight, w2_weight]")
+    errors = _errors("flashinfer_trtllm_fp8_block", "interleave([w13_weight, w2_weight]",
+                     "reorder_gated_rows(w13_weight, dim=1)\ninterleave([w13_weight, w2_weight]")
     assert any("each row of w13_weight_scale scales 128 rows of w13_weight" in e and "split those blocks" in e
                for e in errors), errors
 

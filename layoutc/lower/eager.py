@@ -28,6 +28,8 @@ def render(value: Any) -> str:
     if isinstance(value, tuple):
         inner = ", ".join(render(v) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if hasattr(value, "source"):  # an index formula: a lambda over an arange
+        return value.source()
     raise TypeError(f"cannot render op argument {value!r}")
 
 
@@ -35,7 +37,7 @@ def functions_used(chains: list[Chain]) -> list[Callable[..., Any]]:
     seen: dict[str, Callable[..., Any]] = {}
     for c in chains:
         for s in c.steps:
-            fn, _ = s.op.impl()
+            fn, _ = s.op.impl(s.in_type)
             seen.setdefault(fn.__name__, fn)
     return list(seen.values())
 
@@ -44,10 +46,12 @@ def emit_chain(chain: Chain, filename: str, var: str = "x") -> list[str]:
     """Source lines applying ``chain`` to the tensor in ``var``, one per step."""
     lines = []
     for s in chain.steps:
-        fn, args = s.op.impl()
+        fn, args = s.op.impl(s.in_type)
         call = f"{var} = {fn.__name__}({', '.join([var] + [render(a) for a in args])})"
         origin = f"{filename}:{s.statement.pos.line}: {s.statement.text}" if s.statement else str(s.op)
-        if s.statement and s.op.name != s.statement.op:
+        if s.tag is not None:
+            origin += f"  [{s.tag.origin}]"
+        elif s.statement and s.op.name != s.statement.op:
             origin += f"  [{s.op.name}]"
         lines.append(f"{call:<48}  # {comment(origin)}")  # one escaped line, whatever the spec or file name holds
     return lines

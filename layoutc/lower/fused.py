@@ -48,7 +48,7 @@ class FusedPlan:
     word_sources: tuple[tuple[ex.Expr, ...], ...] = ()  # words: input coordinates of bytes 0..3
     word_valid: tuple[ex.Expr, ...] = ()  # words: whether each byte reads the input (else 0)
     table: tuple[int, ...] = ()
-    conversions: tuple[tuple[str, ElemType], ...] = ()  # ("cast" | "view", type) in chain order
+    conversions: tuple[tuple, ...] = ()  # each value step's conversion() in chain order: ("cast", type), ...
     reason: str = ""  # why a plan fell back to eager
     # How the CUDA kernel moves data (see triton_kernel): "elements" (one per lane), "rows" (2-D tiles
     # whose last axis is copied contiguously), "words4" (four output words from whole source words).
@@ -240,30 +240,73 @@ def _plan(chain: Chain) -> FusedPlan:
     base = dict(tensor=chain.tensor, in_elem=spec.elem, out_elem=out_type.elem, in_shape=spec.shape,
                 out_shape=out_type.shape)
     index_steps = [s for s in chain.steps if s.op.category is not Category.VALUE]
-    conversions = tuple((s.op.name, s.op.to) for s in chain.steps if s.op.category is Category.VALUE)
+    conversions = tuple(s.op.conversion() for s in chain.steps if s.op.category is Category.VALUE)
     bit_steps = [i for i, s in enumerate(chain.steps) if s.op.bit_level]
     if bit_steps:
-        i = bit_steps[0]
-        step = chain.steps[i]
-        later = [s for s in chain.steps[i + 1:] if s.op.category is not Category.VALUE]
-        earlier_values = [s for s in chain.steps[:i] if s.op.category is Category.VALUE]
-        if len(bit_steps) > 1 or later or earlier_values or not hasattr(step.op, "word_form"):
-            return FusedPlan(kind="eager", reason="a bit-level packing that is not the last step", **base)
-        prefix = [s.op.index_map(s.in_type) for s in chain.steps[:i] if s.op.category is not Category.VALUE]
-        m = compose_all(prefix) if prefix else identity(spec.shape)
-        form = step.op.word_form(step.in_type)
-        sources, valids = [], []
-        for coords in form.sources:
-            sub = {f"o{k}": c for k, c in enumerate(coords)}
-            sources.append(tuple(ex.substitute(s, sub) for s in m.src))
-            valids.append(ex.substitute(m.valid, sub))
-        return FusedPlan(kind="words", word_shape=form.word_shape, word_sources=tuple(sources),
-                         word_valid=tuple(valids), table=form.table, conversions=conversions, **base)
+        return _words_plan(chain, bit_steps, base)
     if not index_steps:
         return FusedPlan(kind="copy", conversions=conversions, **base)
     m = compose_all([s.op.index_map(s.in_type) for s in index_steps])
     kind = "affine" if affine_strides(m) is not None else "gather"
     return FusedPlan(kind=kind, map=m, conversions=conversions, **base)
+
+
+def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> FusedPlan:
+    """A chain with one permutation of the bits within 32-bit words: byte gathers before it (``P``), the
+    permutation, byte moves after it that keep each word's 4 bytes together (``Q``). Output word ``w``
+    is then the permuted word whose bytes ``P`` reads at the word position ``Q`` gives ``w``."""
+    i = bit_steps[0]
+    step = chain.steps[i]
+    perm = step.op.word_permutation()
+    if len(bit_steps) > 1 or perm is None or perm[0] != 4:
+        return FusedPlan(kind="eager", reason="bit-level steps other than one permutation of 32-bit words", **base)
+    if any(s.op.category is Category.VALUE for s in chain.steps):
+        return FusedPlan(kind="eager", reason="value conversions around a bit permutation", **base)
+    before = [s.op.index_map(s.in_type) for s in chain.steps[:i]]
+    after = [s.op.index_map(s.in_type) for s in chain.steps[i + 1:]]
+    p = compose_all(before) if before else identity(chain.source.shape)
+    q = compose_all(after) if after else identity(step.out_type.shape)
+    word = perm[0]
+    if not q.is_total() or not _moves_whole_words(q, word, chain):
+        return FusedPlan(kind="eager", reason="the steps after a bit permutation split its words", **base)
+    last = f"o{q.out_rank - 1}"
+    start = tuple(ex.substitute(c, {last: ex.mul(word, ex.Var(last))}) for c in q.src)  # the word's byte 0
+    sources, valids = [], []
+    for t in range(word):
+        at = start[:-1] + (ex.add(start[-1], t),)
+        sub = {f"o{k}": c for k, c in enumerate(at)}
+        sources.append(tuple(ex.substitute(s, sub) for s in p.src))
+        valids.append(ex.substitute(p.valid, sub))
+    word_shape = q.out_shape[:-1] + (ex.div(q.out_shape[-1], word),)
+    return FusedPlan(kind="words", word_shape=word_shape, word_sources=tuple(sources), word_valid=tuple(valids),
+                     table=perm[1], **base)
+
+
+def _moves_whole_words(q: IndexMap, word: int, chain: Chain) -> bool:
+    """Every aligned run of ``word`` output bytes reads one aligned run of ``word`` bytes in order
+    (checked on small instances of the dims)."""
+    import torch
+
+    samples = _samples(chain)
+    if not samples:
+        return False
+    last = f"o{q.out_rank - 1}"
+    linear = _linear(q.src, q.in_shape)
+    base = ex.substitute(linear, {last: ex.mul(word, ex.Var(last))})
+    for dims in samples:
+        out_shape = [int(ex.evaluate(s, dims)) for s in q.out_shape]
+        if out_shape[-1] % word:
+            return False
+        env = _grid_env(out_shape[:-1] + [out_shape[-1] // word], dims)
+        b = torch.as_tensor(ex.evaluate(base, env))
+        if bool((b % word != 0).any()):
+            return False
+        for j in range(1, word):
+            shifted = dict(env)
+            shifted[last] = env[last] * word + j
+            if not bool((torch.as_tensor(ex.evaluate(linear, shifted)) == b + j).all()):
+                return False
+    return True
 
 
 def affine_strides(m: IndexMap) -> tuple[tuple[ex.Expr, ...], ex.Expr] | None:
@@ -339,7 +382,8 @@ CANONICAL_NAN = {"bfloat16": ("tl.uint16", 0x7FC0), "float16": ("tl.uint16", 0x7
 def _conv_triton(plan: FusedPlan, value: str) -> list[str]:
     lines = []
     elem = plan.in_elem
-    for kind, to in plan.conversions:
+    for conv in plan.conversions:
+        kind, to = conv[0], conv[-1]
         dtype = TRITON_DTYPES[to.canonical]
         if kind == "cast" and elem.canonical == "float32" and to.canonical == "bfloat16":
             # Round to nearest even on the bits, exactly as torch does, whatever the backend's
@@ -358,10 +402,22 @@ def _conv_triton(plan: FusedPlan, value: str) -> list[str]:
                 f"{value} = {value}.to({dtype})",
                 f"{value} = tl.where(_nan, tl.full({value}.shape, {nan:#x}, {bits}).to({dtype}, bitcast=True), {value})",
             ]
+        elif kind in ("extract", "insert"):
+            shift, width = conv[1], conv[2]
+            src_u, dst_u = UINT[elem.bits], UINT[to.bits]
+            if kind == "extract":
+                lines.append(f"_f = ({value}.to({src_u}, bitcast=True) >> {shift}) & {(1 << width) - 1:#x}")
+                lines.append(f"{value} = _f.to({dst_u}).to({dtype}, bitcast=True)")
+            else:
+                lines.append(f"_f = ({value}.to({src_u}, bitcast=True) & {(1 << width) - 1:#x}).to({dst_u})")
+                lines.append(f"{value} = (_f << {shift}).to({dtype}, bitcast=True)")
         else:
             lines.append(f"{value} = {value}.to({dtype}{', bitcast=True' if kind == 'view' else ''})")
         elem = to
     return lines
+
+
+UINT = {8: "tl.uint8", 16: "tl.uint16", 32: "tl.uint32", 64: "tl.uint64"}
 
 
 # Every 1-D kernel starts here: this program's lanes, in 64-bit arithmetic for tensors past 2^30 elements.
@@ -664,8 +720,16 @@ def launcher(plan: FusedPlan, name: str, kernel: str, dims: Sequence[str]) -> st
 
 
 def _conv_torch(plan: FusedPlan, var: str, indent: str) -> list[str]:
+    """Value conversions through the eager ops' own functions: one semantics (NaNs, bit fields)."""
     out = []
-    for kind, to in plan.conversions:  # casts through the eager op's own function: one semantics (NaNs too)
-        call = f"{var}.view(torch.{to.canonical})" if kind == "view" else f"cast({var}, torch.{to.canonical})"
+    for conv in plan.conversions:
+        kind, to = conv[0], conv[-1]
+        if kind == "view":
+            call = f"{var}.view(torch.{to.canonical})"
+        elif kind == "cast":
+            call = f"cast({var}, torch.{to.canonical})"
+        else:
+            fn = "extract_bits" if kind == "extract" else "insert_bits"
+            call = f"{fn}({var}, {conv[1]}, {conv[2]}, torch.{to.canonical})"
         out.append(f"{indent}{var} = {call}")
     return out

@@ -106,12 +106,22 @@ def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
     return d, present
 
 
+def _holding(conditions, d):
+    # The labels of the size conditions ('I > 128') that hold for these dims.
+    return frozenset(label for label, test in conditions if test(**d))
+
+
 def _check_divisibility(checks, d, given, present):
+    # (tensor, value, multiple, message, variants): value(dims) % multiple must be 0; a multiple of 0
+    # marks a predicate that must hold (a lower bound: assume I >= 128).
     for tensor, value, multiple, message, variants in checks:
         if tensor is not None and (tensor not in given or (variants is not None and present not in variants)):
             continue
         v = value(**d)
-        if v % multiple:
+        if multiple == 0:
+            if not v:
+                raise LayoutError(f"{message}; here {_fmt_dims(d)}")
+        elif v % multiple:
             raise LayoutError(f"{message}; here it is {v} ({_fmt_dims(d)})")
 
 

@@ -10,9 +10,14 @@ its contract in four methods:
   its arguments, the reference lowering;
 * :meth:`Op.inverse` -- the op that undoes it on its image, or None.
 
-and one classification used by the verifier: ``category`` says whether the op
-changes the *logical* order of rows (a gate/up swap), is a *packing* owned by one
-kernel family (a swizzle), reshapes, or changes values/labels (cast/view).
+and the facts the verifier reads (:class:`Facts`, declared by every op class in its own body):
+whether it changes the *logical* order of rows (a gate/up swap, padding), moves data physically
+(reshape, transpose, bit permutations) or changes values/labels (cast, view); whether it acts
+along one axis (``dim``), treats that axis as two shards (gate and up), keeps one
+tensor-parallel rank's part of it, or moves bits within bytes. The verifier decides from these
+facts and from index maps, never from an op's name. Whether a step is part of a kernel *packing*
+is not a fact of the op: it is a tag on the step, set when a family's chain is applied
+(:mod:`layoutc.families`).
 """
 
 from __future__ import annotations
@@ -29,10 +34,20 @@ from ..indexmap import IndexMap
 
 
 class Category(enum.Enum):
-    LOGICAL = "logical"  # changes which logical row is where (swap, deinterleave, pad)
-    PACKING = "packing"  # physical layout owned by a kernel family (swizzle, sm90 interleave)
-    SHAPE = "shape"  # reshape / transpose
-    VALUE = "value"  # cast (values) and view (bit relabel)
+    LOGICAL = "logical"  # changes which logical row (or K column) is where: swap, deinterleave, pad, shard
+    SHAPE = "shape"  # moves data physically: reshape, transpose, rearrange, bit permutations
+    VALUE = "value"  # changes values or labels element by element: cast, view, bit fields
+
+
+@attrs.frozen
+class Facts:
+    """What an op declares for the verifier (every op class sets ``facts`` in its own body)."""
+
+    category: Category
+    on_axis: bool = False  # acts along the one axis its ``dim`` names (and leaves the others alone)
+    gate_up: bool = False  # sees that axis as two shards (gate and up) and moves rows between them
+    slice: bool = False  # keeps one tensor-parallel rank's part of the axis (``ranks`` > 1: not invertible)
+    bits: bool = False  # moves bits within bytes: its index map is bit-level
 
 
 class OpTypeError(Exception):
@@ -70,16 +85,13 @@ class Requirement:
 
 
 @attrs.frozen
-class WordForm:
-    """A bit-level packing seen as 32-bit little-endian words (for fused lowering).
+class BinderArg:
+    """An argument an op accepts that is not one of its fields: its ``specialize`` turns it into
+    fields (``permute_bits(word=32, src=FORMULA)`` into a ``table``)."""
 
-    Output word ``o`` (coordinates over ``word_shape``) is formed from four input bytes, byte
-    ``t`` at input coordinates ``sources[t]`` (expressions in the word coordinates), then its
-    bits are permuted: ``out_bit[i] = in_bit[table[i]]``."""
-
-    word_shape: tuple[Expr, ...]
-    sources: tuple[tuple[Expr, ...], ...]
-    table: tuple[int, ...]
+    name: str
+    metadata: dict = attrs.field(hash=False)
+    default: Any = None
 
 
 @attrs.frozen
@@ -92,9 +104,41 @@ class Op:
     """Base class of the primitives (concrete ops are ``@attrs.frozen`` subclasses)."""
 
     name: ClassVar[str]
-    category: ClassVar[Category]
-    family: ClassVar[str | None] = None  # kernel family of a packing
+    facts: ClassVar[Facts]
     summary: ClassVar[str] = ""
+    binder_args: ClassVar[tuple] = ()  # arguments that are not fields (see BinderArg)
+    public: ClassVar[bool] = True  # a spec can name it (else it is reached as an inverse or specialisation)
+
+    @property
+    def category(self) -> Category:
+        return self.facts.category
+
+    def axis(self, t: TensorType) -> int | None:
+        """The axis an ``on_axis`` op acts along, for a tensor of type ``t`` (non-negative)."""
+        dim = getattr(self, "dim", None)
+        return dim % t.rank if self.facts.on_axis and dim is not None and t.rank else None
+
+    @property
+    def ranks(self) -> int:
+        """Tensor-parallel ranks a ``slice`` op divides its axis among (1 for every other op)."""
+        return 1
+
+    def word_permutation(self) -> tuple[int, tuple[int, ...]] | None:
+        """For a bit-level op that permutes the bits within words of consecutive bytes along the last
+        axis: ``(bytes per word, table)`` with ``out_bit[i] = in_bit[table[i]]``. The fused lowering
+        turns such a step, with the byte gathers around it, into one word kernel."""
+        return None
+
+    def conversion(self) -> tuple | None:
+        """For a value op: what it does to each element, as data the lowerings emit code from
+        (``("cast", type)``, ``("view", type)``, ``("extract", shift, width, type)``, ...)."""
+        return None
+
+    @classmethod
+    def specialize(cls, values: dict, t: TensorType) -> "Op":
+        """The op for these bound arguments and this input type (an op name can stand for a
+        family of classes, e.g. ``view`` changing the element width)."""
+        return cls(**values)
 
     def infer(self, t: TensorType) -> Inferred:
         raise NotImplementedError
@@ -102,7 +146,7 @@ class Op:
     def index_map(self, t: TensorType) -> IndexMap:
         raise NotImplementedError
 
-    def impl(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    def impl(self, t: TensorType) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         raise NotImplementedError
 
     def inverse(self, t: TensorType) -> Op | None:
@@ -110,7 +154,7 @@ class Op:
 
     @property
     def bit_level(self) -> bool:
-        return False
+        return self.facts.bits
 
     @property
     def is_identity(self) -> bool:

@@ -1,4 +1,4 @@
-"""Row permutations: gate/up swaps and interleaves, and the TRT-LLM epilogue shuffle.
+"""Row permutations of gated weights: gate/up swaps and interleaves.
 
 All act on one axis ``dim`` (default 1: the row axis of expert-stacked weights
 ``[E, rows, K]``, scales ``[E, rows, K/32]`` and biases ``[E, rows]``). With
@@ -13,14 +13,15 @@ deinterleave(group=g)             (j//g)*2g + (r//(n/2))*g + j mod g,          n
                                   j = r mod n/2
 swap_pairs                        r + 1 - 2*(r mod 2)                          n % 2 == 0
 reorder_gated_rows                interleave_rows(group=1)                     n % 2 == 0
-shuffle_rows(epilogue_tile=t)     B*(r//B) + (B/8)*(w mod 8) + w//8,           n % B == 0
-                                  w = r mod B, B = 32 if t % 128 == 0 else 16
 ================================  ===========================================  ==============
+
+Each sees its axis as two shards, gate and up (``gate_up``): on a non-gated layer's single w13
+shard the verifier rejects them. Other row orders are ``permute`` (a formula or a table); the
+TRT-LLM epilogue shuffle is the ``trtllm`` family of ``prelude.lyt``.
 
 FlashInfer sources: ``reorder_rows_for_gated_act_gemm`` (fused_moe/core.py),
 ``_interleave_linear_and_gate`` behind ``interleave_cute_dsl_moe_weights``
-(fused_moe/prepare.py), ``shuffle_matrix_a`` / ``get_shuffle_matrix_a_row_indices``
-(utils.py, quantization/fp4_quantization.py).
+(fused_moe/prepare.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import attrs
 from .. import expr as ex
 from ..indexmap import IndexMap, out_var
 from . import torch_impl
-from .base import Category, Inferred, Op, TensorType, along, check_dim, require_multiple
+from .base import Category, Facts, Inferred, Op, TensorType, along, check_dim, require_multiple
 
 
 def _dim_field(default: int = 1):
@@ -45,7 +46,7 @@ class _RowOp(Op):
 
     dim: int = _dim_field()
 
-    category: ClassVar[Category] = Category.LOGICAL
+    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, gate_up=True)
     what: ClassVar[str] = "rows"
 
     def multiple(self) -> int:
@@ -66,12 +67,13 @@ class _RowOp(Op):
 @attrs.frozen
 class SwapHalves(_RowOp):
     name: ClassVar[str] = "swap_halves"
+    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, gate_up=True)
     summary: ClassVar[str] = "[A; B] -> [B; A] along dim (w13 [w1; w3] -> [w3; w1])"
 
     def source_row(self, r, n):
         return ex.mod(r + ex.div(n, 2), n)
 
-    def impl(self):
+    def impl(self, t):
         return torch_impl.swap_halves, (self.dim,)
 
     def inverse(self, t):
@@ -83,6 +85,7 @@ class InterleaveRows(_RowOp):
     group: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "interleave_rows"
+    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, gate_up=True)
     summary: ClassVar[str] = "[A; B] -> [A0, B0, A1, B1, ...] in groups of `group` rows"
 
     def multiple(self) -> int:
@@ -93,7 +96,7 @@ class InterleaveRows(_RowOp):
         half = ex.mod(ex.floordiv(r, g), 2)
         return half * ex.div(n, 2) + ex.floordiv(r, 2 * g) * g + ex.mod(r, g)
 
-    def impl(self):
+    def impl(self, t):
         return torch_impl.interleave_rows, (self.dim, self.group)
 
     def inverse(self, t):
@@ -105,12 +108,13 @@ class ReorderGatedRows(_RowOp):
     """FlashInfer ``reorder_rows_for_gated_act_gemm``: out[2i] = x[i], out[2i+1] = x[n/2 + i]."""
 
     name: ClassVar[str] = "reorder_gated_rows"
+    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, gate_up=True)
     summary: ClassVar[str] = "TRT-LLM gated-activation row order [A0, B0, A1, B1, ...]"
 
     def source_row(self, r, n):
         return InterleaveRows(self.dim, group=1).source_row(r, n)
 
-    def impl(self):
+    def impl(self, t):
         return torch_impl.interleave_rows, (self.dim, 1)
 
     def inverse(self, t):
@@ -122,6 +126,7 @@ class Deinterleave(_RowOp):
     group: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "deinterleave"
+    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, gate_up=True)
     summary: ClassVar[str] = "[A0, B0, A1, B1, ...] -> [A; B] (gpt-oss [g0, u0, g1, u1..] -> [g; u])"
 
     def multiple(self) -> int:
@@ -133,7 +138,7 @@ class Deinterleave(_RowOp):
         j = ex.mod(r, half_n)
         return ex.floordiv(j, g) * (2 * g) + ex.floordiv(r, half_n) * g + ex.mod(j, g)
 
-    def impl(self):
+    def impl(self, t):
         return torch_impl.deinterleave_rows, (self.dim, self.group)
 
     def inverse(self, t):
@@ -143,69 +148,17 @@ class Deinterleave(_RowOp):
 @attrs.frozen
 class SwapPairs(_RowOp):
     name: ClassVar[str] = "swap_pairs"
+    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, gate_up=True)
     summary: ClassVar[str] = "rows (2i, 2i+1) -> (2i+1, 2i): gpt-oss [g0, u0, ..] -> [u0, g0, ..]"
 
     def source_row(self, r, n):
         return r + 1 - 2 * ex.mod(r, 2)
 
-    def impl(self):
+    def impl(self, t):
         return torch_impl.swap_pairs, (self.dim,)
 
     def inverse(self, t):
         return self
 
 
-def shuffle_block(epilogue_tile: int) -> int:
-    """TRT-LLM-gen shuffles 32-row blocks when the epilogue tile is a multiple of 128, else 16."""
-    return 32 if epilogue_tile % 128 == 0 else 16
-
-
-@attrs.frozen
-class ShuffleRows(_RowOp):
-    epilogue_tile: int = attrs.field(default=128, kw_only=True, metadata={"kind": "int", "min": 1})
-
-    name: ClassVar[str] = "shuffle_rows"
-    category: ClassVar[Category] = Category.PACKING
-    family: ClassVar[str] = "trtllm"
-    summary: ClassVar[str] = "TRT-LLM-gen epilogue-tile row shuffle (FlashInfer shuffle_matrix_a)"
-
-    def multiple(self) -> int:
-        return shuffle_block(self.epilogue_tile)
-
-    def source_row(self, r, n):
-        b = shuffle_block(self.epilogue_tile)
-        w = ex.mod(r, b)
-        return ex.floordiv(r, b) * b + (b // 8) * ex.mod(w, 8) + ex.floordiv(w, 8)
-
-    def impl(self):
-        return torch_impl.shuffle_rows, (self.dim, shuffle_block(self.epilogue_tile))
-
-    def inverse(self, t):
-        return UnshuffleRows(self.dim, epilogue_tile=self.epilogue_tile)
-
-
-@attrs.frozen
-class UnshuffleRows(_RowOp):
-    epilogue_tile: int = attrs.field(default=128, kw_only=True, metadata={"kind": "int", "min": 1})
-
-    name: ClassVar[str] = "unshuffle_rows"
-    category: ClassVar[Category] = Category.PACKING
-    family: ClassVar[str] = "trtllm"
-    summary: ClassVar[str] = "inverse of shuffle_rows"
-
-    def multiple(self) -> int:
-        return shuffle_block(self.epilogue_tile)
-
-    def source_row(self, r, n):
-        b = shuffle_block(self.epilogue_tile)
-        w = ex.mod(r, b)
-        return ex.floordiv(r, b) * b + 8 * ex.mod(w, b // 8) + ex.floordiv(w, b // 8)
-
-    def impl(self):
-        return torch_impl.unshuffle_rows, (self.dim, shuffle_block(self.epilogue_tile))
-
-    def inverse(self, t):
-        return ShuffleRows(self.dim, epilogue_tile=self.epilogue_tile)
-
-
-OPS = (SwapHalves, InterleaveRows, ReorderGatedRows, Deinterleave, SwapPairs, ShuffleRows, UnshuffleRows)
+OPS = (SwapHalves, InterleaveRows, ReorderGatedRows, Deinterleave, SwapPairs)

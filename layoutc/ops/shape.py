@@ -22,7 +22,7 @@ from .. import expr as ex
 from ..indexmap import IndexMap, crop_map, out_var, out_vars, pad_map, reshape_map
 from . import torch_impl
 from ..instances import divisions, small_instances
-from .base import Category, Inferred, Op, OpTypeError, Requirement, TensorType, check_dim, with_shape
+from .base import Category, Facts, Inferred, Op, OpTypeError, Requirement, TensorType, check_dim, with_shape
 
 
 def _part_size(t: TensorType, dim: int, parts: int) -> ex.Expr:
@@ -37,7 +37,7 @@ class Pad(Op):
     value: int = attrs.field(default=0, kw_only=True, metadata={"kind": "int", "min": 0})
 
     name: ClassVar[str] = "pad"
-    category: ClassVar[Category] = Category.LOGICAL
+    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True)
     summary: ClassVar[str] = "zero-extend each of `parts` equal parts of dim to a multiple of `multiple`"
 
     def padded_part(self, t: TensorType, dim: int) -> ex.Expr:
@@ -54,7 +54,7 @@ class Pad(Op):
         d = check_dim(t, self.dim)
         return pad_map(t.shape, d, self.padded_part(t, d), self.parts, self.value)
 
-    def impl(self):
+    def impl(self, t):
         return torch_impl.pad, (self.dim, self.multiple, self.parts, self.value)
 
     def inverse(self, t):
@@ -69,7 +69,7 @@ class Crop(Op):
     parts: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "crop"
-    category: ClassVar[Category] = Category.LOGICAL
+    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True)
     summary: ClassVar[str] = "keep the first `size` entries of each of `parts` equal parts of dim"
 
     def infer(self, t: TensorType) -> Inferred:
@@ -90,7 +90,7 @@ class Crop(Op):
     def index_map(self, t: TensorType) -> IndexMap:
         return crop_map(t.shape, check_dim(t, self.dim), self.size, self.parts)
 
-    def impl(self):
+    def impl(self, t):
         return torch_impl.crop, (self.dim, self.size, self.parts)
 
 
@@ -99,7 +99,7 @@ class Reshape(Op):
     shape: tuple[ex.Expr, ...] = attrs.field(metadata={"kind": "shape"})
 
     name: ClassVar[str] = "reshape"
-    category: ClassVar[Category] = Category.SHAPE
+    facts: ClassVar[Facts] = Facts(Category.SHAPE)
     summary: ClassVar[str] = "row-major reshape to a shape with the same number of elements"
 
     def infer(self, t: TensorType) -> Inferred:
@@ -119,7 +119,7 @@ class Reshape(Op):
     def index_map(self, t: TensorType) -> IndexMap:
         return reshape_map(t.shape, self.shape)
 
-    def impl(self):
+    def impl(self, t):
         return torch_impl.reshape, (self.shape,)
 
     def inverse(self, t):
@@ -132,7 +132,7 @@ class Transpose(Op):
     dim1: int = attrs.field(metadata={"kind": "dim"})
 
     name: ClassVar[str] = "transpose"
-    category: ClassVar[Category] = Category.SHAPE
+    facts: ClassVar[Facts] = Facts(Category.SHAPE)
     summary: ClassVar[str] = "swap two axes"
 
     def infer(self, t: TensorType) -> Inferred:
@@ -147,7 +147,7 @@ class Transpose(Op):
         src[a], src[b] = src[b], src[a]
         return IndexMap(t.shape, self.infer(t).type.shape, tuple(src))
 
-    def impl(self):
+    def impl(self, t):
         return torch_impl.transpose, (self.dim0, self.dim1)
 
     def inverse(self, t):
@@ -168,7 +168,7 @@ class Shard(Op):
     parts: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "shard"
-    category: ClassVar[Category] = Category.LOGICAL
+    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, slice=True)
     summary: ClassVar[str] = "tensor-parallel slice `rank` of `ranks` of each of `parts` equal parts of dim"
 
     def __attrs_post_init__(self):
@@ -201,7 +201,7 @@ class Shard(Op):
         # One rank of one is the identity; a real slice drops the other ranks' rows (like crop).
         return self if self.ranks == 1 else None
 
-    def impl(self):
+    def impl(self, t):
         return torch_impl.shard, (self.dim, self.rank, self.ranks, self.parts)
 
 
@@ -216,7 +216,7 @@ class BlockMajorK(Op):
     block: int = attrs.field(default=128, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "block_major_k"
-    category: ClassVar[Category] = Category.SHAPE
+    facts: ClassVar[Facts] = Facts(Category.SHAPE)
     summary: ClassVar[str] = "[.., R, K] -> [.., K/block, R, block] (convert_to_block_layout)"
 
     def infer(self, t: TensorType) -> Inferred:
@@ -232,7 +232,7 @@ class BlockMajorK(Op):
         src = (*o[: n - 2], o[n - 1], o[n - 2] * self.block + o[n])
         return IndexMap(t.shape, self.infer(t).type.shape, src)
 
-    def impl(self):
+    def impl(self, t):
         return torch_impl.block_major_k, (self.block,)
 
     def inverse(self, t):
@@ -244,7 +244,7 @@ class UnblockMajorK(Op):
     """Inverse of block_major_k: ``[.., K/b, R, b] -> [.., R, K]``."""
 
     name: ClassVar[str] = "unblock_major_k"
-    category: ClassVar[Category] = Category.SHAPE
+    facts: ClassVar[Facts] = Facts(Category.SHAPE)
     summary: ClassVar[str] = "[.., K/b, R, b] -> [.., R, K] (inverse of block_major_k)"
 
     def infer(self, t: TensorType) -> Inferred:
@@ -260,7 +260,7 @@ class UnblockMajorK(Op):
         src = (*o[: n - 3], ex.floordiv(o[n - 2], b), o[n - 3], ex.mod(o[n - 2], b))
         return IndexMap(t.shape, self.infer(t).type.shape, src)
 
-    def impl(self):
+    def impl(self, t):
         return torch_impl.unblock_major_k, ()
 
     def inverse(self, t):

@@ -1,7 +1,8 @@
-"""Primitives against FlashInfer itself: its pure-torch helpers run here on CPU, and
-golden tensors recorded from its CUDA kernels on an H200 (``tests/goldens``).
+"""Primitives and the prelude's packing families against FlashInfer itself: its pure-torch helpers
+run here on CPU, and golden tensors recorded from its CUDA kernels on an H200 (``tests/goldens``).
 
-Each comparison checks both the eager function and the op's index map.
+Each comparison checks both the eager functions and the index maps (one op, or a family's whole
+chain composed into one map), and that the inverse chain gives the input back.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from layoutc import expr as ex
 from layoutc import indexmap as im
 from layoutc.dtypes import ELEMENT_TYPES as ET
 from layoutc.expr import Const, Var
-from layoutc.ops import TensorType, rows, sm90, swizzle, torch_impl
+from layoutc.expand import family_chain
+from layoutc.ops import TensorType, rows
 
 from .conftest import assert_bits_equal, naive_sm90_interleave, naive_swizzle, random_tensor
 
@@ -30,20 +32,52 @@ def TT(elem, *shape):
     return TensorType(ET[elem], tuple(ex.as_expr(s) for s in shape))
 
 
+def _run(op, t, x, dims):
+    fn, args = op.impl(t)
+    args = tuple(_arg(a, dims) for a in args)
+    return fn(x, *args)
+
+
+def _arg(a, dims):
+    if isinstance(a, ex.Expr):
+        return int(ex.evaluate(a, dims))
+    if isinstance(a, tuple):
+        return tuple(_arg(v, dims) for v in a)
+    if hasattr(a, "source"):
+        return eval(a.source(), {"torch": torch, **dims})  # an index formula's lambda
+    return a
+
+
 def both(op, t, x, dims=None):
     """(eager output, index-map output) of ``op`` on ``x``; they must agree with each other."""
     dims = dims or {}
-    fn, args = op.impl()
-    args = tuple(int(ex.evaluate(a, dims)) if isinstance(a, ex.Expr) else a for a in args)
-    eager = fn(x, *args)
-    mapped = im.gather(op.index_map(t), x, dims)
-    return eager, mapped
+    return _run(op, t, x, dims), im.gather(op.index_map(t), x, dims)
 
 
 def check(op, t, x, want, dims=None, what=""):
     eager, mapped = both(op, t, x, dims)
     assert_bits_equal(eager, want, f"{what} eager")
     assert_bits_equal(mapped, want, f"{what} index map")
+
+
+def check_family(family, role, t, x, want, dims=None, what="", params=None):
+    """A prelude family's chain for ``role``: eager op by op, as one composed index map, and back."""
+    dims = dims or {}
+    steps = family_chain(family, role, t, params, set(dims))
+    y = x
+    for s in steps:
+        y = _run(s.op, s.in_type, y, dims)
+    assert_bits_equal(y, want, f"{what} eager chain")
+    composed = im.compose_all([s.op.index_map(s.in_type) for s in steps])
+    assert_bits_equal(im.gather(composed, x, dims), want, f"{what} composed map")
+    back = y
+    for s in reversed(steps):
+        inv = s.op.inverse(s.in_type)
+        if inv is None:
+            return y
+        back = _run(inv, s.out_type, back, dims)
+    assert_bits_equal(back, x, f"{what} inverse chain")
+    return y
 
 
 def test_flashinfer_version_is_pinned_range():
@@ -109,10 +143,7 @@ def _shuffle_matrix_a():
 def test_shuffle_matrix_a(tile, m):
     x = random_tensor((m, 6), torch.uint8, seed=m + tile)
     want = _shuffle_matrix_a()(x, tile)
-    check(rows.ShuffleRows(0, epilogue_tile=tile), TT("u8", m, 6), x, want, what=f"shuffle_rows({tile})")
-    back, mapped_back = both(rows.UnshuffleRows(0, epilogue_tile=tile), TT("u8", m, 6), want)
-    assert_bits_equal(back, x)
-    assert_bits_equal(mapped_back, x)
+    check_family("trtllm", "weight", TT("u8", m, 6), x, want, what=f"trtllm({tile})", params={"epilogue_tile": tile})
 
 
 def test_both_shuffle_matrix_a_entry_points_agree():
@@ -129,7 +160,21 @@ def test_shuffle_matrix_a_per_expert(tile):
     want = torch.stack([_shuffle_matrix_a()(x[e], tile) for e in range(3)])
     dims = {"E": 3, "I": 32, "H": 8}
     t = TT("bf16", Var("E"), 2 * Var("I"), ex.div(Var("H"), 2))
-    check(rows.ShuffleRows(epilogue_tile=tile), t, x, want, dims, f"shuffle_rows 3-D ({tile})")
+    check_family("trtllm", "weight", t, x, want, dims, f"trtllm 3-D ({tile})", {"epilogue_tile": tile})
+    bias = random_tensor((3, 64), torch.float32, seed=tile + 1)
+    want_b = torch.stack([_shuffle_matrix_a()(bias[e].unsqueeze(-1), tile).squeeze(-1) for e in range(3)])
+    check_family("trtllm", "bias", TT("f32", Var("E"), 2 * Var("I")), bias, want_b, dims, "trtllm bias",
+                 {"epilogue_tile": tile})
+
+
+def test_shuffle_matrix_sf_a_rows_are_the_trtllm_rows():
+    # shuffle_matrix_sf_a = the same rows as shuffle_matrix_a, then the 128x4 interleave
+    from flashinfer.utils import get_shuffle_matrix_sf_a_row_indices
+
+    x = random_tensor((256, 8), torch.uint8, seed=3)
+    rows_ = get_shuffle_matrix_sf_a_row_indices(x, 128)
+    check_family("trtllm", "scale", TT("e4m3", 256, 8), x.view(torch.float8_e4m3fn),
+                 x[rows_].view(torch.float8_e4m3fn), what="trtllm scale rows")
 
 
 # ---------------------------------------------------------------------------
@@ -141,21 +186,20 @@ def test_interleave_moe_scales_for_sm90_mixed_gemm(shape):
     x = random_tensor(shape, torch.uint8, seed=sum(shape))
     want = fi_moe.interleave_moe_scales_for_sm90_mixed_gemm(x)
     assert tuple(want.shape) == (shape[0], shape[1] // 64, shape[2] // 4, 16, 16)
-    check(sm90.Sm90FoldScales(), TT("e8m0", *shape), x, want, what="fold")
+    check_family("sm90_mixed", "scale", TT("e8m0", *shape), x, want, what="fold")
     E, I, H = Var("E"), Var("I"), Var("H")
     dims = {"E": shape[0], "I": shape[1] // 2, "H": shape[2] * 32}
-    check(sm90.Sm90FoldScales(), TT("e8m0", E, 2 * I, ex.div(H, 32)), x, want, dims, "fold symbolic")
-    back, _ = both(sm90.Sm90UnfoldScales(), TT("e8m0", *want.shape), want)
-    assert_bits_equal(back, x)
+    check_family("sm90_mixed", "scale", TT("e8m0", E, 2 * I, ex.div(H, 32)), x, want, dims, "fold symbolic")
 
 
 def test_sm90_scale_fold_requirements_match_flashinfer():
-    # what FlashInfer rejects is what the op requires (rows % 64, scale columns % 4)
+    # what FlashInfer rejects is what the family's chain requires (rows % 64, scale columns % 4)
     for shape in [(1, 32, 4), (1, 64, 6)]:
         x = torch.zeros(shape, dtype=torch.uint8)
         with pytest.raises(ValueError):
             fi_moe.interleave_moe_scales_for_sm90_mixed_gemm(x)
-        reqs = sm90.Sm90FoldScales().infer(TT("e8m0", *shape)).requires
+        t = TT("e8m0", *shape)
+        reqs = [r for s in family_chain("sm90_mixed", "scale", t) for r in s.op.infer(s.in_type).requires]
         assert any(int(ex.evaluate(r.value, {})) % r.multiple for r in reqs)
 
 
@@ -201,26 +245,23 @@ def test_sm90_fp4_interleave_golden():
     for case in g["cases"]:
         w, want = case["input"], case["output"]
         assert w.dtype == torch.uint8 and want.shape == w.shape
-        assert_bits_equal(torch_impl.sm90_interleave_fp4(w), want, f"eager {tuple(w.shape)}")
+        t = TT("fp4x2", *(Const(s) for s in w.shape))
+        check_family("sm90_mixed", "weight", t, w, want, what=f"interleave {tuple(w.shape)}")
         # the naive transcription of the documented formula agrees with the kernel too
         if w.numel() <= 8192:
             assert_bits_equal(naive_sm90_interleave(w), want, f"naive {tuple(w.shape)}")
-        assert_bits_equal(torch_impl.sm90_deinterleave_fp4(want), w, f"deinterleave {tuple(w.shape)}")
 
 
 @pytest.mark.parametrize("index", range(10))
-def test_sm90_fp4_interleave_golden_index_map(index):
+def test_sm90_fp4_interleave_golden_symbolic(index):
     g = _golden("sm90_fp4_interleave.pt")
     if index >= len(g["cases"]):
         pytest.skip("fewer golden cases")
     w, want = g["cases"][index]["input"], g["cases"][index]["output"]
-    t = TT("fp4x2", *(Const(s) for s in w.shape))
-    assert_bits_equal(im.gather(sm90.Sm90InterleaveWeights().index_map(t), w), want, f"map {tuple(w.shape)}")
-    assert_bits_equal(im.gather(sm90.Sm90DeinterleaveWeights().index_map(t), want), w, f"inverse map {tuple(w.shape)}")
-    # the same with the shape a spec declares, [E, N, K/2] and dims
+    # the shape a spec declares, [E, N, K/2] and dims
     ts = TT("fp4x2", Var("E"), Var("N"), ex.div(Var("K"), 2))
     dims = {"E": w.shape[0], "N": w.shape[1], "K": 2 * w.shape[2]}
-    assert_bits_equal(im.gather(sm90.Sm90InterleaveWeights().index_map(ts), w, dims), want, "symbolic map")
+    check_family("sm90_mixed", "weight", ts, w, want, dims, "symbolic")
 
 
 def test_block_scale_interleave_golden():
@@ -235,13 +276,15 @@ def test_block_scale_interleave_golden():
         for v in lead:
             nlead *= v
         assert want.numel() == nlead * prow * pcol
-        eager = torch_impl.swizzle_128x4(x)
-        assert_bits_equal(eager.reshape(-1), want, f"eager {tuple(x.shape)}")
         t = TT("e4m3" if x.dtype == torch.uint8 else "bf16", *x.shape)
-        mapped = im.gather(swizzle.Swizzle128x4().index_map(t), x)
-        assert_bits_equal(mapped.reshape(-1), want, f"map {tuple(x.shape)}")
+        xv = x.view(torch.float8_e4m3fn) if x.dtype == torch.uint8 else x
+        wv = want.view(torch.float8_e4m3fn) if x.dtype == torch.uint8 else want
+        steps = family_chain("sf_128x4", "scale", t)
+        y = xv
+        for s in steps:
+            y = _run(s.op, s.in_type, y, {})
+        assert_bits_equal(y.reshape(-1), wv, f"eager {tuple(x.shape)}")
+        mapped = im.gather(im.compose_all([s.op.index_map(s.in_type) for s in steps]), xv)
+        assert_bits_equal(mapped.reshape(-1), wv, f"map {tuple(x.shape)}")
         assert_bits_equal(naive_swizzle(x).reshape(-1), want.view(torch.int16) if x.dtype == torch.bfloat16 else want,
                           f"naive {tuple(x.shape)}")
-        # and unswizzle reads the logical scales back
-        back = torch_impl.unswizzle_128x4(want.reshape(*lead, prow, pcol), r, c)
-        assert_bits_equal(back, x, f"unswizzle {tuple(x.shape)}")

@@ -1,0 +1,174 @@
+"""Packing families as data.
+
+A kernel family (FlashInfer's SM90 mixed-input GEMM, the 128x4 block-scale swizzle, TRT-LLM's
+epilogue shuffles, or one a user writes for another library) packs each tensor *role* with its own
+chain of transforms: the SM90 GEMM bit-interleaves weights and folds their scales. A family is
+written in the spec language::
+
+    family sm90_mixed {
+      weight(t: fp4x2[..., N, KB]) { rearrange(t, "...") ; permute_bits(t, table=[...]) ; ... }
+      scale(t: e8m0[..., R, C])    { rearrange(t, "... (rb ms f) (kb g) -> ... rb kb f (ms g)", ...) }
+    }
+
+``interleave(x, sm90_mixed)`` applies the chain of x's role (its tie makes it a weight, scale or
+bias), ``uninterleave`` the inverse chain. The built-in families are defined this way in
+``prelude.lyt``, shipped with the package; a spec can define its own or ``import "file.lyt"`` them.
+The verifier knows a family by what its steps do (their index maps) and which tensors carry it,
+never by its name.
+
+This module holds the data (:class:`Family`, :class:`Role`) and loads the prelude and imports; the
+compiler expands a family's chain for one tensor (:mod:`layoutc.compiler`).
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import attrs
+
+from . import ast
+from .errors import Diagnostic, SpecError
+
+ROLES = ("weight", "scale", "bias")
+PRELUDE = "prelude.lyt"
+
+
+@attrs.frozen
+class Role:
+    role: str
+    tensor: str  # the body's name for the tensor it packs
+    elem: str | None  # the element type it requires, if any
+    axes: tuple[str | None, ...] | None  # trailing axis names (None = the leading '...'), or None
+    body: tuple[Any, ...]  # ast items
+    pos: ast.Pos
+
+
+@attrs.frozen
+class Family:
+    name: str
+    params: tuple[tuple[str, int], ...]  # parameters and their defaults
+    roles: tuple[Role, ...]
+    pos: ast.Pos
+    filename: str  # where it is defined: the prelude, an imported file, or the spec itself
+    source: str
+    sha256: str  # of that file (a family's text is part of the identity of specs that use it)
+
+    def role(self, name: str) -> Role | None:
+        return next((r for r in self.roles if r.role == name), None)
+
+    @property
+    def role_names(self) -> tuple[str, ...]:
+        return tuple(r.role for r in self.roles)
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.params)
+
+    def where(self, pos: ast.Pos | None = None) -> str:
+        p = pos or self.pos
+        return f"{Path(self.filename).name}:{p.line}"
+
+
+def from_ast(d: ast.FamilyDef, spec: ast.Spec) -> tuple[Family, list[Diagnostic]]:
+    """A family from its definition, with the problems found in its shape (not yet in its body's
+    ops: those are bound against each tensor the family packs)."""
+    errors = []
+    seen_params: set[str] = set()
+    for name, _ in d.params:
+        if name.text in seen_params:
+            errors.append(Diagnostic("error", f"family parameter {name.text!r} is declared twice", name.pos))
+        seen_params.add(name.text)
+    roles = []
+    for r in d.roles:
+        if r.role.text not in ROLES:
+            errors.append(Diagnostic("error", f"{r.role.text!r} is not a tensor role", r.role.pos,
+                                     f"roles: {', '.join(ROLES)} (a tensor's tie decides its role)"))
+            continue
+        if any(x.role == r.role.text for x in roles):
+            errors.append(Diagnostic("error", f"family {d.name.text} defines the {r.role.text} role twice", r.role.pos))
+            continue
+        axes = None
+        if r.axes is not None:
+            names = [a.text for a in r.axes if a is not None]
+            dup = next((n for n in names if names.count(n) > 1), None)
+            if dup:
+                errors.append(Diagnostic("error", f"axis name {dup!r} is used twice", r.pos))
+            clash = next((n for n in names if n in seen_params), None)
+            if clash:
+                errors.append(Diagnostic("error", f"axis name {clash!r} is also a family parameter", r.pos))
+            axes = tuple(None if a is None else a.text for a in r.axes)
+        for item in r.body:
+            if not isinstance(item, (ast.Transform, ast.If)):
+                what = type(item).__name__.lower()
+                errors.append(Diagnostic("error", f"a family's role body holds transforms (and 'if' on the family's "
+                                                  f"parameters), not a {what}", getattr(item, "pos", r.pos)))
+        roles.append(Role(r.role.text, r.tensor.text, r.elem.text if r.elem else None, axes, r.body, r.pos))
+    if not roles and not errors:
+        errors.append(Diagnostic("error", f"family {d.name.text} packs no role", d.pos,
+                                 "define at least one of weight(t) { ... }, scale(t) { ... }, bias(t) { ... }"))
+    fam = Family(d.name.text, tuple((n.text, v) for n, v in d.params), tuple(roles), d.pos, spec.filename,
+                 spec.source, spec.sha256)
+    return fam, errors
+
+
+def families_of(spec: ast.Spec, allow_other: bool = False) -> list[Family]:
+    """The families a parsed file defines; with ``allow_other`` False, anything else in it is an error
+    (the prelude and imported files hold families only)."""
+    out, errors = [], []
+    for item in spec.items:
+        if isinstance(item, ast.FamilyDef):
+            fam, problems = from_ast(item, spec)
+            errors += problems
+            if any(f.name == fam.name for f in out):
+                errors.append(Diagnostic("error", f"family {fam.name} is defined twice", item.name.pos))
+            out.append(fam)
+        elif not allow_other:
+            errors.append(Diagnostic("error", "a file of families holds only 'family' definitions",
+                                     getattr(item, "pos", None)))
+    if errors:
+        raise SpecError(errors, spec.filename, spec.source)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def prelude() -> tuple[Family, ...]:
+    """The built-in families, defined in the spec language (``layoutc/prelude.lyt``)."""
+    from .parse import parse
+
+    text = resources.files("layoutc").joinpath(PRELUDE).read_text(encoding="utf-8")
+    return tuple(families_of(parse(text, f"<layoutc>/{PRELUDE}")))
+
+
+def import_path(path: str, spec_filename: str) -> Path:
+    """Where ``import "path"`` points: a relative path inside the importing spec's folder (a spec from
+    a pull request must not read files elsewhere). Raises ValueError with the reason."""
+    rel = PurePosixPath(path)
+    if not path or rel.is_absolute() or "\\" in path or any(part in ("..", "") for part in rel.parts[:-1]) \
+            or ".." in rel.parts or not path.endswith(".lyt"):
+        raise ValueError(f"import {path!r}: give a relative path to a .lyt file in the spec's folder "
+                         f"(no '..', no absolute paths)")
+    base = Path(spec_filename).resolve().parent if spec_filename and not spec_filename.startswith("<") \
+        else Path.cwd()
+    target = (base / rel).resolve()
+    if base not in target.parents:
+        raise ValueError(f"import {path!r} leaves the spec's folder {base}")
+    return target
+
+
+@functools.lru_cache(maxsize=64)
+def _load(path: str, text: str) -> tuple[Family, ...]:
+    from .parse import parse
+
+    return tuple(families_of(parse(text, path)))
+
+
+def load_import(path: str, spec_filename: str) -> tuple[Family, ...]:
+    from .source import read_spec
+
+    target = import_path(path, spec_filename)
+    if not target.is_file():
+        raise ValueError(f"import {path!r}: no such file {target}")
+    return _load(str(target), read_spec(target))
