@@ -27,11 +27,10 @@ from pathlib import Path
 import torch
 
 import layoutc
-from layoutc import expr as ex
-from layoutc.ops.base import Category
+from layoutc.lower.eager import run
 from layoutc.quant import (dequantize_mxfp4, dequantize_nvfp4, moe_forward, quantize_mxfp4, quantize_nvfp4,
                            routing)
-from layoutc.verify import _Verifier, row_labels
+from layoutc.rowmap import declared_rows, prefix_length, row_labels
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
@@ -74,12 +73,8 @@ def undo_packings(spec: layoutc.CompiledSpec, out: dict, dims: dict) -> dict:
     logical = {}
     for chain in variant.chains:
         x = out[chain.tensor]
-        for step in reversed(chain.steps):
-            if step.op.category is Category.LOGICAL:
-                break
-            inv = step.op.inverse(step.in_type)
-            fn, args = inv.impl()
-            x = fn(x, *[ex.evaluate(a, dims) if isinstance(a, ex.Expr) else a for a in args])
+        for step in reversed(chain.steps[prefix_length(chain):]):
+            x = run(step.op.inverse(step.in_type), step.out_type, x, dims)
         logical[chain.tensor] = x
     return logical
 
@@ -88,7 +83,7 @@ def kernel_view_gate_up(spec: layoutc.CompiledSpec, tensor: str, x: torch.Tensor
     """Rows of a logical w13 tensor reordered into [w1; w3] = [gate; up] from the output's declared
     row order (the kernel's contract), without using the spec's transforms."""
     target = next(t for t in spec.program.outputs if t.name == tensor)
-    layout = _Verifier(spec.compiled).declared_rows(target, "output")
+    layout = declared_rows(spec.program, target, "output")
     if layout is None or len(layout.shards) == 1:
         return x
     labels = row_labels(layout, x.shape[1])

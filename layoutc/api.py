@@ -44,6 +44,14 @@ class CompiledSpec:
     def program(self) -> Program:
         return self.compiled.program
 
+    @functools.cached_property
+    def coverage(self):
+        """(per-tensor coverage, warnings): what the verifier proved and what the spec leaves unchecked
+        (:mod:`layoutc.coverage`)."""
+        from .coverage import coverage
+
+        return coverage(self.compiled)
+
     @property
     def name(self) -> str:
         return self.program.name

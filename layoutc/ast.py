@@ -38,6 +38,7 @@ class ExprValue:
     pos: Pos
     divisions: tuple[tuple[Expr, Expr], ...] = ()  # (numerator, denominator) of each '/'
     multiples: tuple[tuple[Expr, Pos], ...] = ()  # round_up/ceil_div second arguments that are names (parameters)
+    operands: tuple[ExprValue, ...] = ()  # of a binary operator, as written (``assume I % 64 == 0``)
 
 
 @attrs.frozen

@@ -189,9 +189,16 @@ def _param_domains(spec_path: Path, fixed: dict[str, Any]) -> list[dict[str, Any
 @define_option
 @click.option("--quiet", "-q", is_flag=True, help="Print only problems.")
 @click.option("--probe", is_flag=True, help="Also verify dynamically: run the converter on self-describing inputs.")
-def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe: bool) -> int:
-    """Parse and verify SPECS; every parameter combination unless fixed with -D."""
+@click.option("--strict", is_flag=True, help="Fail on coverage warnings: guarantees the spec leaves unchecked.")
+def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe: bool, strict: bool) -> int:
+    """Parse and verify SPECS; every parameter combination unless fixed with -D.
+
+    Warnings say which guarantees the spec leaves unchecked (a scale with no tie, a gated weight
+    with no row order, steps outside any declared packing); --strict makes them errors."""
+    import time
+
     from .api import compile_file
+    from .coverage import strict as as_errors
     from .probe import probe as run_probe
 
     fixed = _parse_defines(defines)
@@ -204,14 +211,21 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
         try:
             combos = _param_domains(path, fixed)
             for params in combos:
+                shown = ", ".join(f"{k}={v}" for k, v in params.items())
                 spec = compile_file(path, params)
                 _print_diagnostics(spec.warnings, str(path), spec.program.source)
+                gaps = spec.coverage[1]
+                if strict and gaps:
+                    raise SpecError(as_errors(gaps), str(path), spec.program.source)
+                _print_diagnostics(gaps, str(path), spec.program.source)
                 if probe:
-                    findings = run_probe(spec)
+                    start = time.perf_counter()
+                    click.echo(f"{path}: probing{f' ({shown})' if shown else ''} ...", err=True)
+                    findings = run_probe(spec, progress=lambda what: click.echo(f"  {what}", err=True))
                     if findings:
                         raise SpecError(findings, str(path), spec.program.source)
+                    click.echo(f"  probed in {time.perf_counter() - start:.1f} s", err=True)
                 if not quiet:
-                    shown = ", ".join(f"{k}={v}" for k, v in params.items())
                     how = "ok, static and probed" if probe else "ok"
                     click.echo(f"{path}: {how}{f' ({shown})' if shown else ''}: {spec.name}")
         except SpecError as err:
@@ -460,16 +474,24 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
 
 @main.command()
 def ops() -> None:
-    """List the layout primitives."""
-    from .ops import INTERLEAVE_FAMILIES, REGISTRY, describe_signature
+    """List the layout primitives and the packing families (the prelude's)."""
+    from .families import prelude
+    from .ops import PUBLIC
+    from .ops.binder import describe_signature
 
-    width = max(len(describe_signature(c)) for c in REGISTRY.values())
-    for name in sorted(REGISTRY):
-        cls = REGISTRY[name]
-        kind = cls.category.value + (f"/{cls.family}" if cls.family else "")
-        click.echo(f"{describe_signature(cls):<{width}}  {kind:<18} {cls.summary}")
-    fams = ", ".join(f"{f} ({' / '.join(f'{r}: {c.name}' for r, c in t.items())})" for f, t in INTERLEAVE_FAMILIES.items())
-    click.echo(f"{'interleave(tensor, family)':<{width}}  {'packing':<18} picks the family's packing for the tensor's role: {fams}")
+    width = max(len(describe_signature(c)) for c in PUBLIC.values())
+    click.echo("primitives (layoutc/ops):")
+    for name in sorted(PUBLIC):
+        cls = PUBLIC[name]
+        facts = cls.facts
+        kind = facts.category.value + "".join(f", {f}" for f in ("gate_up", "slice", "bits") if getattr(facts, f))
+        click.echo(f"  {describe_signature(cls):<{width}}  {kind:<18} {cls.summary}")
+    click.echo("")
+    click.echo("packing families (layoutc/prelude.lyt; a spec can define its own with 'family'):")
+    click.echo(f"  {'interleave(tensor, family, param=value, ...)':<{width}}  applies the family's chain for the tensor's role")
+    for fam in prelude():
+        params = ", ".join(f"{k}={v}" for k, v in fam.params)
+        click.echo(f"  {fam.name + (f'({params})' if params else ''):<{width}}  packs {', '.join(fam.role_names)}")
 
 
 if __name__ == "__main__":  # pragma: no cover

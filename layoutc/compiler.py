@@ -60,6 +60,8 @@ class Constraint:
     why: str = ""  # the reason, where it is not the op's own arithmetic
 
     def message(self) -> str:
+        if self.multiple == 0:
+            return f"{self.tensor}: {self.context} needs {self.what}" + (f" ({self.why})" if self.why else "")
         value = ex.to_str(self.value, slash=True)
         if self.what and self.what != value:
             need = f"{self.what} % {self.multiple} == 0, where {self.what} = {value}"
@@ -176,7 +178,8 @@ class _Builder:
                     context = f"{st.text} at {_where(self.program, st.pos)}"
                     why = _block_rows_reason(spec, op, current[0])
                     for r in inferred.requires:
-                        constraints.append(self.constraint(spec.name, r.value, r.multiple, r.what, context, st.pos, why))
+                        what = (tag.axis_name(r.value) if tag is not None else None) or r.what
+                        constraints.append(self.constraint(spec.name, r.value, r.multiple, what, context, st.pos, why))
                     if not op.is_identity:
                         if len(steps) >= MAX_STEPS_PER_TENSOR:
                             self.error(f"{spec.name} takes more than {MAX_STEPS_PER_TENSOR} transforms; its chain is "
@@ -223,11 +226,22 @@ class _Builder:
                 g = [ex.evaluate(x, witness) for x in got.shape]
                 o = [ex.evaluate(x, witness) for x in out.shape]
                 example = f" (with {at}: {g} vs {o})"
-            self.error(
-                f"{spec.name}: the transforms produce shape {got.shape_str()} but the output declares "
-                f"{out.shape_str()}{example}",
-                out.pos, tensors=[spec.name], related=related,
-            )
+            widths = [s for s in chain.steps if s.op.facts.bits and s.in_type.elem.bits != s.out_type.elem.bits
+                      and s.statement is not None]
+            if widths:  # a view across widths changed the shape: the view is the likely mistake
+                name = widths[0].out_type.elem.name
+                self.error(
+                    f"{spec.name}: the transforms produce shape {got.shape_str()} but the output declares "
+                    f"{out.shape_str()}{example}: {widths[0].statement.text} reads the bytes as elements of "
+                    f"another width ({widths[0].in_type.elem.name} -> {name})",
+                    widths[0].statement.pos, f"to convert values use cast({spec.name}, {name})", tensors=[spec.name],
+                    related=[("the output declares the shape here", out.pos)])
+            else:
+                self.error(
+                    f"{spec.name}: the transforms produce shape {got.shape_str()} but the output declares "
+                    f"{out.shape_str()}{example}",
+                    out.pos, tensors=[spec.name], related=related,
+                )
         applied = chain.packings()
         for fam in out.packings:
             if fam not in applied:

@@ -22,7 +22,8 @@ from .api import CompiledSpec, compile_source
 from .compiler import Chain
 from .instances import sample_dims
 from .indexmap import concrete_shape, lift_to_bits, source_indices
-from .verify import axis_map, describe_labels, row_labels, verify
+from .rowmap import axis_map, declared_rows, describe_labels, row_labels
+from .verify import verify
 
 
 @attrs.frozen
@@ -165,9 +166,7 @@ def _compare(name: str, old: CompiledSpec, new: CompiledSpec) -> TensorChange | 
 
 
 def _declared(spec: CompiledSpec, chain: Chain):
-    from .verify import _Verifier
-
-    return _Verifier(spec.compiled).declared_rows(chain.source, "input")
+    return declared_rows(spec.program, chain.source, "input")
 
 
 def diff(old: CompiledSpec, new: CompiledSpec) -> SpecDiff:

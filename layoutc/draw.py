@@ -18,7 +18,7 @@ from .api import CompiledSpec
 from .compiler import Chain
 from .instances import sample_dims
 from .indexmap import concrete_shape, source_indices
-from .verify import _row_axis, axis_map
+from .rowmap import axis_map, row_axis
 
 
 def _matplotlib():
@@ -47,7 +47,7 @@ def source_rows(chain: Chain, dims: dict) -> torch.Tensor:
     in_shape = concrete_shape(m.in_shape, dims)
     spec = chain.source
     rank = len(spec.shape)
-    ra = _row_axis(spec, rank)
+    ra = row_axis(spec, rank)
     stride = 1
     for size in in_shape[ra + 1:]:
         stride *= size
@@ -67,7 +67,7 @@ def draw_layout(spec: CompiledSpec, tensor: str, path: str | Path, dims: dict | 
     main = by_name[tensor]
     weight = main.source.tie.weight if main.source.tie is not None else tensor
     group = [by_name[weight]] + [c for c in variant.chains if c.source.tie is not None and c.source.tie.weight == weight]
-    n_rows = int(ex.evaluate(group[0].source.shape[_row_axis(group[0].source, len(group[0].source.shape))], dims))
+    n_rows = int(ex.evaluate(group[0].source.shape[row_axis(group[0].source)], dims))
     cmap = plt.get_cmap("viridis").with_extremes(under="white")
     fig, axes = plt.subplots(2, len(group), figsize=(4.2 * len(group), 7.5),
                              gridspec_kw={"height_ratios": [3, 1]}, squeeze=False)
@@ -112,7 +112,9 @@ def draw_graph(spec: CompiledSpec, path: str | Path) -> Path:
         boxes = [(f"{chain.tensor}\n{chain.source.elem.name}{chain.source.shape_str()}", "#ffffff")]
         for s in chain.steps:
             line = s.statement.pos.line if s.statement else "?"
-            boxes.append((f"{s.op.name}  (line {line})", colours.get(s.op.category.value, "#ffffff")))
+            kind = "packing" if s.tag is not None else s.op.category.value
+            label = f"{s.tag.family}: {s.op.name}" if s.tag is not None else s.op.name
+            boxes.append((f"{label}  (line {line})", colours.get(kind, "#ffffff")))
         out = chain.target
         boxes.append((f"out {out.elem.name}{out.shape_str()}" + (f"\n{out.packing}" if out.packing else ""), "#f4f4f4"))
         for i, (label, colour) in enumerate(boxes):

@@ -33,6 +33,11 @@ class PackingTag:
     role: str
     instance: tuple[int, int]  # the applying statement's position: one application of the family
     origin: str  # the family's statement that made this step, with its file and line
+    axes: tuple[tuple[str, ex.Expr], ...] = ()  # the role's axis names and the sizes they stand for
+
+    def axis_name(self, size: ex.Expr) -> str | None:
+        """The role's name for a size (``rows`` for ``2*I``), to word requirements the way the family does."""
+        return next((n for n, e in self.axes if ex.same_value(e, size)), None)
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, int], ...]]:
@@ -93,9 +98,10 @@ def _family_ops(st, t, role, dims, program, positional, keywords):
     local = _bind_axes(body, start, name)
     args = tuple(sorted(params.items()))
     instance = (st.pos.line, st.pos.column)
+    axes = tuple((k, v) for k, v in local.items() if k != "...")
     for item, op in _body_ops(family, body, params, local, t, role, dims):
         origin = f"{family.where(item.pos)}: {' '.join(item.text.split())}"
-        yield op, PackingTag(name, args, role, instance, origin)
+        yield op, PackingTag(name, args, role, instance, origin, axes)
 
 
 def _bind_axes(body: Role, t: TensorType, family: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from .api import CompiledSpec
 from .compiler import Chain
 from .indexmap import IndexMap
 from .lower.fused import plan as fused_plan
+from .rowmap import declared_rows
 
 ROLE_NAMES = {3: ["e", "r", "k"], 2: ["e", "r"], 1: ["r"]}
 
@@ -65,7 +66,7 @@ def tensor_report(spec: CompiledSpec, chain: Chain) -> dict[str, Any]:
                 "line": s.statement.pos.line if s.statement else None,
                 "statement": " ".join(s.statement.text.split()) if s.statement else "",
                 "op": str(s.op),
-                "kind": s.op.category.value + (f" {s.op.family}" if s.op.family else ""),
+                "kind": f"packing {s.tag.family}" if s.tag is not None else s.op.category.value,
             }
             for s in chain.steps
         ],
@@ -78,11 +79,8 @@ def tensor_report(spec: CompiledSpec, chain: Chain) -> dict[str, Any]:
         tied = [t.name for t in p.inputs if t.tie is not None and t.tie.weight == src.name]
         if tied:
             entry["tie"] = {"kind": "weight", "partners": tied}
-    from .verify import _Verifier  # the verifier's own view of declared rows (inherited through ties)
-
-    v = _Verifier(spec.compiled)
-    rows_in = v.declared_rows(src, "input")
-    rows_out = v.declared_rows(dst, "output") if dst else None
+    rows_in = declared_rows(p, src, "input")
+    rows_out = declared_rows(p, dst, "output") if dst else None
     entry["rows"] = {"input": str(rows_in) if rows_in else None, "output": str(rows_out) if rows_out else None}
     m = chain.composed_map()
     if m.bit_level:

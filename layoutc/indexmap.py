@@ -326,6 +326,12 @@ class _ProbeEnv(dict):
         return _PROBES[self.k] + 2 * 4096 * (sum(map(ord, name)) % 97)
 
 
+def equal_sizes(a: Expr, b: Expr) -> bool:
+    """``a == b`` for every binding of the dims (linear forms, else equal at a few large bindings: sizes are
+    polynomials with exact divisions, so different ones differ there)."""
+    return _equal_sizes(a, b)
+
+
 def _equal_sizes(a: Expr, b: Expr) -> bool:
     same = ex.same_value(a, b)
     if same is not None:

@@ -30,6 +30,10 @@ def classify(value: ex.Expr, multiple: int, assumptions: Mapping[str, int]) -> s
     'impossible' when it is a constant that fails, 'runtime' otherwise."""
     if multiple == 1:
         return "proven"
+    if multiple == 0:  # a condition: decided when constant, else checked on the real sizes
+        if isinstance(value, ex.Const):
+            return "proven" if value.value else "impossible"
+        return "runtime"
     form = ex.linear_form(value)
     if form is None:
         return "runtime"
@@ -82,9 +86,12 @@ def sample_dims(dims: Sequence[str], constraints: Iterable[tuple[ex.Expr, int]],
     single: dict[str, list] = {d: [] for d in dims}
     period = {d: 1 for d in dims}
     multi = []
+    conditions = []
     for value, multiple in set(constraints):
         names = ex.free_vars(value)
-        if len(names) == 1 and next(iter(names)) in single:
+        if multiple == 0:
+            conditions.append(value)
+        elif len(names) == 1 and next(iter(names)) in single:
             d = next(iter(names))
             step = _period(value, multiple, d)
             if step is None:
@@ -113,7 +120,7 @@ def sample_dims(dims: Sequence[str], constraints: Iterable[tuple[ex.Expr, int]],
     for combo in _combinations(candidates, budget):
         env = dict(zip(dims, combo))
         if env not in out and all(ex.evaluate(val, env) % m == 0 for val, m in multi) \
-                and (accept is None or accept(env)):
+                and all(ex.evaluate(c, env) for c in conditions) and (accept is None or accept(env)):
             out.append(env)
             if len(out) >= budget:
                 break

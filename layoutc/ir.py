@@ -94,7 +94,9 @@ class Guard:
         return self.key
 
     def __str__(self) -> str:
-        return self.key if self.present else f"not ({self.key})"
+        if self.present:
+            return self.key
+        return f"not ({self.key})" if " " in self.key else f"not {self.key}"
 
 
 @attrs.frozen
@@ -323,6 +325,10 @@ class _Resolver:
 
     # -- conditions --
     def condition(self, cond: ast.Condition) -> bool | Guard | None:
+        if cond.kind == "cmp" and cond.name is not None and cond.name.text in self.inputs:
+            self.error(f"{cond.name.text} is a tensor; test its presence with 'if {cond.name.text}' or "
+                       f"'if not {cond.name.text}'", cond.pos)
+            return None
         if cond.kind == "cmp" and (cond.name is None or cond.name.text not in self.params):
             return self.size_condition(cond)
         name = cond.name.text

@@ -25,9 +25,9 @@ GENERATED = frozenset("""
     pid offs mask rows cols live inside j s p0 p1 BLOCK WIDE BR BC x_ptr y_ptr n_rows n_cols bc br
     t record tensor convert inverse guard provenance
     LayoutError SPEC_NAME SPEC_SHA256 PARAMS REQUIRES DIMS INVERTIBLE CHUNK_DIM INPUTS OUTPUTS
-    swap_halves interleave_rows deinterleave_rows swap_pairs shuffle_rows unshuffle_rows pad crop shard
-    block_major_k unblock_major_k swizzle_128x4 unswizzle_128x4 sm90_fold_scales sm90_unfold_scales
-    sm90_interleave_fp4 sm90_deinterleave_fp4 reshape transpose view_as cast SM90_FP4_BITS
+    swap_halves interleave_rows deinterleave_rows swap_pairs pad crop shard block_major_k unblock_major_k
+    reshape transpose view_as cast rearrange permute_axis unpermute_axis permute_bits extract_bits insert_bits
+    view_width
 """.split())
 
 #: Numbered locals: index-map coordinates o0, o1, ... and the kernels' byte and word temporaries.

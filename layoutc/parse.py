@@ -89,7 +89,7 @@ class _ToAst(Transformer):
             if isinstance(b.expr, ex.Const) and b.expr.value <= 0:
                 raise _Fail(f"division by {b.expr.value}", b.pos)
             divisions += ((a.expr, b.expr),)
-        return ast.ExprValue(fn(a.expr, b.expr), self._expr_text(meta), _pos(meta), divisions, multiples)
+        return ast.ExprValue(fn(a.expr, b.expr), self._expr_text(meta), _pos(meta), divisions, multiples, (a, b))
 
     def add(self, meta, children):
         return self._binary(meta, children, ex.add)
@@ -106,7 +106,7 @@ class _ToAst(Transformer):
     def _integer_operator(self, meta, children, fn, what):
         a, b = children
         if isinstance(b, ast.ExprValue) and isinstance(b.expr, ex.Const) and b.expr.value <= 0:
-            raise _Fail(f"{what} by {b.expr.value}: the right side must be positive", b.pos)
+            raise _Fail(f"{what} by {b.expr.value}: the right side must be a positive multiple", b.pos)
         return self._binary(meta, children, fn)
 
     def floordiv(self, meta, children):
@@ -173,13 +173,9 @@ class _ToAst(Transformer):
         if op in (">=", ">") and isinstance(lhs.expr, ex.Var):
             return ast.Assume(lhs, None, _pos(meta), op, rhs)
         zero = isinstance(rhs.expr, ex.Const) and rhs.expr.value == 0
-        if op != "==" or not zero or not isinstance(lhs.expr, ex.Mod):
+        if op != "==" or not zero or not isinstance(lhs.expr, ex.Mod) or len(lhs.operands) != 2:
             raise _Fail("assume states a divisibility or a lower bound: assume I % 64 == 0, assume I >= 128", _pos(meta))
-        num, den = lhs.expr.num, lhs.expr.den
-        if isinstance(den, ex.Const) and den.value <= 0:
-            raise _Fail("assume needs a positive multiple", lhs.pos)
-        value = ast.ExprValue(num, ex.to_str(num), lhs.pos)
-        multiple = ast.ExprValue(den, ex.to_str(den), lhs.pos)
+        value, multiple = lhs.operands
         return ast.Assume(value, multiple, _pos(meta))
 
     def param(self, meta, children):

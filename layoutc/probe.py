@@ -24,12 +24,14 @@ import math
 
 import torch
 
-from . import expr as ex
 from .api import CompiledSpec
 from .compiler import Chain, Variant
 from .errors import Diagnostic
 from .indexmap import bits_to_bytes, bytes_to_bits, concrete_shape
-from .verify import AxisMap, _Verifier, prefix_length, reduce_to_axes, static_sources, verification_dims
+from .ir import Program
+from .lower.eager import run as run_op
+from .rowmap import AxisMap, prefix_length, reduce_to_axes, static_sources
+from .verify import Verifier, verification_dims
 
 
 def _numel(shape) -> int:
@@ -86,8 +88,7 @@ class ProbeRun:
             inv = step.op.inverse(step.in_type)
             if inv is None:
                 raise ValueError(f"{chain.tensor}: {step.op.name} has no inverse, so the probe cannot decode it")
-            fn, args = inv.impl()
-            x = fn(x, *[ex.evaluate(a, self.dims) if isinstance(a, ex.Expr) else a for a in args])
+            x = run_op(inv, step.out_type, x, self.dims)
         return x
 
     def sources(self, chain: Chain, upto: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
@@ -112,17 +113,19 @@ class ProbeRun:
         return torch.where(valid, src, 0), valid, shape
 
 
-class _DynamicVerifier(_Verifier):
+class ProbedSource:
+    """The verifier's facts measured on the converter itself (the static rules, probed maps)."""
+
     def __init__(self, spec: CompiledSpec, samples_per_variant: int = 1, lowering: str = "eager"):
-        super().__init__(spec.compiled)
         self.spec = spec
+        self.compiled = spec.compiled
+        self.program = spec.program
         self.lowering = lowering
         self.per_variant = samples_per_variant
         self.runs: dict[tuple, ProbeRun] = {}
-        self.variant_of: dict[str, Variant] = {}
 
-    def samples(self, variant: Variant) -> list[dict]:
-        return verification_dims(self.program, variant)[: self.per_variant]
+    def samples(self, program: Program, variant: Variant) -> list[dict]:
+        return verification_dims(program, variant)[: self.per_variant]
 
     def run_for(self, chain: Chain, dims: dict) -> ProbeRun:
         variant = next(v for v in self.compiled.variants if chain in v.chains)
@@ -131,8 +134,8 @@ class _DynamicVerifier(_Verifier):
             self.runs[key] = ProbeRun(self.spec, variant, dims, self.lowering)
         return self.runs[key]
 
-    def axis(self, chain: Chain, dims: dict, with_row_packings: bool = False) -> AxisMap:
-        upto = prefix_length(chain, with_row_packings)
+    def axis(self, chain: Chain, dims: dict, rows: bool = False) -> AxisMap:
+        upto = prefix_length(chain, rows)
         linear, valid, shape = self.run_for(chain, dims).sources(chain, upto)
         return reduce_to_axes(chain.source, dims, linear, valid, shape)
 
@@ -140,7 +143,7 @@ class _DynamicVerifier(_Verifier):
         """The probed logical maps must equal the index maps, element for element."""
         out = []
         for variant in self.compiled.variants:
-            for dims in self.samples(variant):
+            for dims in self.samples(self.program, variant):
                 for chain in variant.chains:
                     for packing in (False, True):
                         upto = prefix_length(chain, packing)
@@ -169,21 +172,25 @@ class _DynamicVerifier(_Verifier):
         return out
 
 
-def probe(spec: CompiledSpec, samples_per_variant: int = 1, lowerings: tuple[str, ...] = ("eager", "gather")) -> list[Diagnostic]:
+def probe(spec: CompiledSpec, samples_per_variant: int = 1, lowerings: tuple[str, ...] = ("eager", "gather"),
+          progress=None) -> list[Diagnostic]:
     """Dynamic verification of a compiled (statically verified) spec; empty when both agree.
 
     Each lowering is probed: ``eager`` (the op-by-op torch implementations, independent of the
-    index maps) and ``gather`` (the fused plan's code, generated from the composed maps)."""
+    index maps) and ``gather`` (the fused plan's code, generated from the composed maps).
+    ``progress(text)`` hears of each lowering as it starts."""
     findings: list[Diagnostic] = []
     for lowering in lowerings:
+        if progress is not None:
+            progress(f"{lowering} lowering: {len(spec.compiled.variants)} variant(s)")
         findings += _probe_one(spec, samples_per_variant, lowering)
     return findings
 
 
 def _probe_one(spec: CompiledSpec, samples_per_variant: int, lowering: str) -> list[Diagnostic]:
-    dyn = _DynamicVerifier(spec, samples_per_variant, lowering)
-    findings = dyn.agreement()
-    verdict = dyn.run()
+    source = ProbedSource(spec, samples_per_variant, lowering)
+    findings = source.agreement()
+    verdict = Verifier(spec.compiled, source).run()
     if verdict:
         findings.append(Diagnostic(
             "error",

@@ -4,7 +4,7 @@ Used to build deterministic checkpoints and to check numerics end to end: quanti
 weights into the checkpoint format, run the MoE layer from the checkpoint layout, convert
 with a spec, decode the kernel layout back through the generated inverse and run it again.
 
-Formats (DESIGN.md section 3):
+Formats:
 
 * E2M1 (FP4): magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign; two per byte, element
   ``2j`` in the low nibble.

@@ -124,6 +124,19 @@ class Verifier:
     def check_order(self, chain: Chain) -> None:
         """Logical steps first: a step that changes logical rows after a physical one (a reshape, a
         packing) acts on an arrangement the kernel's row order no longer describes."""
+        loose = next((s for s in chain.steps if s.tag is None and s.op.category is Category.SHAPE), None)
+        family = next((s for s in chain.steps if s.tag is not None), None)
+        if loose is not None and family is not None and chain.steps.index(loose) < chain.steps.index(family):
+            self.error(
+                f"{chain.tensor}: {loose.statement.text} moves data physically before the {family.tag.family} "
+                f"packing; a packing family packs the tensor's logical layout, so whatever the family makes of "
+                f"this arrangement is not what the kernel reads",
+                loose.statement.pos if loose.statement else None, [chain.tensor],
+                f"make the steps part of a family (family NAME {{ ... }}) or move them after the {family.tag.family} "
+                f"packing",
+                [(f"the {family.tag.family} packing is applied here", family.statement.pos)] if family.statement else (),
+            )
+            return
         seen_physical: Step | None = None
         for s in chain.steps:
             if s.tag is not None or s.op.category is Category.SHAPE:

@@ -130,8 +130,8 @@ def test_fp8_block_scales_left_unswapped_are_rejected():
 
 def test_fp8_weight_rows_that_split_scale_blocks_are_rejected():
     # the gated-GEMM row reorder interleaves gate and up rows: no 128-row scale block survives it
-    errors = _errors("flashinfer_trtllm_fp8_block", "interleave([w13_weight, w2_weight]",
-                     "reorder_gated_rows(w13_weight, dim=1)\ninterleave([w13_weight, w2_weight]")
+    errors = _errors("flashinfer_trtllm_fp8_block", "interleave([w13_weight, w2_weight], trtllm",
+                     "reorder_gated_rows(w13_weight, dim=1)\ninterleave([w13_weight, w2_weight], trtllm")
     assert any("each row of w13_weight_scale scales 128 rows of w13_weight" in e and "split those blocks" in e
                for e in errors), errors
 

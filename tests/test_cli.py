@@ -41,8 +41,8 @@ BAD_SPECS = {
                        "unknown operation 'swap_halfs'"),
     "unknown_tensor.lyt": ("dims E\ninput w : f32[E, 4]\nswap_halves(v)\noutput w : f32[E, 4]\n", 3, 13,
                            "unknown tensor 'v'"),
-    "type.lyt": ("dims E\ninput w : f32[E, 4]\nview(w, bf16)\noutput w : bf16[E, 4]\n", 3, 1,
-                 "w: view(f32 -> bf16) would change the element width"),
+    "type.lyt": ("dims E\ninput w : f32[E, 4]\ncast(w, fp4x2)\noutput w : fp4x2[E, 4]\n", 3, 1,
+                 "w: cast(f32 -> fp4x2): fp4x2 values have no torch conversion"),
     "missing_cast.lyt": ("dims E\ninput b : f32[E, 4]\noutput b : bf16[E, 4]\n", 3, 1,
                          "b: the transforms produce f32 but the output declares bf16"),
     "version.lyt": ("requires flashinfer < 0.6.16\ndims E\ninput w : f32[E]\noutput w : f32[E]\n", 1, 1,
@@ -225,8 +225,9 @@ def test_ops(runner):
     result = runner.invoke(main, ["ops"])
     assert result.exit_code == 0
     for op in ("swap_halves(tensor, dim=1)", "interleave_rows(tensor, dim=1, group=1)", "cast(tensor, to)",
-               "view(tensor, to)", "interleave(tensor, family)"):
-        assert op in result.stdout
+               "view(tensor, to)", "interleave(tensor, family", "permute_bits(tensor, table=none, word=none, src=none)",
+               "sm90_mixed  ", "packs weight, scale", "trtllm(epilogue_tile=128)", "packs weight, scale, bias"):
+        assert op in result.stdout, op
 
 
 def test_check_with_a_fixed_parameter(runner):

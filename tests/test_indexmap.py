@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from layoutc import expr as ex
 from layoutc import indexmap as im
 from layoutc.expr import Const, Var
+from layoutc.lower.eager import run as run_op
 from layoutc.indexmap import IndexMap
 
 SETTINGS = dict(
@@ -432,17 +433,19 @@ def test_describe_mentions_sources_and_padding():
 
 
 def _op_candidates():
-    from layoutc.ops import rows, shape, sm90
+    from layoutc.ops import permute, rearrange, rows, shape
 
+    r = Var("r")
     return [
         lambda: rows.SwapHalves(1),
         lambda: rows.InterleaveRows(1, group=2),
         lambda: rows.Deinterleave(1, group=4),
         lambda: rows.SwapPairs(2),
-        lambda: rows.ShuffleRows(1, epilogue_tile=64),
-        lambda: rows.UnshuffleRows(1, epilogue_tile=128),
-        lambda: sm90.Sm90InterleaveWeights(),
-        lambda: sm90.Sm90DeinterleaveWeights(),
+        lambda: permute.Permute(1, src=16 * (r // 16) + 2 * (r % 8) + (r % 16) // 8, block=16),
+        lambda: permute.Permute(1, table=(3, 1, 0, 2)),
+        lambda: permute.PermuteBits((16, 17, 18, 8, 9, 10, 0, 1, 2, 19, 25, 26, 11, 24, 27, 3,
+                                     20, 21, 22, 12, 13, 14, 4, 5, 6, 23, 29, 30, 15, 28, 31, 7)),
+        lambda: rearrange.Rearrange("... (a b) c -> ... b (c a)", (("a", Const(2)),)),
         lambda: shape.Pad(1, multiple=32, parts=2, value=3),
         lambda: shape.Pad(2, multiple=64, value=0),
         lambda: shape.Transpose(0, 1),
@@ -489,7 +492,6 @@ def test_compose_maps_of_primitives(data):
     assert torch.equal(im.gather(im.compose(*maps), x, dims), seq)
     # and the eager chain agrees
     y = x
-    for op in ops:
-        fn, args = op.impl()
-        y = fn(y, *(int(ex.evaluate(a, dims)) if isinstance(a, ex.Expr) else a for a in args))
+    for op, tt in zip(ops, types):
+        y = run_op(op, tt, y, dims)
     assert torch.equal(y, seq)

@@ -289,7 +289,7 @@ def test_a_dim_that_cannot_be_inferred():
     assert "dim I cannot be inferred" in d.message
 
 
-SHUFFLED = "dims E, N\ninput w : u8[E, N, 4]\nshuffle_rows(w, dim=1, epilogue_tile=128)\n"
+SHUFFLED = "dims E, N\ninput w : u8[E, N, 4]\ninterleave(w, trtllm, epilogue_tile=128)\n"
 
 
 def test_packing_parameters_are_the_kernels_contract():
@@ -299,15 +299,15 @@ def test_packing_parameters_are_the_kernels_contract():
     with pytest.raises(layoutc.SpecError) as info:
         layoutc.compile_source(SHUFFLED + "output w : u8[E, N, 4] packing trtllm(epilogue_tile=64)\n", "p.lyt")
     (d,) = info.value.errors
-    assert "the kernel reads the trtllm packing with epilogue_tile=64, but shuffle_rows(w, dim=1, epilogue_tile=128)" \
+    assert "the kernel reads the trtllm packing with epilogue_tile=64, but interleave(w, trtllm, epilogue_tile=128)" \
         in d.message and d.pos.line == 3 and d.hint == "use epilogue_tile=64"
-    with pytest.raises(layoutc.SpecError, match="no trtllm packing applied here has a tile"):
+    with pytest.raises(layoutc.SpecError, match="family trtllm has no parameter"):
         layoutc.compile_source(SHUFFLED + "output w : u8[E, N, 4] packing trtllm(tile=64)\n", "p.lyt")
 
 
 def test_several_packing_families_on_one_output():
     text = ("dims E, N, K\ninput w : u8[E, N, K]\ninput s : u8[E, N, K/32] scales w block 32\n"
-            "shuffle_rows([w, s], dim=1, epilogue_tile=128)\ninterleave(s, sf_128x4)\n"
+            "interleave([w, s], trtllm, epilogue_tile=128)\ninterleave(s, sf_128x4)\n"
             "output w : u8[E, N, K] packing trtllm\n")
     p = layoutc.compile_source(text + "output s : u8[E, round_up(N, 128), round_up(K/32, 4)] packing trtllm + sf_128x4\n",
                                "p.lyt").program

@@ -185,9 +185,9 @@ def test_conditions_and_else_if_chains():
         "param a = x\nif a == y { } else if a != z { } else if not b { } else { }\nif c { }\n", "c.lyt"
     )
     first = spec.items[1]
-    assert first.cond.kind == "eq" and first.cond.value.text == "y"
+    assert first.cond.kind == "cmp" and first.cond.op == "==" and first.cond.value.text == "y"
     (second,) = first.other
-    assert isinstance(second, ast.If) and second.cond.kind == "ne"
+    assert isinstance(second, ast.If) and second.cond.kind == "cmp" and second.cond.op == "!="
     (third,) = second.other
     assert third.cond.kind == "not" and third.cond.name.text == "b"
     assert third.other == ()  # an empty else block

@@ -33,6 +33,24 @@ def render(value: Any) -> str:
     raise TypeError(f"cannot render op argument {value!r}")
 
 
+def evaluate_arg(a: Any, dims: dict) -> Any:
+    """An op argument with concrete dims: sizes as ints, index formulas as functions."""
+    if isinstance(a, ex.Expr):
+        return int(ex.evaluate(a, dims))
+    if isinstance(a, tuple):
+        return tuple(evaluate_arg(v, dims) for v in a)
+    if hasattr(a, "source"):
+        return eval(a.source(), {"torch": torch, **dims})  # our own generated lambda source
+    return a
+
+
+def run(op, t, x: torch.Tensor, dims: dict) -> torch.Tensor:
+    """One op's eager function on ``x`` (of type ``t``) with concrete dims: what the probe and tools
+    use to step through a chain outside a generated converter."""
+    fn, args = op.impl(t)
+    return fn(x, *(evaluate_arg(a, dims) for a in args))
+
+
 def functions_used(chains: list[Chain]) -> list[Callable[..., Any]]:
     seen: dict[str, Callable[..., Any]] = {}
     for c in chains:

@@ -1,6 +1,6 @@
 """Fused lowering: each output tensor in one pass, from its composed index map.
 
-A chain of any length collapses into one gather (DESIGN.md section 2). The plan for a
+A chain of any length collapses into one gather (docs/design.md section 2). The plan for a
 tensor is one of:
 
 ``copy``    no index transform: one copy (with the value conversion)

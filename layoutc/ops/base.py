@@ -77,7 +77,8 @@ class TensorType:
 
 @attrs.frozen
 class Requirement:
-    """``value % multiple == 0``, where ``value`` is what the op calls ``what``."""
+    """``value % multiple == 0``, where ``value`` is what the op calls ``what``; with ``multiple`` 0,
+    ``value`` is a condition that must hold (``what`` says it in words)."""
 
     value: Expr
     multiple: int

@@ -19,7 +19,7 @@ from typing import ClassVar
 import attrs
 
 from .. import expr as ex
-from ..indexmap import IndexMap, crop_map, out_var, out_vars, pad_map, reshape_map
+from ..indexmap import IndexMap, crop_map, equal_sizes, out_var, out_vars, pad_map, reshape_map
 from . import torch_impl
 from ..instances import divisions, small_instances
 from .base import Category, Facts, Inferred, Op, OpTypeError, Requirement, TensorType, check_dim, with_shape
@@ -104,17 +104,18 @@ class Reshape(Op):
 
     def infer(self, t: TensorType) -> Inferred:
         new = "[" + ", ".join(ex.to_str(s) for s in self.shape) + "]"
+        before, after = ex.mul(*t.shape) if t.shape else ex.Const(1), ex.mul(*self.shape) if self.shape else ex.Const(1)
         for dims in small_instances(t.shape + self.shape):
-            a, b = 1, 1
-            for s in t.shape:
-                a *= ex.evaluate(s, dims)
-            for s in self.shape:
-                b *= ex.evaluate(s, dims)
+            a, b = ex.evaluate(before, dims), ex.evaluate(after, dims)
             if a != b:
                 at = ", ".join(f"{k}={v}" for k, v in dims.items())
                 raise OpTypeError(f"reshape to {new} changes the number of elements of {t} (with {at}: {a} -> {b})")
-        reqs = tuple(Requirement(num, den, "size") for num, den in divisions(self.shape))
-        return Inferred(attrs.evolve(t, shape=self.shape), reqs)
+        reqs = [Requirement(num, den, "size") for num, den in divisions(self.shape)]
+        if not equal_sizes(before, after):  # not an identity of the dims: checked on the real sizes too
+            same = ex.and_(ex.lt(before, ex.add(after, 1)), ex.lt(after, ex.add(before, 1)))
+            reqs.append(Requirement(same, 0, f"the same number of elements before and after ({ex.to_str(before)} "
+                                             f"and {ex.to_str(after)})"))
+        return Inferred(attrs.evolve(t, shape=self.shape), tuple(reqs))
 
     def index_map(self, t: TensorType) -> IndexMap:
         return reshape_map(t.shape, self.shape)

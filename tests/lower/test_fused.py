@@ -67,7 +67,7 @@ def test_tensors_taking_the_same_statements_get_their_own_kernels(lowering):
     text = (
         "dims E, N, K\n"
         "input w : u8[E, N, K]\ninput b? : f32[E, N] bias of w\n"
-        "swap_pairs([w, b], dim=1)\nshuffle_rows([w, b], dim=1, epilogue_tile=128)\n"
+        "swap_pairs([w, b], dim=1)\ninterleave([w, b], trtllm, epilogue_tile=128)\n"
         "output w : u8[E, N, K] packing trtllm\noutput b? : f32[E, N] packing trtllm\n"
     )
     spec = layoutc.compile_source(text, "shared.lyt")
@@ -138,7 +138,7 @@ def test_bad_lowering_and_chunk_arguments():
 
 ROW_OPS = st.sampled_from([
     "swap_halves(w, dim=1)", "swap_pairs(w, dim=1)", "interleave_rows(w, dim=1, group={g})",
-    "deinterleave(w, dim=1, group={g})", "reorder_gated_rows(w, dim=1)", "shuffle_rows(w, dim=1, epilogue_tile=64)",
+    "deinterleave(w, dim=1, group={g})", "reorder_gated_rows(w, dim=1)", "interleave(w, trtllm, epilogue_tile=64)",
     "pad(w, dim=1, multiple={g}, parts=2)", "pad(w, dim=2, multiple=4)", "swap_halves(w, dim=2)",
 ])
 

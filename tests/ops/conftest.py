@@ -18,7 +18,7 @@ import torch
 
 INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-#: The bit table as written in DESIGN.md section 4 (out_bit[i] = in_bit[T[i]]).
+#: The bit table of family sm90_mixed in layoutc/prelude.lyt (out_bit[i] = in_bit[T[i]]).
 DESIGN_T = (16, 17, 18, 8, 9, 10, 0, 1, 2, 19, 25, 26, 11, 24, 27, 3,
             20, 21, 22, 12, 13, 14, 4, 5, 6, 23, 29, 30, 15, 28, 31, 7)
 
@@ -133,7 +133,7 @@ def order_reorder_gated(n):
 
 
 def shuffle_block_of(epilogue_tile):
-    # DESIGN.md section 4: B = 32 when the tile is a multiple of 128, else 16
+    # prelude.lyt family trtllm: B = 32 when the tile is a multiple of 128, else 16
     return 32 if epilogue_tile % 128 == 0 else 16
 
 
@@ -253,7 +253,7 @@ def _word_positions(n, kb):
 
 
 def naive_sm90_interleave(w: torch.Tensor, table=DESIGN_T) -> torch.Tensor:
-    """DESIGN.md section 4 formula, per expert, bit by bit."""
+    """The sm90_mixed weight formula of layoutc/prelude.lyt, per expert, bit by bit."""
     *lead, n, kb = w.shape
     mats = w.contiguous().view(torch.uint8).reshape(-1, n, kb).tolist()
     outs = []

@@ -212,13 +212,19 @@ def test_pre_commit_hook_definition():
 
 def test_editor_grammar_knows_the_language():
     from layoutc.dtypes import ELEMENT_TYPES
+    from layoutc.editor import textmate_json
+    from layoutc.ops import PUBLIC
     from layoutc.parse import parser
 
-    grammar = json.loads((ROOT / "editors" / "vscode" / "syntaxes" / "lyt.tmLanguage.json").read_text())
-    repo = grammar["repository"]
+    committed = (ROOT / "editors" / "vscode" / "syntaxes" / "lyt.tmLanguage.json").read_text()
+    assert committed == textmate_json(), "the editor grammar is stale: run make docs"
+    repo = json.loads(committed)["repository"]
     keywords = set(re.search(r"\((.*)\)", repo["keyword"]["match"]).group(1).split("|"))
     types = set(re.search(r"\((.*)\)", repo["type"]["match"]).group(1).split("|"))
+    calls = set(re.search(r"\(([^)]*)\)", repo["call"]["match"]).group(1).split("|"))
     language_words = {t.pattern.value for t in parser().terminals
                       if t.pattern.type == "str" and t.pattern.value.isalpha()}
-    assert language_words - {"true", "false", "input", "output", "interleave"} <= keywords
+    assert language_words - {"true", "false", "input", "output"} <= keywords
+    assert {"family", "import"} <= keywords
     assert set(ELEMENT_TYPES) == types
+    assert set(PUBLIC) | {"interleave"} == calls

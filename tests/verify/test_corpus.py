@@ -1,4 +1,4 @@
-"""Regression corpus: one small spec per failure class of DESIGN.md section 1.
+"""Regression corpus: one small spec per failure class of docs/design.md section 1.
 
 Each file states, in its header, what the verifier must say (``# expect: ...``) and the
 spec line it must point at (``# expect-line: N``). All of them must be rejected; all
