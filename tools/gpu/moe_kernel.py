@@ -17,8 +17,8 @@ layer and a gpt-oss-shaped one (MXFP4 weights, BF16 activations, biases, gpt-oss
 Writes OUT_DIR/moe_kernel.json (every number below, written again after each stage),
 OUT_DIR/flashinfer_cutlass_moe_sm90.pt (the small layer's golden, for tests/test_moe_kernel.py;
 copy it to tests/goldens/) and OUT_DIR/trimmed_out_symbols.txt. Exit status 0 only when the
-kernel ran and matched the reference; 3 when the deadline stopped the build (run again: ninja
-resumes).
+kernel ran and matched the reference; 3 when there was no module (the deadline stopped the build,
+or it failed, and no --prebuilt module loaded; run again: ninja resumes).
 """
 
 from __future__ import annotations
@@ -301,6 +301,9 @@ def main() -> int:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--deadline", type=float, default=None, help="time.time() by which to have stopped")
     ap.add_argument("--jobs", type=int, default=16)
+    ap.add_argument("--prebuilt", type=Path, default=None,
+                    help="a prebuilt trimmed module (.so) to load when the build here fails or runs out of time")
+    ap.add_argument("--prebuilt-only", action="store_true", help="skip the build, load --prebuilt")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     results = Results(args.out_dir)
@@ -311,17 +314,30 @@ def main() -> int:
     results.stage("verifier_on_mutants", verify_mutants())
 
     t = time.time()
-    build_deadline = None if args.deadline is None else args.deadline - RUN_RESERVE_S
-    try:
-        module = moe_build.build(args.jobs, build_deadline, report=args.out_dir / "trimmed_out_symbols.txt")
-    except Exception as err:  # noqa: BLE001
-        results.error("build", err)
-        return 2
+    module, how = None, None
+    if not args.prebuilt_only:
+        build_deadline = None if args.deadline is None else args.deadline - RUN_RESERVE_S
+        try:
+            module = moe_build.build(args.jobs, build_deadline, report=args.out_dir / "trimmed_out_symbols.txt")
+            how = "built here" if module is not None else None
+            results.stage("build", {"complete": module is not None, "s": round(time.time() - t, 1)})
+        except Exception as err:  # noqa: BLE001
+            results.error("build", err)
+    if module is None and args.prebuilt is not None and args.prebuilt.exists():
+        # the same trimmed build, cross-compiled on the CPU machine (README: "Prebuilt module")
+        log(f"loading the prebuilt module {args.prebuilt}")
+        try:
+            import tvm_ffi
+
+            module = tvm_ffi.load_module(str(args.prebuilt))
+            how = f"prebuilt {args.prebuilt.name} (cross-compiled on the CPU machine)"
+        except Exception as err:  # noqa: BLE001
+            results.error("load prebuilt", err)
+    results.stage("module", how or "none")
     if module is None:
-        results.stage("build", {"complete": False, "s": round(time.time() - t, 1)})
-        log("build stopped by the deadline; run the same command again (ninja resumes)")
+        log("no module: the build stopped at the deadline or failed; run the same command again (ninja resumes)")
         return 3
-    results.stage("build", {"complete": True, "s": round(time.time() - t, 1)})
+    log(f"module: {how}")
     moe_build.install(module)
 
     spec = layoutc.compile_file(SPEC)

@@ -37,13 +37,21 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 { python3 --version; nvcc --version | tail -2; ninja --version; echo "cores $(nproc)"; } | tee -a "$OUT/gpu.txt"
 stamp "setup done (MAX_JOBS=$MAX_JOBS)"
 
+# Optional: .gpu/layoutc_fused_moe_90_w4a16.so, the same trimmed module cross-compiled on the CPU
+# machine (README: "Prebuilt module"). Used only if the build here fails or runs out of time, or
+# instead of it with MOE_PREBUILT_ONLY=1 (saves the ~4 minutes of device time the build takes).
+prebuilt=()
+if [[ -f .gpu/layoutc_fused_moe_90_w4a16.so ]]; then
+  prebuilt=(--prebuilt .gpu/layoutc_fused_moe_90_w4a16.so)
+  [[ ${MOE_PREBUILT_ONLY:-0} == 1 ]] && prebuilt+=(--prebuilt-only)
+fi
 deadline=$(( start + ${RUN_BUDGET_S:-570} ))
 timeout --signal=INT --kill-after=10 $(( deadline - $(date +%s) + 15 )) \
-  python3 tools/gpu/moe_kernel.py "$OUT" --deadline "$deadline" --jobs "$MAX_JOBS"
+  python3 tools/gpu/moe_kernel.py "$OUT" --deadline "$deadline" --jobs "$MAX_JOBS" "${prebuilt[@]}"
 rc=$?
 case $rc in
   0) stamp "moe_kernel.py: kernel ran and matched the reference" ;;
-  3) stamp "moe_kernel.py: build stopped by the deadline; run the same command again now to resume" ;;
+  3) stamp "moe_kernel.py: no module (build stopped by the deadline or failed); run the same command again now to resume" ;;
   124|130|137) stamp "moe_kernel.py: killed by the timeout backstop (exit $rc)" ;;
   *) stamp "moe_kernel.py: exit $rc (see moe_kernel.json: errors)" ;;
 esac
