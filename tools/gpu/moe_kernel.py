@@ -36,11 +36,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import layoutc  # noqa: E402
-import layoutc.guard  # noqa: E402
-from layoutc.quant import quantize_mxfp4, routing  # noqa: E402
-from tools.gpu.moe_sm90 import build as moe_build  # noqa: E402
-from tools.gpu.moe_sm90.reference import ATOL_RMS, GPT_OSS, RTOL, compare, moe_forward_gptoss  # noqa: E402
+import layoutc
+import layoutc.guard
+from layoutc.quant import quantize_mxfp4, routing
+from tools.gpu.moe_sm90 import build as moe_build
+from tools.gpu.moe_sm90.reference import ATOL_RMS, GPT_OSS, RTOL, compare, moe_forward_gptoss
 
 SPEC = ROOT / "specs" / "flashinfer_cutlass_bf16.lyt"
 MUTANTS = ROOT / "tools" / "gpu" / "moe_sm90" / "mutants"
@@ -168,7 +168,7 @@ def run_kernel(conv: dict, layer: dict) -> torch.Tensor:
     e = conv["w13_weight"].shape[0]
     x = layer["x"].to(dev)
     out = torch.empty(x.shape[0], conv["w2_weight"].shape[1], dtype=torch.bfloat16, device=dev)
-    per_expert = lambda v: torch.full((e,), v, dtype=torch.float32, device=dev)  # noqa: E731
+    per_expert = lambda v: torch.full((e,), v, dtype=torch.float32, device=dev)
     cutlass_fused_moe(
         input=x,
         token_selected_experts=layer["topk_ids"].to(dev, torch.int32).contiguous(),

@@ -248,7 +248,7 @@ def trap_unreachable(s, objs: list[Path]) -> list[str]:
 def demangle(names: list[str]) -> list[str]:
     if not names:
         return []
-    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True)
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=False)
     return out.stdout.splitlines() if out.returncode == 0 else names
 
 
@@ -290,7 +290,7 @@ def install(module) -> None:
     """Make flashinfer.fused_moe.cutlass_fused_moe (and the interleave helpers) use ``module`` on
     SM90: get_cutlass_fused_moe_module('90') calls core.gen_cutlass_fused_moe_sm90_module(...)
     .build_and_load(); that now returns the module built here instead of starting the full build."""
-    import flashinfer.fused_moe.core as core
+    from flashinfer.fused_moe import core
 
     class Built:
         def build_and_load(self):

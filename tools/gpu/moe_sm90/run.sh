@@ -2,7 +2,8 @@
 # Issue 14 in one GPU call: the trimmed SM90 fused-MoE build, then the kernel run on weights
 # converted by layoutc (tools/gpu/moe_kernel.py). Prepare on the CPU machine, from the repo root:
 #   bash ../shared/gpu/bundle.sh && bash tools/gpu/moe_sm90/bundle_extra.sh
-# then, with the device tool (carry [".gpu"], plus ".whl" if you have wheels there):
+#   python3 -m pip download --no-deps --only-binary=:all: lark attrs -d .whl   # layoutc's imports
+# then, with the device tool (carry [".gpu", ".whl"]):
 #   source .gpu/setup.sh && bash tools/gpu/moe_sm90/run.sh
 # Time: moe_kernel.py gets a deadline RUN_BUDGET_S (570) seconds after this script starts; the
 # build stops early enough to leave the kernel stage its time, and `timeout` is the backstop.
@@ -35,6 +36,11 @@ export FLASHINFER_CUDA_ARCH_LIST=${FLASHINFER_CUDA_ARCH_LIST:-9.0a}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 { python3 --version; nvcc --version | tail -2; ninja --version; echo "cores $(nproc)"; } | tee -a "$OUT/gpu.txt"
+# layoutc needs lark and attrs (carry .whl/ with their wheels if the machine lacks them)
+python3 -c "import importlib.metadata as m
+for d in ('torch', 'triton', 'apache-tvm-ffi', 'flashinfer-python', 'lark', 'attrs', 'packaging'):
+    try: print(d, m.version(d))
+    except m.PackageNotFoundError: print(d, 'MISSING')" | tee -a "$OUT/gpu.txt"
 stamp "setup done (MAX_JOBS=$MAX_JOBS)"
 
 # Optional: .gpu/layoutc_fused_moe_90_w4a16.so, the same trimmed module cross-compiled on the CPU
