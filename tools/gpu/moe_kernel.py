@@ -324,8 +324,9 @@ def main() -> int:
         try:
             module = moe_build.build(args.jobs, build_deadline, report=args.out_dir / "trimmed_out_symbols.txt")
             how = "built here" if module is not None else None
-            results.stage("build", {"complete": module is not None, "s": round(time.time() - t, 1)})
+            results.stage("build", {"complete": module is not None, "s": round(time.time() - t, 1)} | moe_build.STATUS)
         except Exception as err:  # noqa: BLE001
+            results.stage("build", {"complete": False, "s": round(time.time() - t, 1)} | moe_build.STATUS)
             results.error("build", err)
     if module is None and args.prebuilt is not None and args.prebuilt.exists():
         # the same trimmed build, cross-compiled on the CPU machine (README: "Prebuilt module")

@@ -61,6 +61,9 @@ KEEP_OPS = [((128, 128, 128), (1, 1, 1), "TmaWarpSpecializedPingpong"),
 
 EXTRA_FLAGS = ["-DFAST_BUILD"]
 
+#: What the last build() call got to (moe_kernel.py records it in its results).
+STATUS: dict = {}
+
 
 def log(msg: str) -> None:
     print(f"[moe_sm90 build {time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -264,12 +267,16 @@ def build(jobs: int = 16, deadline: float | None = None, objects_only: bool = Fa
         f"-j{jobs}, spec ready in {time.time() - t0:.1f}s")
     for p in s.sources:
         log(f"  source {p}")
-    if not run_ninja(s, objs[:-1], jobs, deadline):
-        log(f"build incomplete: {sum(o.exists() for o in objs[:-1])}/{len(objs) - 1} objects after {time.time() - t0:.0f}s")
+    STATUS.update(objects_total=len(objs) - 1, objects_before=done)
+    finished = run_ninja(s, objs[:-1], jobs, deadline)
+    STATUS.update(objects_built=sum(o.exists() for o in objs[:-1]), compile_s=round(time.time() - t0, 1))
+    if not finished:
+        log(f"build incomplete: {STATUS['objects_built']}/{len(objs) - 1} objects after {time.time() - t0:.0f}s")
         return None
     log(f"all {len(objs) - 1} objects built after {time.time() - t0:.0f}s")
     trapped = trap_unreachable(s, objs[:-1])
     log(f"{len(trapped)} trimmed-out symbols resolve to aborting stubs")
+    STATUS["trapped_symbols"] = len(trapped)
     if report is not None:
         report.write_text("\n".join(demangle(trapped)) + "\n")
     if objects_only:
@@ -281,6 +288,7 @@ def build(jobs: int = 16, deadline: float | None = None, objects_only: bool = Fa
         raise RuntimeError(f"{len(undefined)} FlashInfer symbols still undefined in the module: {demangle(undefined)[:10]}")
     size = s.jit_library_path.stat().st_size / 2**20
     log(f"linked {s.jit_library_path.name} ({size:.1f} MiB) after {time.time() - t0:.0f}s")
+    STATUS.update(linked_mib=round(size, 2), total_s=round(time.time() - t0, 1))
     module = s.load()
     log(f"loaded after {time.time() - t0:.0f}s")
     return module

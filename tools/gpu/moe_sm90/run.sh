@@ -45,7 +45,7 @@ stamp "setup done (MAX_JOBS=$MAX_JOBS)"
 
 # Optional: .gpu/layoutc_fused_moe_90_w4a16.so, the same trimmed module cross-compiled on the CPU
 # machine (README: "Prebuilt module"). Used only if the build here fails or runs out of time, or
-# instead of it with MOE_PREBUILT_ONLY=1 (saves the ~4 minutes of device time the build takes).
+# instead of it with MOE_PREBUILT_ONLY=1 (saves the 2-3 minutes of device time the build takes).
 prebuilt=()
 if [[ -f .gpu/layoutc_fused_moe_90_w4a16.so ]]; then
   prebuilt=(--prebuilt .gpu/layoutc_fused_moe_90_w4a16.so)
@@ -53,7 +53,7 @@ if [[ -f .gpu/layoutc_fused_moe_90_w4a16.so ]]; then
 fi
 deadline=$(( start + ${RUN_BUDGET_S:-570} ))
 timeout --signal=INT --kill-after=10 $(( deadline - $(date +%s) + 15 )) \
-  python3 tools/gpu/moe_kernel.py "$OUT" --deadline "$deadline" --jobs "$MAX_JOBS" "${prebuilt[@]}"
+  python3 tools/gpu/moe_kernel.py "$OUT" --deadline "$deadline" --jobs "$MAX_JOBS" ${prebuilt[@]+"${prebuilt[@]}"}
 rc=$?
 case $rc in
   0) stamp "moe_kernel.py: kernel ran and matched the reference" ;;
