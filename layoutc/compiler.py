@@ -28,6 +28,9 @@ from .ir import Program, Statement, TensorSpec
 from .expand import ExpandError, PackingTag, statement_ops
 from .ops import Op, OpTypeError, TensorType
 
+#: Sizes from which output shapes are also compared (above any realistic padding multiple).
+LARGE_SIZE = 1 << 14
+
 
 @attrs.frozen
 class Step:
@@ -388,7 +391,10 @@ def build(program: Program) -> Compiled:
                 inv_chains.append(inv)
         known = [(k.value, k.multiple) for c in chains for k in c.constraints]
         known += [(ex.Var(a.dim), a.multiple) for a in program.assumptions]
-        samples = sample_dims(program.dims, known)
+        # Shapes are cheap to compare, so they are also compared on large sizes: round_up and
+        # padding hide a missing division (a forgotten shard) on sizes below the padding multiple.
+        samples = sample_dims(program.dims, known) + sample_dims(
+            program.dims, known, per_dim=2, minimum={d: LARGE_SIZE for d in program.dims})
         for c in chains:
             b.check_output(c, samples)
         variants.append(Variant(present, tuple(chains)))

@@ -42,8 +42,8 @@ def check(tensors: Mapping[str, torch.Tensor | None], spec=None, same_call: bool
     if spec is not None:
         module = getattr(spec, "module", spec)
         try:
-            module._check_tensors(tensors, module.OUTPUTS, module._OUTPUT_SHAPES, module._OUTPUT_AXES, None,
-                                  module.DIMS, "guard")
+            module._check_tensors(tensors, module.OUTPUTS, module._OUTPUT_SHAPES, module._OUTPUT_AXES,
+                                  record.get("dims"), module.DIMS, "guard")
         except module.LayoutError as err:
             raise LayoutError(str(err)) from None
     return record

@@ -82,6 +82,48 @@ def test_inverse_gives_the_checkpoint_back(name, params, recipe, shapes):
     assert_same_bits(s.inverse(s.convert(x), dims=shapes[0]), x, f"{name}: inverse(convert(x))")
 
 
+#: The engines' padding on the TRT-LLM paths (see each spec's header for the vLLM functions), with
+#: sizes that get padded: (spec, params, recipe, dims, padded output shapes).
+PADDED = [
+    # NVFP4: H to 256 (384 -> 512, 640 -> 768), I per half to 64 gated / 128 non-gated
+    ("flashinfer_trtllm_nvfp4", {"activation": "silu"}, lambda t: recipes.trtllm_nvfp4(t, BSI, True),
+     {"E": 2, "I": 96, "H": 384}, {"w13_weight": (2, 256, 256), "w2_weight_scale": (2, 512, 8)}),
+    ("flashinfer_trtllm_nvfp4", {"activation": "silu"}, lambda t: recipes.trtllm_nvfp4(t, BSI, True),
+     {"E": 1, "I": 128, "H": 640}, {"w13_weight": (1, 256, 384), "w2_weight": (1, 768, 64)}),
+    ("flashinfer_trtllm_nvfp4", {"activation": "relu2"}, lambda t: recipes.trtllm_nvfp4(t, BSI, False),
+     {"E": 1, "I": 192, "H": 384}, {"w13_weight": (1, 256, 256), "w2_weight": (1, 512, 128)}),
+    # ... an engine that rounds H to 512 instead
+    ("flashinfer_trtllm_nvfp4", {"activation": "silu", "pad_hidden": 512},
+     lambda t: recipes.trtllm_nvfp4(t, BSI, True, hidden_alignment=512),
+     {"E": 1, "I": 128, "H": 640}, {"w13_weight": (1, 256, 512), "w2_weight": (1, 1024, 64)}),
+    # BF16: I per half to 128 (192 -> 256, 320 -> 384), or to 256 with pad_to=256
+    ("flashinfer_trtllm_bf16", {"activation": "silu"}, lambda t: recipes.trtllm_bf16(t, True),
+     {"E": 2, "I": 192, "H": 128}, {"w13_weight": (2, 2, 512, 64), "w2_weight": (2, 4, 128, 64)}),
+    ("flashinfer_trtllm_bf16", {"activation": "relu2"}, lambda t: recipes.trtllm_bf16(t, False),
+     {"E": 1, "I": 320, "H": 64}, {"w13_weight": (1, 1, 384, 64), "w2_weight": (1, 6, 64, 64)}),
+    ("flashinfer_trtllm_bf16", {"activation": "silu", "pad_to": 256}, lambda t: recipes.trtllm_bf16(t, True, 256),
+     {"E": 1, "I": 320, "H": 64}, {"w13_weight": (1, 1, 1024, 64), "w2_weight": (1, 8, 64, 64)}),
+    # MXFP4 (gpt-oss): I and H to 256 (384 -> 512), zero gate/up pairs after the interleaved rows
+    ("flashinfer_trtllm_mxfp4", {}, lambda t: recipes.trtllm_mxfp4_gpt_oss(t, BSI),
+     {"E": 1, "I": 384, "H": 384}, {"w13_weight": (1, 1024, 256), "w13_bias": (1, 1024), "w2_bias": (1, 512)}),
+    ("flashinfer_trtllm_mxfp4", {"pad_to": 128}, lambda t: recipes.trtllm_mxfp4_gpt_oss(t, BSI, pad_to=128),
+     {"E": 1, "I": 384, "H": 384}, {"w13_weight": (1, 768, 256), "w2_weight_scale": (1, 512, 12)}),
+]
+
+
+@pytest.mark.parametrize("name,params,recipe,dims,shapes", PADDED,
+                         ids=[f"{n}-{'-'.join(map(str, p.values()))}-{d}" for n, p, _, d, _ in PADDED])
+def test_padded_trtllm_paths_equal_the_engines_recipe(name, params, recipe, dims, shapes):
+    s = spec(name, **params)
+    x = synthetic_inputs(s, dims, seed=7)
+    out = s.convert(x)
+    for k, shape in shapes.items():
+        assert tuple(out[k].shape) == shape, f"{k}: {tuple(out[k].shape)} is not the padded {shape}"
+    assert_same_bits(out, recipe(x), f"{name} {params} {dims}")
+    # the padding is zeros the caller can crop: the inverse gives the checkpoint back
+    assert_same_bits(s.inverse(out, dims=dims), x, f"{name}: inverse(convert(x))")
+
+
 def test_every_shipped_spec_is_in_the_registry_and_verifies():
     from layoutc.registry import DEFAULT
 
@@ -139,11 +181,21 @@ def test_fp8_weight_rows_that_split_scale_blocks_are_rejected():
 def test_fp8_swap_needs_whole_blocks_and_says_why():
     s = spec("flashinfer_trtllm_fp8_block")
     x = synthetic_inputs(s, {"E": 1, "I": 192, "H": 128}, seed=0)  # I % 128 != 0: halves of 1.5 blocks
-    with pytest.raises(layoutc.LayoutError, match="scales 128 rows of w13_weight, so swap_halves keeps the scale "
-                                                  "blocks whole only when this holds"):
+    # the first statement that splits the halves says it (the TP shard, even as one rank of one)
+    with pytest.raises(layoutc.LayoutError, match="scales 128 rows of w13_weight, so (shard|swap_halves) keeps the "
+                                                  "scale blocks whole only when this holds"):
         s.convert(x)
 
 
 def test_block_scale_tie_must_match_the_weight_shape():
-    errors = _errors("flashinfer_trtllm_fp8_block", "f32[E, 2*I/128, H/128]", "f32[E, 2*I/64, H/128]")
+    text = (SPECS / "flashinfer_trtllm_fp8_block.lyt").read_text()
+    for old, new in [("f32[E, 2*I/128, H/128]", "f32[E, 2*I/64, H/128]"),
+                     ("f32[E, 2*I/tp_size/128, H/128]", "f32[E, 2*I/tp_size/64, H/128]")]:
+        assert old in text, f"the fp8 spec no longer contains {old!r}: update this test"
+        text = text.replace(old, new)
+    try:
+        layoutc.compile_source(text, "fp8-mutant.lyt", {})
+        errors = []
+    except layoutc.SpecError as err:
+        errors = [d.message for d in err.errors]
     assert any("rows of 128-row scale blocks" in e for e in errors), errors

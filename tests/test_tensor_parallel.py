@@ -1,16 +1,19 @@
 """Tensor parallelism: ``shard`` then convert equals what an engine builds for each rank.
 
-The engine side is written here independently of layoutc: each rank loads its slice of the
-gate (w1) and of the up (w3) projection separately (vLLM's FusedMoE weight loader narrows each
-half of w13 by rank, and w2 along its input dim K), then runs its hand-written conversion
-(the vLLM-style recipes of ``layoutc.reference`` with FlashInfer's helpers). ``w2_bias`` is
-not sharded: it is added once, after the reduction.
+The engine side is written here independently of layoutc (``engine_shard``): each rank loads its
+slice the way vLLM's loaders cut it -- each half of a contiguous w13 narrowed by rank (FusedMoE
+``_load_w13``), one block of rows of a gpt-oss interleaved w13 (``_load_weights_mxfp4``), FP8 block
+scales in whole blocks, w2 along its input dim K (``_load_w2``) -- then runs its hand-written
+conversion (the vLLM-style recipes of ``layoutc.reference`` with FlashInfer's helpers), padding
+included where the layout pads. ``w2_bias`` is not sharded: it is added once, after the reduction
+(vLLM's gpt-oss loader zeroes it on ranks other than 0, a value change left to the engine).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 
 import pytest
 import torch
@@ -37,49 +40,110 @@ def spec(name: str, **params) -> layoutc.CompiledSpec:
     return layoutc.compile_file(SPECS / f"{name}.lyt", params)
 
 
-def engine_shard(t: dict, rank: int, size: int, gated: bool) -> dict:
-    """What rank ``rank`` of ``size`` holds after loading: its slice of each half of w13 (rows,
-    dim 1) and of w2's K (dim 2); the scales and biases alike."""
+def engine_shard(t: dict, dims: dict, rank: int, size: int, kind: str) -> dict:
+    """What rank ``rank`` of ``size`` holds after loading, sliced the way vLLM's loaders do.
+
+    Rank r owns intermediate columns [start, end) = [r*I/n, (r+1)*I/n). A tensor element along
+    w13's rows or w2's K covers ``unit`` of those columns (2 for packed FP4 bytes, 16 or 32 for
+    NVFP4/MXFP4 scale blocks, 128 for FP8 block scales), and the slice is taken in those units:
+
+    * ``contiguous`` ([w1; w3], FusedMoE ``_load_w13``): each half of w13 narrowed by rank;
+    * ``single`` (non-gated, one w13 shard): w13 narrowed by rank;
+    * ``interleaved`` (gpt-oss ``_load_weights_mxfp4``): rows [2*start, 2*end) of the interleaved
+      w13, i.e. one block holding the rank's gate and up rows, still interleaved;
+    * block scales (FP8 128x128): the same narrowing in block rows / block columns (whole blocks).
+
+    w2 and its scales are narrowed along K (``_load_w2``); ``w2_bias`` is kept whole."""
+    i = dims["I"]
+    start, end = rank * i // size, (rank + 1) * i // size
+    n_w13 = i if kind == "single" else 2 * i
+
+    def cut(x: torch.Tensor, dim: int, lo: int, hi: int, unit: int) -> torch.Tensor:
+        assert lo % unit == 0 and hi % unit == 0, f"rank {rank} of {size} splits a {unit}-wide block"
+        return x.narrow(dim, lo // unit, (hi - lo) // unit)
+
     out = {}
     for k, v in t.items():
         if k.startswith("w13"):
-            halves = v.chunk(2, dim=1) if gated else (v,)
-            out[k] = torch.cat([h.chunk(size, dim=1)[rank] for h in halves], dim=1)
+            unit = n_w13 // v.shape[1]
+            if kind == "interleaved":
+                out[k] = cut(v, 1, 2 * start, 2 * end, unit)
+            elif kind == "single":
+                out[k] = cut(v, 1, start, end, unit)
+            else:
+                out[k] = torch.cat([cut(h, 1, start, end, unit) for h in v.chunk(2, dim=1)], dim=1)
         elif k in ("w2_weight", "w2_weight_scale"):
-            out[k] = v.chunk(size, dim=2)[rank]
+            out[k] = cut(v, 2, start, end, i // v.shape[2])
         else:
             out[k] = v  # w2_bias: whole on every rank
     return out
 
 
+#: (spec, params, checkpoint kind, dims): every shipped spec and each activation/checkpoint variant,
+#: with sizes whose local (per-rank) sizes at 2 and 4 ranks meet each kernel's divisibility rules,
+#: and, for the padded specs, local sizes that get padded.
 CASES = [
-    ("flashinfer_cutlass_bf16", {}, {"E": 2, "I": 512, "H": 256}),
-    ("flashinfer_cutlass_mxfp8", {}, {"E": 2, "I": 512, "H": 256}),
-    ("flashinfer_cutedsl_nvfp4", {"activation": "silu"}, {"E": 2, "I": 256, "H": 160}),
-    ("flashinfer_cutedsl_nvfp4", {"activation": "relu2"}, {"E": 2, "I": 256, "H": 160}),
+    ("flashinfer_cutlass_bf16", {}, "contiguous", {"E": 2, "I": 512, "H": 256}),
+    ("flashinfer_cutlass_mxfp8", {}, "contiguous", {"E": 2, "I": 512, "H": 256}),
+    ("flashinfer_cutedsl_nvfp4", {"activation": "silu"}, "contiguous", {"E": 2, "I": 256, "H": 160}),
+    ("flashinfer_cutedsl_nvfp4", {"activation": "relu2"}, "single", {"E": 2, "I": 256, "H": 160}),
+    ("flashinfer_cutlass_mxfp4_padded", {"checkpoint": "contiguous"}, "contiguous", {"E": 2, "I": 384, "H": 160}),
+    ("flashinfer_cutlass_mxfp4_padded", {"checkpoint": "gpt_oss"}, "interleaved", {"E": 2, "I": 384, "H": 160}),
+    ("flashinfer_cutlass_nvfp4", {"activation": "silu"}, "contiguous", {"E": 2, "I": 192, "H": 80}),
+    ("flashinfer_cutlass_nvfp4", {"activation": "relu2"}, "single", {"E": 2, "I": 192, "H": 80}),
+    ("flashinfer_trtllm_mxfp4", {}, "interleaved", {"E": 2, "I": 384, "H": 384}),
+    ("flashinfer_trtllm_nvfp4", {"activation": "silu"}, "contiguous", {"E": 2, "I": 192, "H": 384}),
+    ("flashinfer_trtllm_nvfp4", {"activation": "relu2"}, "single", {"E": 2, "I": 192, "H": 384}),
+    ("flashinfer_trtllm_fp8_block", {}, "contiguous", {"E": 2, "I": 512, "H": 256}),
+    ("flashinfer_trtllm_bf16", {"activation": "silu"}, "contiguous", {"E": 2, "I": 192, "H": 128}),
+    ("flashinfer_trtllm_bf16", {"activation": "relu2"}, "single", {"E": 2, "I": 192, "H": 128}),
 ]
 
 
-@pytest.mark.parametrize("size", [2, 4])
-@pytest.mark.parametrize("name,params,dims", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
-def test_shard_then_convert_is_the_engines_rank(name, params, dims, size):
+def test_every_shipped_spec_and_variant_is_covered():
+    assert {c[0] for c in CASES} == {p.stem for p in SPECS.glob("*.lyt")}
+    for path in SPECS.glob("*.lyt"):
+        text = path.read_text()
+        assert "param tp_size = 1" in text and "param tp_rank = 0" in text, path.name
+        for name, values in re.findall(r"^param (\w+) = \w+ choices \[([^\]]*)\]", text, re.M):
+            choices = {v.strip() for v in values.split(",")}
+            got = {c[1].get(name) for c in CASES if c[0] == path.stem}
+            assert got == choices, f"{path.stem}: {name} covers {sorted(map(str, got))} of {sorted(choices)}"
+
+
+#: cases over ~3 s on the CPU machine (each rank compiles and verifies its own spec)
+SLOW = {("flashinfer_cutlass_mxfp4_padded", 2), ("flashinfer_cutlass_mxfp4_padded", 4), ("flashinfer_trtllm_mxfp4", 4),
+        ("flashinfer_trtllm_nvfp4", 2), ("flashinfer_trtllm_nvfp4", 4)}
+
+
+def _tp_cases():
+    for c in CASES:
+        for size in (2, 4):
+            slow = (c[0], size) in SLOW and c[1].get("activation") != "relu2"
+            yield pytest.param(*c, size, id=f"{c[0]}-{c[2]}-{'-'.join(map(str, c[1].values()))}-{size}",
+                               marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("name,params,kind,dims,size", list(_tp_cases()))
+def test_shard_then_convert_is_the_engines_rank(name, params, kind, dims, size):
     full = synthetic_inputs(spec(name, **params), dims, seed=3)
-    gated = params.get("activation", "silu") != "relu2"
     outputs = []
     for rank in range(size):
         s = spec(name, **params, tp_size=size, tp_rank=rank)
         got = s.convert(full)
-        local = engine_shard(full, rank, size, gated)
+        local = engine_shard(full, dims, rank, size, kind)
         assert_same_bits(got, anchor(name, local, params, KERNELS), f"rank {rank} of {size} vs the engine's recipe")
         # ... and what the unsharded spec makes of the engine's slice
         assert_same_bits(got, spec(name, **params).convert(local), f"rank {rank} of {size} vs convert(slice)")
         outputs.append(got)
     # the ranks hold different data: a shard that ignored tp_rank would pass the checks above only by luck
-    assert not torch.equal(outputs[0]["w13_weight"], outputs[1]["w13_weight"])
+    for k in outputs[0]:
+        if k != "w2_bias":
+            assert not torch.equal(outputs[0][k].view(torch.uint8), outputs[1][k].view(torch.uint8)), k
 
 
 def test_inputs_are_not_modified_and_outputs_do_not_alias_them():
-    name, params, dims = CASES[0]
+    name, params, _, dims = CASES[0]
     full = synthetic_inputs(spec(name), dims, seed=4)
     before = {k: v.clone() for k, v in full.items()}
     out = spec(name, tp_size=2, tp_rank=1).convert(full)
@@ -90,7 +154,7 @@ def test_inputs_are_not_modified_and_outputs_do_not_alias_them():
 
 @pytest.mark.parametrize("lowering", ["fused", "compiled", "gather"])
 def test_every_lowering_shards_alike(lowering):
-    name, params, dims = CASES[0]
+    name, params, _, dims = CASES[0]
     full = synthetic_inputs(spec(name), {"E": 1, "I": 256, "H": 128}, seed=5)
     s = spec(name, tp_size=2, tp_rank=1)
     assert_same_bits(s.convert(full, lowering=lowering), s.convert(full, lowering="eager"), lowering)
@@ -188,3 +252,40 @@ def test_a_size_that_does_not_divide_is_reported_at_convert_time():
     x = synthetic_inputs(spec("flashinfer_cutlass_bf16"), {"E": 1, "I": 256, "H": 128}, seed=0)
     with pytest.raises(layoutc.LayoutError, match="I=256"):
         s.convert(x)
+
+
+# Two gaps an earlier layoutc had, now closed. (1) Output shapes with round_up were compared
+# with the declared ones only on small sizes, where round_up(I/tp_size, 128) == round_up(I, 128):
+# a padded layout that forgets the w2 shard passed. The compiler now also compares shapes on large
+# sizes, and a converter checks its outputs against the declared shapes. (2) guard.check could not
+# tell I from a padded output; the provenance record now keeps the dims of the call.
+
+BF16_TRTLLM = (SPECS / "flashinfer_trtllm_bf16.lyt").read_text()
+W2_SHARD = "shard(w2_weight, dim=2, rank=tp_rank, ranks=tp_size)\n"
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_padded_layout_that_forgets_the_w2_shard_is_rejected(size):
+    assert W2_SHARD in BF16_TRTLLM
+    bad = BF16_TRTLLM.replace(W2_SHARD, "")
+    errors = _errors(bad, activation="silu", tp_size=size, tp_rank=0)
+    assert any("w2_weight: the transforms produce shape" in e for e in errors), errors
+
+
+def test_a_converter_checks_its_outputs_against_the_declared_shapes(monkeypatch):
+    # the post-condition behind the compiler's shape comparison: a declaration that disagrees with
+    # the transforms on the sizes of a call is named at convert time, not handed to the kernel
+    s = spec("flashinfer_trtllm_bf16", activation="silu", tp_size=2, tp_rank=0)
+    shapes = dict(s.module._OUTPUT_SHAPES)
+    monkeypatch.setitem(s.module._OUTPUT_SHAPES, "w2_weight", lambda **d: [d["E"], 1, d["H"], 64])
+    x = synthetic_inputs(spec("flashinfer_trtllm_bf16"), {"E": 1, "I": 1024, "H": 64}, seed=0)
+    with pytest.raises(layoutc.LayoutError, match="the transforms produced w2_weight with shape"):
+        s.convert(x)
+    assert tuple(shapes["w2_weight"](E=1, I=1024, H=64)) == (1, 8, 64, 64)
+
+
+def test_the_guard_checks_a_padded_layout():
+    from layoutc.guard import check
+
+    s = spec("flashinfer_trtllm_bf16", activation="silu", tp_size=2, tp_rank=1)
+    check(s.convert(synthetic_inputs(spec("flashinfer_trtllm_bf16"), {"E": 1, "I": 192, "H": 64}, seed=0)), s)

@@ -50,7 +50,7 @@ def _installed(dist):
     return cache[dist]
 
 
-def _stamp(outputs, spec_name, sha256, params, requires):
+def _stamp(outputs, spec_name, sha256, params, requires, dims=None):
     # Record which spec produced each output; drop records of freed storages.
     from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -66,6 +66,8 @@ def _stamp(outputs, spec_name, sha256, params, requires):
             "tensor": name, "spec": spec_name, "sha256": sha256, "params": params, "library": library,
             "call": call, "shape": tuple(t.shape), "stride": tuple(t.stride()), "dtype": t.dtype,
             "nbytes": storage.nbytes(), "converted": converted,
+            # The dims of the call: a padded output does not tell I or H back, so the guard uses these.
+            "dims": dict(dims) if dims is not None else None,
             # Inference tensors (in-place conversion under torch.inference_mode) have no version counter.
             "version": None if t.is_inference() else t._version, "storage": StorageWeakRef(storage),
         }

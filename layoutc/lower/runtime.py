@@ -106,6 +106,19 @@ def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
     return d, present
 
 
+def _check_outputs(out, shapes, d, what):
+    # The converter's post-condition: every output has the shape its declaration gives for these
+    # dims. A mismatch is a spec whose transforms disagree with its contract on sizes the verifier
+    # did not try: name it instead of handing the kernel a tensor of the wrong size.
+    for name, t in out.items():
+        expected = tuple(shapes[name](**d))
+        if tuple(t.shape) != expected:
+            raise LayoutError(
+                f"{what}: the transforms produced {name} with shape {_fmt_shape(t.shape)} but the output "
+                f"declaration gives {_fmt_shape(expected)} here ({_fmt_dims(d)}); the spec is wrong for these sizes"
+            )
+
+
 def _holding(conditions, d):
     # The labels of the size conditions ('I > 128') that hold for these dims.
     return frozenset(label for label, test in conditions if test(**d))

@@ -18,15 +18,17 @@ ANCHORS: dict[str, Callable[..., dict]] = {
     "flashinfer_cutlass_mxfp8": lambda t, params, k: recipes.cutlass_mxfp4_mxfp8(t, k["block_scale_interleave"]),
     "flashinfer_cutedsl_nvfp4": lambda t, params, k: recipes.cutedsl_nvfp4(
         t, k["block_scale_interleave"], params.get("activation", "silu") != "relu2"),
-    "flashinfer_trtllm_mxfp4": lambda t, params, k: recipes.trtllm_mxfp4_gpt_oss(t, k["block_scale_interleave"]),
+    "flashinfer_trtllm_mxfp4": lambda t, params, k: recipes.trtllm_mxfp4_gpt_oss(
+        t, k["block_scale_interleave"], params.get("pad_to", 256), params.get("pad_hidden", 256)),
     "flashinfer_cutlass_mxfp4_padded": lambda t, params, k: recipes.cutlass_sm90_mxfp4_bf16_padded(
         t, k["sm90_interleave_fp4"], params.get("checkpoint", "contiguous") == "gpt_oss"),
     "flashinfer_trtllm_nvfp4": lambda t, params, k: recipes.trtllm_nvfp4(
-        t, k["block_scale_interleave"], params.get("activation", "silu") != "relu2"),
+        t, k["block_scale_interleave"], params.get("activation", "silu") != "relu2", params.get("pad_hidden", 256)),
     "flashinfer_cutlass_nvfp4": lambda t, params, k: recipes.cutlass_nvfp4_padded(
         t, k["block_scale_interleave"], params.get("activation", "silu") != "relu2", params.get("pad_to", 128)),
     "flashinfer_trtllm_fp8_block": lambda t, params, k: recipes.trtllm_fp8_block_scale(t),
-    "flashinfer_trtllm_bf16": lambda t, params, k: recipes.trtllm_bf16(t, params.get("activation", "silu") != "relu2"),
+    "flashinfer_trtllm_bf16": lambda t, params, k: recipes.trtllm_bf16(
+        t, params.get("activation", "silu") != "relu2", params.get("pad_to", 128)),
 }
 
 

@@ -126,15 +126,41 @@ def _gather_rows(x2d: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return x2d[idx.to(x2d.device)].contiguous()
 
 
-def trtllm_mxfp4_gpt_oss(t: Tensors, block_scale_interleave) -> dict:
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _into_zeros(x: torch.Tensor, shape) -> torch.Tensor:
+    """vLLM's padded parameters: allocated zero-filled at the padded shape, the (rank's) checkpoint
+    tensor copied into the top-left corner (mxf4_merged_weight_loader: ``param[:, :d1, :d2].copy_``)."""
+    z = torch.zeros(tuple(shape), dtype=x.dtype, device=x.device)
+    z[tuple(slice(0, n) for n in x.shape)] = x
+    return z
+
+
+def trtllm_mxfp4_gpt_oss(t: Tensors, block_scale_interleave, pad_to: int = 256, pad_hidden: int = 256) -> dict:
     """gpt-oss MXFP4 -> FlashInfer TRT-LLM-gen MoE (vLLM's gpt-oss converter, TRT-LLM branch):
-    swap each gate/up pair of w13 rows (weight, scale, bias), then per expert the epilogue-tile
-    row shuffle (tile 128) of every weight and bias, the shuffle_matrix_sf_a rows plus 128x4
-    interleave of every scale; scales viewed as e4m3 in their own shape, biases fp32."""
+    the parameters are allocated with I rounded up to ``pad_to`` and H to ``pad_hidden``
+    (mxfp4_round_up_hidden_size_and_intermediate_size: 256 and 256 for TRTLLM_BACKENDS) and the
+    checkpoint copied into their top-left corner; then swap each gate/up pair of w13 rows (weight,
+    scale, bias), per expert the epilogue-tile row shuffle (tile 128) of every weight and bias, the
+    shuffle_matrix_sf_a rows plus 128x4 interleave of every scale; scales viewed as e4m3 in their
+    own shape, biases fp32."""
     from flashinfer.fused_moe.core import get_w2_permute_indices_with_cache
 
     cache: dict = {}
     tile = 128
+    e, rows, hb = t["w13_weight"].shape
+    ip, hp = _round_up(rows // 2, pad_to), _round_up(hb * 2, pad_hidden)
+    t = dict(t)
+    t["w13_weight"] = _into_zeros(t["w13_weight"].view(torch.uint8), (e, 2 * ip, hp // 2))
+    t["w13_weight_scale"] = _into_zeros(t["w13_weight_scale"].view(torch.uint8), (e, 2 * ip, hp // 32))
+    t["w2_weight"] = _into_zeros(t["w2_weight"].view(torch.uint8), (e, hp, ip // 2))
+    t["w2_weight_scale"] = _into_zeros(t["w2_weight_scale"].view(torch.uint8), (e, hp, ip // 32))
+    if t.get("w13_bias") is not None:
+        t["w13_bias"] = _into_zeros(t["w13_bias"], (e, 2 * ip))
+    if t.get("w2_bias") is not None:
+        t["w2_bias"] = _into_zeros(t["w2_bias"], (e, hp))
 
     def weight(w):
         return _per_expert(w.view(torch.uint8), lambda x: _gather_rows(x, get_w2_permute_indices_with_cache(cache, x, tile)))
@@ -198,18 +224,57 @@ def cutlass_sm90_mxfp4_bf16_padded(t: Tensors, interleave_weights, gpt_oss: bool
     return cutlass_sm90_mxfp4_bf16(p, interleave_weights)
 
 
-def trtllm_nvfp4(t: Tensors, block_scale_interleave, gated: bool) -> dict:
-    """NVFP4 -> FlashInfer TRT-LLM-gen MoE (vLLM prepare_static_weights_for_trtllm_fp4_moe):
-    gated: [w1; w3] -> [w3; w1]; per expert w13 rows reordered for the gated GEMM then
-    epilogue-shuffled (tile 128), scales likewise with the shuffle_matrix_sf_a rows and a 128x4
-    interleave; w2 shuffled only. Scales stay e4m3 in their own shape."""
+def align_trtllm_fp4_hidden(w13, s13, w2, s2, min_alignment: int = 256):
+    """vLLM align_trtllm_fp4_moe_hidden_dim_for_fi: H rounded up to ``min_alignment``; zero K
+    columns after w13 (bytes) and its scales, zero rows after w2 and its scales."""
+    e, rows, hb = w13.shape
+    hp = _round_up(hb * 2, min_alignment)
+    if hp == hb * 2:
+        return w13, s13, w2, s2
+    return (_into_zeros(w13, (e, rows, hp // 2)), _into_zeros(s13, (e, rows, hp // 16)),
+            _into_zeros(w2, (e, hp, w2.shape[2])), _into_zeros(s2, (e, hp, s2.shape[2])))
+
+
+def align_fp4_intermediate(w13, s13, w2, s2, gated: bool, min_alignment: int):
+    """vLLM align_fp4_moe_weights_for_fi: I (from w2's K) rounded up to ``min_alignment``; each
+    projection of a gated w13 keeps its own half (zero rows at the end of each half), a non-gated
+    w13 is padded at its end; w2 and its scales get zero K columns."""
+    e, h, ib = w2.shape
+    i = ib * 2
+    ip = _round_up(i, min_alignment)
+    if ip == i:
+        return w13, s13, w2, s2
+
+    def rows(x, k):
+        if not gated:
+            return _into_zeros(x, (e, ip, k))
+        z = torch.zeros((e, 2 * ip, k), dtype=x.dtype, device=x.device)
+        z[:, :i] = x[:, :i]
+        z[:, ip:ip + i] = x[:, i:]
+        return z
+
+    return (rows(w13, w13.shape[2]), rows(s13, s13.shape[2]),
+            _into_zeros(w2, (e, h, ip // 2)), _into_zeros(s2, (e, h, ip // 16)))
+
+
+def trtllm_nvfp4(t: Tensors, block_scale_interleave, gated: bool, hidden_alignment: int = 256) -> dict:
+    """NVFP4 -> FlashInfer TRT-LLM-gen MoE (vLLM prepare_nvfp4_moe_layer_for_fi_or_cutlass,
+    FLASHINFER_TRTLLM branch): gated: [w1; w3] -> [w3; w1]; H padded to ``hidden_alignment``
+    (align_trtllm_fp4_moe_hidden_dim_for_fi, 256), I to 64 gated / 128 non-gated per half
+    (align_fp4_moe_weights_for_fi); then prepare_static_weights_for_trtllm_fp4_moe: per expert w13
+    rows reordered for the gated GEMM then epilogue-shuffled (tile 128), scales likewise with the
+    shuffle_matrix_sf_a rows and a 128x4 interleave; w2 shuffled only. Scales stay e4m3 in their
+    own shape."""
     from flashinfer.fused_moe.core import _maybe_get_cached_w3_w1_permute_indices, get_w2_permute_indices_with_cache
 
     cache: dict = {}
     tile = 128
-    w13, s13 = t["w13_weight"], t["w13_weight_scale"]
+    w13, s13 = t["w13_weight"], t["w13_weight_scale"].view(torch.uint8)
     if gated:
         w13, s13 = swap_w13(w13), swap_w13(s13)
+    w2, s2 = t["w2_weight"], t["w2_weight_scale"].view(torch.uint8)
+    w13, s13, w2, s2 = align_trtllm_fp4_hidden(w13, s13, w2, s2, hidden_alignment)
+    w13, s13, w2, s2 = align_fp4_intermediate(w13, s13, w2, s2, gated, 64 if gated else 128)
 
     def w13_rows(x):
         return _gather_rows(x, _maybe_get_cached_w3_w1_permute_indices(cache, x, tile, is_gated_act_gemm=gated))
@@ -226,9 +291,9 @@ def trtllm_nvfp4(t: Tensors, block_scale_interleave, gated: bool) -> dict:
 
     return {
         "w13_weight": _per_expert(w13.view(torch.uint8), w13_rows),
-        "w13_weight_scale": _per_expert(s13.view(torch.uint8), s13_rows).view(torch.float8_e4m3fn),
-        "w2_weight": _per_expert(t["w2_weight"].view(torch.uint8), w2_rows),
-        "w2_weight_scale": _per_expert(t["w2_weight_scale"].view(torch.uint8), s2_rows).view(torch.float8_e4m3fn),
+        "w13_weight_scale": _per_expert(s13, s13_rows).view(torch.float8_e4m3fn),
+        "w2_weight": _per_expert(w2.view(torch.uint8), w2_rows),
+        "w2_weight_scale": _per_expert(s2, s2_rows).view(torch.float8_e4m3fn),
     }
 
 
@@ -251,13 +316,18 @@ def cutlass_nvfp4_padded(t: Tensors, block_scale_interleave, gated: bool, multip
     }
 
 
-def trtllm_bf16(t: Tensors, gated: bool) -> dict:
-    """BF16 -> FlashInfer TRT-LLM-gen MoE (vLLM convert_moe_weights_to_flashinfer_trtllm_block_layout):
-    per expert, on the uint8 view, w13 rows gathered with the gated-reorder + shuffle indices
-    (shifted by half the rows when gated: the [w1; w3] -> [w3; w1] swap folded in), w2 rows
-    shuffled; then FlashInfer's block layout with 128-byte K blocks, viewed back as bf16."""
+def trtllm_bf16(t: Tensors, gated: bool, pad_to: int = 128) -> dict:
+    """BF16 -> FlashInfer TRT-LLM-gen MoE (vLLM oracle/unquantized.py, FLASHINFER_TRTLLM): I rounded up
+    to ``pad_to`` (UnquantizedFusedMoEMethod.maybe_roundup_sizes / align_moe_weights_for_fi, 128),
+    zero rows at the end of each half of a gated w13 and zero K columns in w2; then
+    convert_moe_weights_to_flashinfer_trtllm_block_layout: per expert, on the uint8 view, w13 rows
+    gathered with the gated-reorder + shuffle indices (shifted by half the rows when gated: the
+    [w1; w3] -> [w3; w1] swap folded in), w2 rows shuffled; then FlashInfer's block layout with
+    128-byte K blocks, viewed back as bf16."""
     from flashinfer.fused_moe.core import (_maybe_get_cached_w3_w1_permute_indices, convert_to_block_layout,
                                            get_w2_permute_indices_with_cache)
+
+    t = {"w13_weight": _pad_to(t["w13_weight"], 1, pad_to, halves=gated), "w2_weight": _pad_to(t["w2_weight"], 2, pad_to)}
 
     cache: dict = {}
     tile, block_k = 128, 128

@@ -24,15 +24,21 @@ SPEC_CASES = {
     "flashinfer_cutedsl_nvfp4": ([{"activation": a, "tp_size": n, "tp_rank": n - 1}
                                   for n in (1, 2) for a in ("silu", "relu2")],
                                  [{"E": 2, "I": 128, "H": 128}, {"E": 1, "I": 384, "H": 80}]),
-    "flashinfer_trtllm_mxfp4": ([{}], [{"E": 2, "I": 128, "H": 128}, {"E": 1, "I": 256, "H": 384}]),
-    "flashinfer_cutlass_mxfp4_padded": ([{"checkpoint": "contiguous"}, {"checkpoint": "gpt_oss"}],
-                                        [{"E": 2, "I": 96, "H": 160}, {"E": 1, "I": 256, "H": 128}]),
-    "flashinfer_trtllm_nvfp4": ([{"activation": "silu"}, {"activation": "relu2"}],
-                                [{"E": 2, "I": 128, "H": 128}, {"E": 1, "I": 256, "H": 256}]),
-    "flashinfer_cutlass_nvfp4": ([{"activation": a, "pad_to": 128} for a in ("silu", "relu2")],
-                                 [{"E": 2, "I": 96, "H": 80}, {"E": 1, "I": 208, "H": 64}]),
-    "flashinfer_trtllm_fp8_block": ([{}], [{"E": 2, "I": 128, "H": 256}, {"E": 1, "I": 256, "H": 128}]),
-    "flashinfer_trtllm_bf16": ([{"activation": "silu"}, {"activation": "relu2"}],
+    "flashinfer_trtllm_mxfp4": ([{"tp_size": n, "tp_rank": n - 1, "pad_to": 256, "pad_hidden": 256} for n in (1, 4)],
+                                [{"E": 2, "I": 128, "H": 128}, {"E": 1, "I": 256, "H": 384}]),
+    "flashinfer_cutlass_mxfp4_padded": ([{"checkpoint": c, "tp_size": n, "tp_rank": n - 1}
+                                         for n in (1, 4) for c in ("contiguous", "gpt_oss")],
+                                        [{"E": 2, "I": 384, "H": 160}, {"E": 1, "I": 256, "H": 128}]),
+    "flashinfer_trtllm_nvfp4": ([{"activation": a, "tp_size": n, "tp_rank": n - 1, "pad_hidden": 256}
+                                 for n in (1, 4) for a in ("silu", "relu2")],
+                                [{"E": 2, "I": 128, "H": 128}, {"E": 1, "I": 192, "H": 384}]),
+    "flashinfer_cutlass_nvfp4": ([{"activation": a, "pad_to": 128, "tp_size": n, "tp_rank": n - 1}
+                                  for n in (1, 4) for a in ("silu", "relu2")],
+                                 [{"E": 2, "I": 192, "H": 80}, {"E": 1, "I": 256, "H": 64}]),
+    "flashinfer_trtllm_fp8_block": ([{"tp_size": n, "tp_rank": n - 1} for n in (1, 2)],
+                                    [{"E": 2, "I": 256, "H": 256}, {"E": 1, "I": 512, "H": 128}]),
+    "flashinfer_trtllm_bf16": ([{"activation": a, "tp_size": n, "tp_rank": n - 1, "pad_to": 128}
+                                for n in (1, 4) for a in ("silu", "relu2")],
                                [{"E": 2, "I": 64, "H": 128}, {"E": 1, "I": 192, "H": 64}]),
 }
 
