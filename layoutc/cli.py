@@ -494,5 +494,8 @@ def ops() -> None:
         click.echo(f"  {fam.name + (f'({params})' if params else ''):<{width}}  packs {', '.join(fam.role_names)}")
 
 
+from .cli_equiv import register as _register_equiv  # noqa: E402 -- the equiv and infer commands
+_register_equiv(command)
+
 if __name__ == "__main__":  # pragma: no cover
     main()
