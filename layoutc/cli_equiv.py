@@ -100,6 +100,70 @@ def equiv(spec: Path, against: str, dims: str | None, shapes: int, args: str | N
     return 0 if result.ok else 1
 
 
+@click.argument("function", metavar="MODULE:FUNCTION")
+@click.option("--dims", required=True, metavar="E=2,I=256,H=512", help="Dims to measure at (more are sampled around them).")
+@click.option("--names", default="vllm", show_default=True, type=click.Choice(["vllm"]),
+              help="Tensor names of the checkpoint contract (with --quant, --rows, --bias).")
+@click.option("--quant", default=None, type=click.Choice(["mxfp4", "nvfp4", "fp8_block", "bf16"]),
+              help="Checkpoint format (default: the one format the function accepts).")
+@click.option("--rows", default="contiguous", show_default=True, type=click.Choice(["contiguous", "gpt_oss", "single"]),
+              help="w13 row order: [w1; w3], gpt-oss interleaved, or one shard (non-gated).")
+@click.option("--bias", is_flag=True, help="The layer has w13_bias and w2_bias (optional inputs).")
+@click.option("--inputs", "inputs_path", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The checkpoint contract as spec lines (dims, assume, input ...) instead of --names.")
+@click.option("--name", "spec_name", default="inferred", show_default=True, help="The written spec's name.")
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the spec here (default: standard output).")
+@click.option("--shapes", default=4, show_default=True, type=click.IntRange(1, 16), help="Shapes equiv checks the spec at.")
+@click.option("--no-check", is_flag=True, help="Do not prove the written spec equal with equiv.")
+@define_option
+def infer(function: str, dims: str, names: str, quant: str | None, rows: str, bias: bool, inputs_path: Path | None,
+          spec_name: str, output: Path | None, shapes: int, no_check: bool, defines: tuple[str, ...]) -> int:
+    """Recover a conversion function's index maps and write a spec for it.
+
+    The function is run on self-describing inputs at a few shapes; each tensor's map is explained as
+    packing families and registered ops (an explicit table where nothing matches, flagged for review).
+    The spec is then verified and proved equal to the function with equiv. -D values are passed to the
+    function (a 'params' parameter) and written into the spec. Exit 0: written and equivalent, 1: written
+    but not verified or not equivalent (see the notes), 2: usage problem."""
+    from .equiv import EquivError
+    from .infer import infer as run_infer
+    from .source import read_spec
+
+    import re
+
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", spec_name):
+        raise click.BadParameter("a spec name is an identifier", param_hint="--name")
+    params = _defines(defines)
+    contract = read_spec(inputs_path) if inputs_path is not None else None
+    try:
+        result = run_infer(function, _dims(dims), names=names, quant=quant, rows=rows, bias=bias, inputs=contract,
+                           params=params, spec_name=spec_name, check=not no_check, shapes=shapes,
+                           progress=lambda text: click.echo(f"  {text} ...", err=True))
+    except EquivError as err:
+        return _fail(err)
+    if output is None:
+        click.echo(result.text, nl=False)
+    else:
+        output.write_text(result.text)
+        click.echo(f"wrote {output}", err=True)
+    named = sum(c.named for c in result.chains)
+    click.echo(f"{named} of {len(result.chains)} tensors explained by registered ops and families", err=True)
+    for note in result.notes:
+        click.echo(f"note: {display(note)}", err=True)
+    for err in result.verify_errors:
+        click.echo(err, err=True)
+    if result.verify_errors:
+        click.echo("the written spec does not verify: the function's conversion breaks a rule above", err=True)
+        return 1
+    if result.verdict is not None:
+        click.echo(result.verdict.report() if not result.verdict.ok else
+                   f"equiv: {result.verdict.verdict()} against {result.verdict.function}", err=True)
+        return 0 if result.verdict.ok else 1
+    return 0
+
+
 def register(command) -> None:
     """Add the commands to the ``layoutc`` group (``command`` is :func:`layoutc.cli.command`)."""
     command()(equiv)
+    command()(infer)

@@ -107,12 +107,8 @@ class Target:
     def call(self, tensors: dict[str, torch.Tensor], params: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
         kwargs = {"params": dict(params)} if self.wants_params() else {}
         try:
-            if self.args is not None:
-                missing = [a for a in self.args if a not in tensors]
-                if missing:
-                    raise EquivError(f"--args names {', '.join(missing)}, which {where} does not have "
-                                     f"(tensors: {', '.join(tensors)})")
-                result = self.fn(*[tensors[a] for a in self.args], **kwargs)
+            if self.args is not None:  # an optional input that is absent is passed as None
+                result = self.fn(*[tensors.get(a) for a in self.args], **kwargs)
             else:
                 result = self.fn(tensors, **kwargs)
         except EquivError:
@@ -908,7 +904,12 @@ class _Compare:
         bad_idx = elem_bad.nonzero()
         count = int(bad_idx.shape[0])
         hyp = self.hypothesis(want, got, bad)
-        rows = bad_idx[:4096]
+        # the first differing elements, then a spread of the others: each is traced through the spec
+        if count > 384:
+            spread = torch.linspace(128, count - 1, 256).long().unique()
+            rows = torch.cat([bad_idx[:128], bad_idx[spread]])
+        else:
+            rows = bad_idx
         groups: dict[tuple, list] = {}
         for row in rows.tolist():
             idx = tuple(row)
@@ -929,6 +930,11 @@ class _Compare:
                 kind = "the spec and the function write different constants"
             elif int(g.reshape(-1).min()) == UNEXPLAINED:
                 kind = "the function's element is not a copy of an input element"
+            elif bits and spec_src[:2] == fn_src[:2] and self._same_elements(w, g):
+                kind = ("the function reads the same input element with its bits in other places"
+                        + (" (the two FP4 values of a byte: element 2j is bits 0-3, 2j+1 bits 4-7)"
+                           if self.chain.source.elem.name == "fp4x2" else ""))
+                step = self.bit_step()
             else:
                 kind = "the function reads other input elements than the spec"
             delta = None
@@ -948,7 +954,7 @@ class _Compare:
             findings.append(Finding(self.chain.tensor, text, _stmt_label(step, self.filename),
                                     step.statement.pos.line if step is not None and step.statement else None,
                                     count, tuple(examples[: self.max_examples]),
-                                    self.delta_lines([d for grp in groups.values() for _, _, d in grp], len(rows), count)))
+                                    self.delta_lines(self.all_deltas(want, got, elem_bad), count, count)))
             return findings
         ordered = sorted(groups.items(), key=lambda kv: kv[1][0][0].index)
         scale = count / max(1, len(rows))
@@ -958,14 +964,61 @@ class _Compare:
             findings.append(Finding(self.chain.tensor, kind, _stmt_label(step, self.filename),
                                     step.statement.pos.line if step is not None and step.statement else None,
                                     n, tuple(el for el, _, _ in grp[: self.max_examples]),
-                                    self.delta_lines([d for _, _, d in grp], len(grp), n)))
+                                    self.delta_lines(_count([d for _, _, d in grp]), len(grp), n)))
         return findings
 
-    def delta_lines(self, deltas, sampled: int, total: int) -> tuple[str, ...]:
-        counts: dict = {}
-        for d in deltas:
-            counts[d] = counts.get(d, 0) + 1
-        offsets = sorted(((d, n) for d, n in counts.items() if d is not None and d[0] != "tensor"), key=lambda kv: -kv[1])
+    def _same_elements(self, w: torch.Tensor, g: torch.Tensor) -> bool:
+        def elems(c):
+            return {self.plan.locate(int(x), "bits")[:2] for x in c.reshape(-1).tolist() if x >= 0}
+
+        return elems(w) == elems(g)
+
+    def bit_step(self) -> Step | None:
+        """The last step of the chain that moves bits within elements (None: the spec moves none)."""
+        return next((s for s in reversed(self.chain.steps) if s.op.facts.bits), None)
+
+    def all_deltas(self, want: torch.Tensor, got: torch.Tensor, elem_bad: torch.Tensor) -> dict[tuple, int]:
+        """How many differing elements read at each offset (the function's input index minus the spec's),
+        over all of them: the traced elements are a sample (for the examples), but a swapped half should
+        read as two equal counts, not as two sampled ones."""
+        mode = self.enc.mode
+        mine = [e for e in self.plan.inputs.values() if e.mode == mode]
+
+        def first(codes):  # the first code of each differing element that is an input address
+            c = codes.reshape(*elem_bad.shape, -1)[elem_bad]
+            real = self.plan.real(c, mode)
+            pos = real.to(torch.int8).argmax(-1, keepdim=True)
+            return torch.where(real.any(-1), c.gather(1, pos)[:, 0], -1)
+
+        def decode(code):
+            tid, local = torch.full_like(code, -1), torch.zeros_like(code)
+            for i, e in enumerate(mine):
+                m = (code >= e.offset) & (code < e.offset + e.size)
+                here = code - e.offset
+                if mode == "bits":
+                    here = torch.div(here, e.width, rounding_mode="floor")
+                tid[m], local[m] = i, here[m]
+            return tid, local
+
+        (tw, lw), (tg, lg) = decode(first(want)), decode(first(got))
+        counts: dict[tuple, int] = {}
+        for i, e in enumerate(mine):
+            both = (tw == i) & (tg == i)
+            if not bool(both.any()):
+                continue
+            a, b = lw[both], lg[both]
+            axes = []
+            for n in reversed(e.shape):  # unravel both indices, axis by axis from the last
+                axes.append(b % n - a % n if n else torch.zeros_like(a))
+                a, b = (a // n, b // n) if n else (a, b)
+            rows, n = torch.unique(torch.stack(list(reversed(axes)), 1), dim=0, return_counts=True)
+            for row, k in zip(rows.tolist(), n.tolist()):
+                counts[tuple(row)] = counts.get(tuple(row), 0) + k
+        return counts
+
+    def delta_lines(self, counts: dict, sampled: int, total: int) -> tuple[str, ...]:
+        offsets = sorted(((d, n) for d, n in counts.items() if d is not None and d[0] != "tensor" and any(d)),
+                         key=lambda kv: -kv[1])
         if not offsets:
             return ()
         of = f" (of {sampled} sampled)" if sampled < total else ""
@@ -1071,6 +1124,13 @@ def _op_words(step: Step) -> str:
 def _nearby(value: int) -> list[int]:
     cands = {value * 2, value // 2 if value > 1 else None, 1, 2, 4, 16, 32, 64, 128, 256}
     return sorted(v for v in cands if v is not None and v != value and v >= 1)
+
+
+def _count(items) -> dict:
+    counts: dict = {}
+    for d in items:
+        counts[d] = counts.get(d, 0) + 1
+    return counts
 
 
 def _fmt_delta(d: tuple[int, ...]) -> str:
@@ -1258,8 +1318,10 @@ def _render_diff(d: TensorDiff, spec_file: str) -> list[str]:
         out.append(f"  finding {i}: {f.summary} ({f.count} element{'s' if f.count != 1 else ''}){where}")
         if f.statement and f.statement != "no statement" and not f.summary.startswith("as if"):
             out.append(f"    spec statement: {f.statement}")
+        elif f.statement == "no statement" and "bits in other places" in f.summary:
+            out.append("    the spec moves no bits within elements of this tensor")
         for el in f.examples:
-            out.append(f"    {d.tensor}{_fmt_index(el.index)}: spec reads {el.spec} ({el.path})")
+            out.append(f"    {d.tensor}{_fmt_index(el.index)}: spec reads {el.spec}" + (f" ({el.path})" if el.path else ""))
             out.append(f"    {' ' * len(d.tensor + _fmt_index(el.index))}  function read {el.function}")
         for line in f.detail:
             out.append(f"    {line}")
@@ -1291,6 +1353,12 @@ def equivalent(spec, fn, dims: Mapping[str, int] | None = None, params: Mapping[
     start = time.perf_counter()
     compiled = load_spec(spec, params)
     target = as_target(fn, args, returns)
+    for what, names, known in (("--args", target.args, compiled.input_names),
+                               ("--returns", target.returns, compiled.output_names)):
+        unknown = [n for n in names or () if n not in known]
+        if unknown:
+            raise EquivError(f"{what} names {', '.join(unknown)}, not {'an input' if what == '--args' else 'an output'} "
+                             f"of {compiled.name} ({', '.join(known)})")
     results: list[ShapeResult] = []
     plan_list = _plans(compiled, dims, shapes, variants)
     with _threads(threads):
@@ -1298,7 +1366,14 @@ def equivalent(spec, fn, dims: Mapping[str, int] | None = None, params: Mapping[
             t0 = time.perf_counter()
             if progress is not None:
                 progress(f"comparing at {_fmt_dims(env)}")
-            r = compare_at(compiled, target, variant, env)
+            try:
+                r = compare_at(compiled, target, variant, env)
+            except FunctionFailed as err:
+                if not results:  # at the dims the user gave (or the first ones sampled): a usage problem
+                    raise EquivError(f"{err}; give dims the function accepts (--dims)") from None
+                r = ShapeResult(dict(env), (), (TensorDiff("*", 0, 0, (), f"{err}, where the spec converts (restrict "
+                                                                          f"the spec with assume lines, or compare at "
+                                                                          f"fewer shapes)"),))
             results.append(attrs.evolve(r, seconds=time.perf_counter() - t0))
             if stop_at_first and not r.ok:
                 break
@@ -1376,19 +1451,13 @@ def compare_at(compiled, target: Target, variant: Variant, dims: Mapping[str, in
     where = f"at {_fmt_dims(dims)}"
     if optional:
         where += f", optional inputs {', '.join(present) or 'absent'}"
-    try:
-        observed = observe(target, plan, compiled.params, where)
-    except FunctionFailed as err:
-        return ShapeResult(dict(dims), present, (TensorDiff("*", 0, 0, (), f"{err} where the spec converts"),))
+    observed = observe(target, plan, compiled.params, where)
     # a function that does not move whole elements where the spec does: look at its bits
     loose = [n for n, e in plan.inputs.items() if e.mode == "elements" and n in observed.codes
              and bool((observed.codes[n] == UNEXPLAINED).any())]
     if loose:
         plan = Plan.for_variant(variant, dims, force_bits=loose)
-        try:
-            observed = observe(target, plan, compiled.params, where)
-        except FunctionFailed as err:
-            return ShapeResult(dict(dims), present, (TensorDiff("*", 0, 0, (), f"{err} where the spec converts"),))
+        observed = observe(target, plan, compiled.params, where)
     spec_random = compiled.convert({k: v.clone() for k, v in observed.random_in.items()}, plan.dims, "eager")
     diffs, masks = [], {}
     for chain in variant.chains:
@@ -1427,8 +1496,7 @@ def draw(result: Result, path: str | Path) -> Path | None:
             return (t.reshape(-1, t.shape[-1]) if t.dim() > 1 else t.reshape(1, -1)).to(torch.float32)
 
         top = float(max(int(spec_rows.max()), int(fn_rows.max()), 1))
-        cmap = plt.get_cmap("viridis").copy()
-        cmap.set_under("0.8")
+        cmap = plt.get_cmap("viridis").with_extremes(under="0.8")
         for ax, data, title in ((row[0], spec_rows, "input row read (spec)"), (row[1], fn_rows, "input row read (function)")):
             im = ax.imshow(flat(data).numpy(), aspect="auto", cmap=cmap, vmin=0, vmax=top, interpolation="nearest")
             ax.set_title(f"{name}: {title}", fontsize=8)

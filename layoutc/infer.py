@@ -636,8 +636,12 @@ class _Candidate:
         self.pad_value = 0
         self.row = row
         name, role, elem = tensor.name, tensor.role, tensor.elem
-        residuals = []
-        for i, s in enumerate(samples):
+        # the smallest sample first: a combination that does not fit is rejected cheaply
+        order = sorted(range(len(samples)), key=lambda i: samples[i].codes[name].numel())
+        srcs: list = [None] * len(samples)
+        funcs: list = [None] * len(samples)
+        for i in order:
+            s = samples[i]
             codes = s.codes[name]
             width = s.plan.inputs[name].width
             for j in range(len(combo) - 1, -1, -1):
@@ -649,13 +653,12 @@ class _Candidate:
                 codes = memo[key]
                 if codes is None:
                     return
-            residuals.append(codes)
-        srcs = [_element_sources(r, bits, s.plan.inputs[name]) for r, s in zip(residuals, samples)]
-        if any(x is None for x in srcs):
-            return
-        funcs = [_axis_functions(lin, s.plan.inputs[name].shape) for (lin, _), s in zip(srcs, samples)]
-        if any(f is None for f in funcs):
-            return
+            srcs[i] = _element_sources(codes, bits, s.plan.inputs[name])
+            if srcs[i] is None:
+                return
+            funcs[i] = _axis_functions(srcs[i][0], s.plan.inputs[name].shape)
+            if funcs[i] is None:
+                return
         self.pad_value = srcs[0][1]
         axes = []
         for axis in range(rank):
@@ -779,9 +782,10 @@ def _size_text(e: ex.Expr) -> str:
         consts = [a for a in e.args if isinstance(a, ex.Const)]
         rest = [a for a in e.args if not isinstance(a, ex.Const)]
         if len(consts) == 1 and len(rest) == 1 and isinstance(rest[0], ex.FloorDiv) \
-                and rest[0].den == consts[0]:
-            m = consts[0].value
-            return f"round_up({_size_text(ex.add(rest[0].num, -(m - 1)))}, {m})"
+                and isinstance(rest[0].den, ex.Const) and consts[0].value % rest[0].den.value == 0:
+            m, k = rest[0].den.value, consts[0].value // rest[0].den.value
+            up = f"round_up({_size_text(ex.add(rest[0].num, -(m - 1)))}, {m})"
+            return up if k == 1 else f"{k}*{up}"
         return "*".join(_atom(a) for a in e.args)
     if isinstance(e, ex.Add):
         parts = []
@@ -988,10 +992,10 @@ def _choose_contract(target, dims, names, quant, rows, bias, inputs, params, say
 
 def _sample_dims(target, program, given, contract_p, function_p, params) -> list[dict]:
     """The given dims, every dim one step larger (a size the function accepts that is rarely a round
-    number), and every dim about twice as large with one expert: pads and groups differ between them."""
+    number), and every dim a few steps larger with one expert: pads and groups differ between them."""
     step = {d: max(contract_p[d], function_p[d]) for d in program.dims}
     out = [dict(given)]
-    for make in (lambda d, k: given[d] + k * step[d], lambda d, k: 2 * given[d] + k * step[d]):
+    for make in (lambda d, k: given[d] + k * step[d], lambda d, k: given[d] + (k + 2) * step[d]):
         for k in (1, 3, 2, 5):
             env = {d: (given[d] if d == "E" else make(d, k)) for d in program.dims}
             if len(out) == 2 and "E" in env:
