@@ -704,8 +704,11 @@ class _Candidate:
         return stmts
 
 
-def search_tensor(tensor, samples: Sequence[Sample], budget: float = 30.0) -> TensorChain:
-    """Statements that give ``tensor``'s measured maps at every sample."""
+def search_tensor(tensor, samples: Sequence[Sample], budget: float = 30.0, prefer: Sequence[str] = ()) -> TensorChain:
+    """Statements that give ``tensor``'s measured maps at every sample. ``prefer``: the packing families
+    of the weight a scale is tied to, in order; of two family orders that both reproduce the scale's map
+    (a row shuffle and a block interleave can commute at the sampled sizes), the one that starts as the
+    weight's does is taken, so that the verifier can follow the scale's rows along its weight's."""
     name, role, elem = tensor.name, tensor.role, tensor.elem
     rank = len(tensor.shape)
     row = rank - 1 if role == "bias" else rank - 2
@@ -741,6 +744,11 @@ def search_tensor(tensor, samples: Sequence[Sample], budget: float = 30.0) -> Te
         note = "" if named else f"{name}: a row order no registered op gives; written as a table"
         return TensorChain(name, tuple(stmts + value + fams + tail), named, note)
 
+    def rank_of(cand: _Candidate) -> tuple[int, int]:
+        texts = [_family_text(fam, params) for fam, params in cand.combo]
+        shared = next((i for i, (a, b) in enumerate(zip(texts, prefer)) if a != b), min(len(texts), len(prefer)))
+        return len(cand.combo), -shared
+
     # Iterative deepening across the family combinations: every combination at 0 logical statements,
     # then at 1, ...; the first depth with a solution wins, the fewest families breaking ties (a kernel
     # packing reads better than the row ops that may happen to give the same order at one more step).
@@ -748,7 +756,7 @@ def search_tensor(tensor, samples: Sequence[Sample], budget: float = 30.0) -> Te
         best = None
         for cand in cands:
             stmts = cand.statements(depth, deadline)
-            if stmts is not None and (best is None or len(cand.combo) < len(best[0].combo)):
+            if stmts is not None and (best is None or rank_of(cand) < rank_of(best[0])):
                 best = (cand, stmts)
         if best is not None:
             return chain_of(best[0], best[1], True)
@@ -939,7 +947,9 @@ def infer(fn: Callable[..., Any] | str | Target, dims: Mapping[str, int], names:
                 notes.append(f"{t.name}: the function returns no tensor of that name; no statements written")
                 continue
             say(f"searching {t.name}")
-            c = search_tensor(t, samples)
+            tied = chains.get(t.tie.weight) if t.tie is not None else None
+            c = search_tensor(t, samples, prefer=[st.family for st in tied.statements if st.kind == "family"]
+                              if tied is not None else ())
             chains[t.name] = c
             if c.note:
                 notes.append(c.note)

@@ -72,3 +72,20 @@ def only_small_layers(t):
     if t["w13_weight"].shape[1] > 64:
         raise RuntimeError("I > 32 is not supported")
     return good(t)
+
+
+EIGHTS = [5, 2, 7, 0, 3, 6, 1, 4]
+
+
+def _shuffle_eights(x: torch.Tensor) -> torch.Tensor:
+    e, r = x.shape[:2]
+    return x.reshape(e, r // 8, 8, *x.shape[2:])[:, :, EIGHTS].reshape(x.shape)
+
+
+def shuffled_eights(t):
+    """Rows shuffled the same way within every group of eight: an order no short chain of registered
+    ops gives (infer's table fallback)."""
+    out = {"w13_weight": _shuffle_eights(t["w13_weight"]), "w13_weight_scale": _shuffle_eights(t["w13_weight_scale"])}
+    if t.get("w13_bias") is not None:
+        out["w13_bias"] = _shuffle_eights(t["w13_bias"]).to(torch.bfloat16)
+    return out
