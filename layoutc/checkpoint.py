@@ -37,7 +37,8 @@ from typing import Any, Callable, Iterable, Mapping
 import attrs
 import torch
 
-from . import __version__, shardfile
+from . import shardfile
+from ._version import __version__
 from .api import CompiledSpec
 from .dtypes import bit_view
 from .lower.runtime import LayoutError
