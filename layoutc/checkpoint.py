@@ -395,6 +395,7 @@ def convert_checkpoint(
     names: str | Path = "vllm", device: str = "cpu", rank: int = 0, world: int = 1,
     progress: Callable[[Iterable], Iterable] | None = None, lowering: str = "auto", verify: bool = True,
     prefetch: int = PREFETCH, writers: int = WRITERS, profile: shardio.Profile | None = None,
+    io_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Convert the shards this rank owns; returns a summary. See the module docstring.
 
@@ -402,7 +403,8 @@ def convert_checkpoint(
     spec, each into its own folder): each input shard is then read once and converted for each.
     ``prefetch``: shards read ahead of the one being converted (0: the plain sequential loop, one
     shard at a time in one thread); ``writers``: shards written at once. ``profile`` collects the
-    seconds each stage took."""
+    seconds each stage took; ``io_options`` go to :class:`layoutc.shardio.ShardIO` (chunk size,
+    ``staged=True`` to run the CUDA code path's chunk ring on the CPU in tests)."""
     specs = [spec] if isinstance(spec, CompiledSpec) else list(spec)
     outs = [out_dir] if isinstance(out_dir, (str, Path)) else list(out_dir)
     if not specs or len(specs) != len(outs):
@@ -444,7 +446,8 @@ def convert_checkpoint(
         with contextlib.ExitStack() as stack:
             for lock in locks:
                 stack.enter_context(lock)
-            run = _Run(in_dir, targets, rules, weight_map, groups, device, lowering, verify, summary, prof)
+            run = _Run(in_dir, targets, rules, weight_map, groups, device, lowering, verify, summary, prof,
+                       dict(io_options or {}))
             sizes = {s: (in_dir / s).stat().st_size for s in sorted(set(weight_map.values()))}
             mine = assign_shards(sizes, world)[rank]
             t0 = time.perf_counter()
@@ -547,7 +550,9 @@ class _Finisher(threading.Thread):
 class _Run:
     """One rank's conversion: the shards it owns, for every target."""
 
-    def __init__(self, in_dir, targets, rules, weight_map, groups, device, lowering, verify, summary, prof):
+    def __init__(self, in_dir, targets, rules, weight_map, groups, device, lowering, verify, summary, prof,
+                 io_options):
+        self.io_options = io_options
         self.in_dir, self.targets, self.rules = in_dir, targets, rules
         self.weight_map, self.groups = weight_map, groups
         self.device, self.lowering, self.verify = device, lowering, verify
@@ -704,7 +709,7 @@ class _Run:
             raise LayoutError(f"{source}: cannot read ({err})") from None
 
     def pipelined(self, mine: list[str], progress, prefetch: int, writers: int) -> None:
-        io = shardio.ShardIO(self.device, self.prof)
+        io = shardio.ShardIO(self.device, self.prof, **self.io_options)
         readers = concurrent.futures.ThreadPoolExecutor(prefetch, thread_name_prefix="layoutc-read")
         write_pool = concurrent.futures.ThreadPoolExecutor(writers, thread_name_prefix="layoutc-write")
         finisher = _Finisher(self, depth=writers)

@@ -125,27 +125,49 @@ def parse_header(raw: bytes, size: int, path: Path) -> tuple[list[tuple[str, tor
 
 
 class _Ring:
-    """Pinned host chunks with the event of the copy that last used each (one ring per thread)."""
+    """Host chunks with the event of the copy that last used each (one ring per thread): pinned,
+    copied on the thread's own CUDA stream; or, staged on the CPU (tests), plain and synchronous."""
 
     def __init__(self, device: torch.device, chunk: int, slots: int):
         self.device = device
         self.chunk = chunk
-        self.buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=True) for _ in range(slots)]
+        cuda = device.type == "cuda"
+        self.buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=cuda) for _ in range(slots)]
         self.views = [shardfile._raw(b) for b in self.buffers]
-        self.events: list[torch.cuda.Event | None] = [None] * slots
-        self.stream = torch.cuda.Stream(device)
+        self.events: list[Any] = [None] * slots
+        self.stream = torch.cuda.Stream(device) if cuda else None
         self.next = 0
+
+    def context(self):
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def record(self) -> Any:
+        if self.stream is None:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(self.stream)
+        return ev
+
+    def wait(self, slot: int) -> None:
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()
+
+    def synchronize(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
 
 
 class ShardIO:
-    """Reads and writes shards for one device; safe to use from several threads at once."""
+    """Reads and writes shards for one device; safe to use from several threads at once.
+    ``staged``: go through the chunk ring (always on CUDA; on the CPU only to test it)."""
 
     def __init__(self, device: str | torch.device, profile: Profile | None = None, chunk: int = CHUNK,
-                 slots: int = SLOTS):
+                 slots: int = SLOTS, staged: bool | None = None):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         if self.cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        self.staged = self.cuda if staged is None else (staged or self.cuda)
         self.profile = profile or NULL_PROFILE
         self.chunk = chunk
         self.slots = slots
@@ -179,8 +201,8 @@ class ShardIO:
             entries, data = parse_header(bytes(raw), size - 8 - n, path)
             digest.update(head)
             digest.update(raw)
-            if self.cuda:
-                tensors = self._read_cuda(f, entries, data, digest, path)
+            if self.staged:
+                tensors = self._read_staged(f, entries, data, digest, path)
             else:
                 tensors = self._read_cpu(f, entries, digest, path)
             if f.read(1):
@@ -205,44 +227,40 @@ class ShardIO:
                     digest.update(piece)
         return tensors
 
-    def _read_cuda(self, f, entries, data: int, digest, path: Path) -> dict[str, torch.Tensor]:
+    def _read_staged(self, f, entries, data: int, digest, path: Path) -> dict[str, torch.Tensor]:
         prof = self.profile
         ring = self._ring()
-        with torch.cuda.stream(ring.stream):
+        with ring.context():
             tensors = {name: torch.empty(shape, dtype=dtype, device=self.device)
                        for name, dtype, shape, _, _ in entries}
             flat = {name: tensors[name].reshape(-1).view(torch.uint8) for name, *_ in entries if tensors[name].numel()}
-            k, pos = 0, 0  # entry index, data offset of the next chunk
+            k, pos = 0, 0  # first entry that may overlap the chunk, data offset of the chunk
             while pos < data:
                 n = min(self.chunk, data - pos)
                 slot = ring.next
                 ring.next = (slot + 1) % len(ring.buffers)
-                if ring.events[slot] is not None:
-                    with prof.span("h2d_wait"):
-                        ring.events[slot].synchronize()
+                with prof.span("h2d_wait"):
+                    ring.wait(slot)  # its last copy to the device is done
                 view = ring.views[slot][:n]
                 with prof.span("read", n):
                     _read_exact(f, view, path)
                 with prof.span("hash", n):
                     digest.update(view)
                 buf = ring.buffers[slot]
-                # copy the chunk into every tensor it overlaps
                 while k < len(entries) and entries[k][4] <= pos:
                     k += 1
                 j = k
-                while j < len(entries) and entries[j][3] < pos + n:
+                while j < len(entries) and entries[j][3] < pos + n:  # every tensor the chunk overlaps
                     name, _, _, start, end = entries[j]
                     a, b = max(start, pos), min(end, pos + n)
                     if b > a:
                         flat[name][a - start:b - start].copy_(buf[a - pos:b - pos], non_blocking=True)
                     j += 1
-                ev = torch.cuda.Event()
-                ev.record(ring.stream)
-                ring.events[slot] = ev
+                ring.events[slot] = ring.record()
                 prof.add("h2d_bytes", 0.0, n)
                 pos += n
             with prof.span("h2d_wait"):
-                ring.stream.synchronize()
+                ring.synchronize()
         return tensors
 
     # -- writing ------------------------------------------------------------------------------
@@ -257,7 +275,7 @@ class ShardIO:
         with open(path, "wb") as f:
             with prof.span("write", len(head)):
                 f.write(head)
-            if not self.cuda:
+            if not self.staged:
                 for name in sorted(tensors):
                     t = tensors[name].detach().contiguous()
                     if t.numel():
@@ -272,7 +290,7 @@ class ShardIO:
             def flush_one():
                 slot, n = pending.pop(0)
                 with prof.span("d2h_wait"):
-                    ring.events[slot].synchronize()
+                    ring.wait(slot)
                 with prof.span("write", n):
                     f.write(ring.views[slot][:n])
 
@@ -280,7 +298,7 @@ class ShardIO:
                 while pending:
                     flush_one()
 
-            with torch.cuda.stream(ring.stream):
+            with ring.context():
                 if ready is not None:
                     ring.stream.wait_event(ready)
                 fill, slot = 0, None
@@ -290,7 +308,7 @@ class ShardIO:
                         continue
                     nbytes = t.numel() * t.element_size()
                     total += nbytes
-                    if not t.is_cuda:  # a tensor read through safetensors: from host memory, in order
+                    if t.device != self.device:  # read through safetensors: from host memory, in order
                         if slot is not None and fill:
                             self._close_slot(ring, slot, fill, pending)
                             slot, fill = None, 0
@@ -320,9 +338,7 @@ class ShardIO:
         return total
 
     def _close_slot(self, ring: _Ring, slot: int, fill: int, pending: list) -> None:
-        ev = torch.cuda.Event()
-        ev.record(ring.stream)
-        ring.events[slot] = ev
+        ring.events[slot] = ring.record()
         pending.append((slot, fill))
         self.profile.add("d2h_bytes", 0.0, fill)
 
