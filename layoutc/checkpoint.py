@@ -741,6 +741,7 @@ class _Run:
             for item in finisher.pending:  # written but never finished (an error stopped the run)
                 with contextlib.suppress(FileNotFoundError):
                     item.tmp.unlink()
+            io.close()
             with contextlib.suppress(Exception):
                 self._device_times()
         if finisher.error is not None and not failed:

@@ -497,8 +497,11 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
         for s, o in zip(specs, outs):
             finish(s, in_dir, o, names)
     if profile_path is not None:
-        report = {"rank": rank, "world": world, "device": device, "seconds": round(seconds, 4),
-                  "summary": summary, "slices": len(specs), **profile.as_dict()}
+        stages = profile.as_dict()
+        report = {"rank": rank, "world": world, "device": device, "wall_s": round(seconds, 4), "summary": summary,
+                  "slices": len(specs), "stages": stages["seconds"], "bytes": stages["bytes"], "counts": stages["counts"]}
+        if world > 1:
+            profile_path = profile_path.with_name(f"{profile_path.stem}.rank{rank}{profile_path.suffix}")
         profile_path.write_text(json.dumps(report, indent=1))
     read = profile.bytes.get("read_bytes", 0)
     rate = f", {read / seconds / 1e9:.2f} GB/s read" if read and seconds > 0 else ""

@@ -2,7 +2,8 @@
 conversion device while hashing it, and write a shard from device tensors.
 
 Reading streams the file once, in order, in chunks: each chunk is hashed (sha256 of the whole file,
-the resume stamp) and copied into the tensors it overlaps. On CUDA the chunks go through a small
+the resume stamp; by a second thread that follows the reads, so reading and hashing overlap) and
+copied into the tensors it overlaps. On CUDA the chunks go through a small
 ring of pinned host buffers per thread and are copied to the GPU asynchronously on the thread's
 own stream, so host memory stays a few chunks per thread however large the shard; on the CPU they
 are read straight into the tensors' memory. Every tensor gets its own allocation (aligned like
@@ -20,6 +21,7 @@ left to ``safetensors`` (:class:`Fallback`), whose own messages then name the pr
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -172,6 +174,31 @@ class ShardIO:
         self.chunk = chunk
         self.slots = slots
         self._local = threading.local()
+        self._hashers: list[concurrent.futures.ThreadPoolExecutor] = []
+        self._hashers_lock = threading.Lock()
+
+    def _hasher(self) -> concurrent.futures.ThreadPoolExecutor:
+        """This thread's hashing thread: it follows the reads chunk by chunk, in order."""
+        pool = getattr(self._local, "hasher", None)
+        if pool is None:
+            pool = self._local.hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="layoutc-hash")
+            with self._hashers_lock:
+                self._hashers.append(pool)
+        return pool
+
+    def _hash(self, digest, view: memoryview) -> concurrent.futures.Future:
+        def update():
+            with self.profile.span("hash", len(view)):
+                digest.update(view)
+
+        return self._hasher().submit(update)
+
+    def close(self) -> None:
+        """Stop the hashing threads (after the last read)."""
+        with self._hashers_lock:
+            pools, self._hashers = self._hashers, []
+        for pool in pools:
+            pool.shutdown(wait=True)
 
     def _ring(self) -> _Ring:
         ring = getattr(self._local, "ring", None)
@@ -212,24 +239,37 @@ class ShardIO:
 
     def _read_cpu(self, f, entries, digest, path: Path) -> dict[str, torch.Tensor]:
         prof = self.profile
-        tensors = {}
-        for name, dtype, shape, start, end in entries:
-            t = torch.empty(shape, dtype=dtype)
-            tensors[name] = t
-            if end == start:
-                continue
-            view = shardfile._raw(t)
-            for a in range(0, end - start, self.chunk):
-                piece = view[a:a + self.chunk]
-                with prof.span("read", len(piece)):
-                    _read_exact(f, piece, path)
-                with prof.span("hash", len(piece)):
-                    digest.update(piece)
+        tensors, hashed = {}, []
+        try:
+            for name, dtype, shape, start, end in entries:
+                t = torch.empty(shape, dtype=dtype)
+                tensors[name] = t
+                if end == start:
+                    continue
+                view = shardfile._raw(t)
+                for a in range(0, end - start, self.chunk):
+                    piece = view[a:a + self.chunk]
+                    with prof.span("read", len(piece)):
+                        _read_exact(f, piece, path)
+                    hashed.append(self._hash(digest, piece))  # the piece is never overwritten
+        finally:
+            with prof.span("hash_wait"):
+                for fut in hashed:
+                    fut.result()
         return tensors
 
     def _read_staged(self, f, entries, data: int, digest, path: Path) -> dict[str, torch.Tensor]:
-        prof = self.profile
         ring = self._ring()
+        hashed: list[concurrent.futures.Future | None] = [None] * len(ring.buffers)
+        try:
+            return self._stream_staged(f, entries, data, digest, path, ring, hashed)
+        finally:
+            for fut in hashed:  # never leave a hash running over a slot the next read refills
+                if fut is not None:
+                    fut.exception()
+
+    def _stream_staged(self, f, entries, data, digest, path, ring, hashed) -> dict[str, torch.Tensor]:
+        prof = self.profile
         with ring.context():
             tensors = {name: torch.empty(shape, dtype=dtype, device=self.device)
                        for name, dtype, shape, _, _ in entries}
@@ -241,11 +281,13 @@ class ShardIO:
                 ring.next = (slot + 1) % len(ring.buffers)
                 with prof.span("h2d_wait"):
                     ring.wait(slot)  # its last copy to the device is done
+                if hashed[slot] is not None:
+                    with prof.span("hash_wait"):
+                        hashed[slot].result()  # and its bytes are hashed
                 view = ring.views[slot][:n]
                 with prof.span("read", n):
                     _read_exact(f, view, path)
-                with prof.span("hash", n):
-                    digest.update(view)
+                hashed[slot] = self._hash(digest, view)
                 buf = ring.buffers[slot]
                 while k < len(entries) and entries[k][4] <= pos:
                     k += 1
@@ -261,6 +303,10 @@ class ShardIO:
                 pos += n
             with prof.span("h2d_wait"):
                 ring.synchronize()
+            with prof.span("hash_wait"):
+                for fut in hashed:
+                    if fut is not None:
+                        fut.result()
         return tensors
 
     # -- writing ------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import layoutc
-import layoutc.checkpoint as ck
 from layoutc import shardfile, shardio
 from layoutc.checkpoint import DONE, INDEX, assign_shards, convert_checkpoint, finish
 from layoutc.synthckpt import write_checkpoint
@@ -284,7 +283,7 @@ def test_cli_prefetch_profile_and_tp_slices(tmp_path, bf16):
     assert "GB/s read" in proc.stderr
     assert outputs(tmp_path / "seq") == outputs(tmp_path / "pipe")
     report = json.loads((tmp_path / "profile.json").read_text())
-    assert report["summary"]["written_shards"] == 2 and {"read", "hash", "convert", "write", "fsync"} <= set(report["seconds"])
+    assert report["summary"]["written_shards"] == 2 and {"read", "hash", "convert", "write", "fsync"} <= set(report["stages"])
     proc = _cli(*base, "--out", str(tmp_path / "tp"), "-D", "tp_size=2")
     assert proc.returncode == 0, proc.stderr
     assert "4 shard(s) written" in proc.stderr
