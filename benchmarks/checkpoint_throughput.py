@@ -115,7 +115,7 @@ class Bench:
         t = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env, cwd=ROOT,
-                                  timeout=max(30.0, self.left() + 30))
+                                  timeout=max(10.0, self.args.hard_s - self.elapsed()))
         except subprocess.TimeoutExpired as err:
             self.error(name, f"timed out after {err.timeout:.0f} s")
             return {"ok": False, "wall_s": time.perf_counter() - t}
@@ -267,7 +267,7 @@ class Bench:
         self.log(f"generate: {size / 1e9:.1f} GB, {layers} MoE layers of {moe_layer_bytes(spec, dims) / 1e9:.3f} GB "
                  f"{dims}, vocab {vocab}, shards of ~{shard / 1e9:.2f} GB, on {gen_device}, into {in_dir}")
         info = write_checkpoint(in_dir, spec, dims, layers, shard, vocab=vocab, seed=1, device=gen_device,
-                                log=self.log if a.verbose else None)
+                                log=self.log)
         if gen_device.startswith("cuda"):
             torch.cuda.empty_cache()
         self.in_dir = in_dir
@@ -546,9 +546,9 @@ def main() -> int:
     ap.add_argument("--shm", default="/dev/shm", help="a tmpfs for the no-disk runs")
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "out")), help="results folder")
     ap.add_argument("--budget-s", type=float, default=300.0, help="start no step that would end past this")
+    ap.add_argument("--hard-s", type=float, default=540.0, help="kill a conversion still running at this time")
     ap.add_argument("--extra", default="", help="more `layoutc convert` options for the pipelined runs")
     ap.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
-    ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     args.extra = args.extra.split()
     args.dir = args.dir.resolve()

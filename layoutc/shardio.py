@@ -134,14 +134,22 @@ class _Ring:
         self.device = device
         self.chunk = chunk
         cuda = device.type == "cuda"
-        self.buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=cuda) for _ in range(slots)]
+        # CUDA's current device is per thread (0 in a new one): pin and make the stream on ours
+        with torch.cuda.device(device) if cuda else contextlib.nullcontext():
+            self.buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=cuda) for _ in range(slots)]
+            self.stream = torch.cuda.Stream(device) if cuda else None
         self.views = [shardfile._raw(b) for b in self.buffers]
         self.events: list[Any] = [None] * slots
-        self.stream = torch.cuda.Stream(device) if cuda else None
         self.next = 0
 
+    @contextlib.contextmanager
     def context(self):
-        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        """This thread on our device and stream."""
+        if self.stream is None:
+            yield
+            return
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            yield
 
     def record(self) -> Any:
         if self.stream is None:
