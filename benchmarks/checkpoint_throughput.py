@@ -311,6 +311,8 @@ class Bench:
             self.log("  smoke test failed: the big runs use --prefetch 0")
             a.extra = [*a.extra, "--prefetch", "0"]
         res["ok"] = bool(ok)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the conversions run in other processes
         self.log(f"  smoke: {res}")
         self.step("smoke", res)
         self.remove(small)

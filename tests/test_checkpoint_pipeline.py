@@ -318,3 +318,13 @@ def test_torchrun_two_ranks_split_by_bytes_and_tp_slices_equal_one_rank(tmp_path
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "rank 0:" in proc.stderr and "rank 1:" in proc.stderr
         assert outputs(tmp_path / f"{name}1") == outputs(tmp_path / f"{name}2"), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("chunk", [shardio.CHUNK, 4099])
+def test_cuda_pipeline_writes_the_cpu_bytes(tmp_path, bf16, split_ckpt, sequential, chunk):
+    """Pinned chunks, reader and writer streams, events: the same files as the sequential loop on the CPU."""
+    summary = run_pipelined(bf16, split_ckpt, tmp_path / "out", device="cuda", prefetch=2, writers=2,
+                            io_options={"chunk": chunk})
+    assert summary == sequential[1]
+    assert outputs(tmp_path / "out") == outputs(sequential[0])
