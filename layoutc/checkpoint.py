@@ -48,7 +48,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import attrs
 import torch
 
-from . import __version__, shardfile, shardio
+from . import shardfile, shardio
+from ._version import __version__
 from .api import CompiledSpec
 from .dtypes import bit_view
 from .lower.runtime import LayoutError

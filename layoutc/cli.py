@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .errors import Diagnostic, SpecError
 from .limits import MAX_PARAM_COMBINATIONS
 from .text import display
