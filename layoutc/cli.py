@@ -21,6 +21,7 @@ from typing import Any, Callable
 import click
 
 from ._version import __version__
+from .cli_common import parse_defines as _parse_defines
 from .errors import Diagnostic, SpecError
 from .limits import MAX_PARAM_COMBINATIONS
 from .text import display
@@ -30,22 +31,6 @@ EXTRAS = {"matplotlib": "review", "flashinfer": "flashinfer", "triton": "gpu"}
 
 EXIT_SPEC_ERROR = 2
 EXIT_INTERNAL = 3
-
-
-def _parse_defines(defines: tuple[str, ...]) -> dict[str, Any]:
-    from .ir import check_param_name, parse_param_value
-
-    out = {}
-    for item in defines:
-        if "=" not in item:
-            raise click.BadParameter(f"expected NAME=VALUE, got {display(item)!r}", param_hint="-D")
-        name, value = item.split("=", 1)
-        try:
-            check_param_name(name.strip())
-            out[name.strip()] = parse_param_value(value)
-        except ValueError as err:
-            raise click.BadParameter(f"{display(name.strip())}: {err}", param_hint="-D") from None
-    return out
 
 
 def _print_diagnostics(diags, filename: str, source: str | None) -> None:

@@ -48,9 +48,9 @@ def _fail(err: Exception) -> int:
 
 
 def _defines(defines):
-    from .cli import _parse_defines
+    from .cli_common import parse_defines
 
-    return _parse_defines(defines)
+    return parse_defines(defines)
 
 
 define_option = click.option(
