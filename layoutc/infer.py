@@ -941,6 +941,13 @@ def infer(fn: Callable[..., Any] | str | Target, dims: Mapping[str, int], names:
         if any(modes_final[n] != s.plan.inputs[n].mode for s in samples for n in modes_final):
             samples = [_measure(target, program, env, params, dict(modes_final)) for env in envs]
         notes: list[str] = []
+        # Ties first: a tie gives the tensor its role (a bias's rows are its last axis, a scale follows
+        # its weight's packings), which the search below needs.
+        ties = _propose_ties(program, samples)
+        notes += [f"proposed tie: {n}" for _, n in ties]
+        if ties:
+            contract = _with_ties(contract, ties)
+            program = _program(contract)
         chains: dict[str, TensorChain] = {}
         for t in program.inputs:
             if t.name not in samples[0].codes:
@@ -957,10 +964,8 @@ def infer(fn: Callable[..., Any] | str | Target, dims: Mapping[str, int], names:
         extra = sorted(set(samples[0].codes) - {t.name for t in program.inputs})
         if extra:
             notes.append(f"the function also returns {', '.join(extra)}, which has no input of its name: not in the spec")
-        ties = _propose_ties(program, samples)
-        notes += [f"proposed tie: {n}" for _, n in ties]
         assumes = [f"assume {d} % {function_p[d]} == 0" for d in program.dims if function_p[d] > contract_p[d]]
-        text, verify_errors = _write(program, contract, chains, ties, assumes, params, target, envs, spec_name)
+        text, verify_errors = _write(program, contract, chains, assumes, params, target, envs, spec_name)
     verdict = None
     if check and text is not None and not verify_errors:
         say("checking the written spec with equiv")
@@ -1060,22 +1065,30 @@ def _rows_follow(s: Sample, a: str, b: str) -> bool:
     return ra is not None and rb is not None and ra.shape == rb.shape and torch.equal(ra, rb)
 
 
-def _write(program, contract: str, chains: dict[str, TensorChain], ties, assumes, params, target, envs, spec_name):
+def _with_ties(contract: str, ties) -> str:
+    """The contract with the proposed tie clauses on their input lines, marked for the reviewer."""
+    tie_of = dict(ties)
+    lines = []
+    for line in contract.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("input "):
+            name = stripped.split()[1].rstrip(":").rstrip("?")
+            if name in tie_of:
+                code, hash_, comment = line.partition("#")
+                line = f"{code.rstrip()}   {tie_of[name]}   # proposed by layoutc infer: its rows follow the weight's" \
+                    + (f"; {comment.strip()}" if hash_ else "")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _write(program, contract: str, chains: dict[str, TensorChain], assumes, params, target, envs, spec_name):
     from .api import compile_source
     from .compiler import _Builder
     from .errors import SpecError
     from .ir import resolve
     from .parse import parse
 
-    tie_of = dict(ties)
-    lines_in = []
-    for line in contract.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("input "):
-            name = stripped.split()[1].rstrip("?:").rstrip("?")
-            if name in tie_of:
-                line = f"{line}   {tie_of[name]}   # proposed by layoutc infer: its rows follow the weight's"
-        lines_in.append(line)
+    lines_in = contract.splitlines()
     shown = "; ".join(", ".join(f"{k}={v}" for k, v in e.items()) for e in envs)
     head = [f"# Inferred by layoutc infer from {target.name}",
             f"# (measured at {shown}{'; with ' + ', '.join(f'{k}={v}' for k, v in params.items()) if params else ''}).",

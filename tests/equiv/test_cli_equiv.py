@@ -110,3 +110,15 @@ def test_the_installed_command_exits_1_on_a_wrong_recipe(run_cli):
     assert "function read w13_weight_scale[0, 40, 0]" in proc.stdout
     proc = run_cli("equiv", "tests/equiv/tiny.lyt", "--against", "tests/equiv/fns.py:raises")
     assert proc.returncode == 2 and "raised ValueError" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_parameters_reach_the_spec_and_the_function():
+    """-D activation=relu2: the spec's non-gated branch, and the recipe's (it reads params)."""
+    nvfp4 = SPECS / "flashinfer_trtllm_nvfp4.lyt"
+    code, out = run("equiv", nvfp4, "--against", "layoutc.reference.cpu:flashinfer_trtllm_nvfp4",
+                    "--dims", "E=2,I=128,H=128", "-D", "activation=relu2")
+    assert code == 0 and "equivalent at 4 shapes" in out, out
+    # the gated recipe against the non-gated spec: w13 is half as tall, found at once
+    code, out = run("equiv", nvfp4, "--against", "tests.equiv.fns:good", "--dims", "E=2,I=128,H=128",
+                    "-D", "activation=bogus")
+    assert code == 2 and "Traceback" not in out, out

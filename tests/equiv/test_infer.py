@@ -4,6 +4,7 @@ the command writes the spec and reports usage errors with exit status 2."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,12 @@ def test_command_usage_errors_exit_2(tmp_path, function, message):
                                 catch_exceptions=False)
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_ties_missing_from_the_contract_are_proposed():
+    untied = "\n".join(re.sub(r"\s+(scales|bias of) .*$", "", line) for line in CONTRACT.splitlines())
+    assert "scales" not in untied and "bias of" not in untied
+    result = infer(fns.good, DIMS, names=None, inputs=untied, spec_name="tiny_ties")
+    assert "proposed tie: scales w13_weight block 32" in result.notes
+    assert "proposed tie: bias of w13_weight" in result.notes
+    assert "scales w13_weight block 32" in result.text and result.ok, result.text
