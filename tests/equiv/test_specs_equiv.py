@@ -4,8 +4,6 @@ inputs; and a wrong recipe for a spec other than the CLI tests' is found with th
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from layoutc.equiv import equivalent
@@ -33,12 +31,11 @@ def test_shipped_spec_is_equivalent_to_its_recipe(name):
 
 
 @pytest.mark.slow
-def test_four_shapes_take_under_ten_seconds():
-    """The slowest spec (the SM90 interleave of a bf16 activation layout), one combination of inputs."""
-    start = time.perf_counter()
+def test_full_variant_of_the_slowest_spec():
+    """The SM90 interleave of a bf16 activation layout, every optional input given. Its time (target
+    under 10 s for four shapes) is measured by benchmarks/equiv_time.py, not here."""
     result = equivalent(SPECS / "flashinfer_cutlass_bf16.lyt", cpu.flashinfer_cutlass_bf16, variants="full")
     assert result.ok and len(result.shapes) == 4
-    assert time.perf_counter() - start < 10
 
 
 def _trtllm_nvfp4_not_swapped(tensors, params=None):
