@@ -84,6 +84,18 @@ def layout_data(spec: CompiledSpec, tensor: str, dims: dict | None = None) -> di
 def draw_layout(spec: CompiledSpec, tensor: str, path: str | Path, dims: dict | None = None) -> Path:
     """The picture of :func:`layout_data`: a panel per tensor of the tie group, a strip of logical rows
     under each, one colour scale (the colour bar: input row) and white for padding (the legend)."""
+    return _save(layout_figure(spec, tensor, dims), path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    plt = _matplotlib()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def layout_figure(spec: CompiledSpec, tensor: str, dims: dict | None = None):
     plt = _matplotlib()
     from matplotlib.patches import Patch
 
@@ -115,10 +127,7 @@ def draw_layout(spec: CompiledSpec, tensor: str, path: str | Path, dims: dict | 
     bar.set_label(f"input row of the element (0 .. {n_rows - 1})")
     fig.legend(handles=[Patch(facecolor="white", edgecolor="#555555", label="padding (no input element)")],
                loc="lower left", fontsize=8, frameon=False)
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 #: Graph geometry, in data units (one column per tensor, one row per step).
@@ -172,6 +181,10 @@ COLOURS = {"input": "#ffffff", "output": "#f4f4f4", "logical": "#cde7ff", "packi
 
 def draw_graph(spec: CompiledSpec, path: str | Path) -> Path:
     """The transform graph of :func:`graph_layout`: a column per tensor, a box per statement, ties above."""
+    return _save(graph_figure(spec), path)
+
+
+def graph_figure(spec: CompiledSpec):
     plt = _matplotlib()
     from matplotlib.patches import FancyBboxPatch
 
@@ -197,7 +210,4 @@ def draw_graph(spec: CompiledSpec, path: str | Path) -> Path:
     ax.set_title(f"{spec.name}: transform graph (blue logical, orange kernel packing, green value; dashed: ties)",
                  fontsize=9)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

@@ -48,9 +48,18 @@ def render_map(m: IndexMap, names: list[str], width: int = MAP_WIDTH) -> str:
 
 
 def name_repeats(exprs: list[ex.Expr], line, coords: set[str], width: int = MAP_WIDTH) -> str:
-    """``line(exprs)``, and while a line is longer than ``width``, the subexpression whose repeats are
-    longest in all replaced by a name and defined below (``with A = round_up(I, 128)``): sizes get
-    capitals, expressions of the coordinates lower case; each definition uses only names above it."""
+    """``line(exprs)``, with the definitions of :func:`factor` below it (``with A = round_up(I, 128)``)."""
+    exprs, order = factor(exprs, line, coords, width)
+    out = [line(exprs)]
+    for i, (name, value) in enumerate(order):
+        out.append(f"{'with' if i == 0 else '    '} {name} = {ex.to_str(value)}")
+    return "\n".join(out)
+
+
+def factor(exprs: list[ex.Expr], line, coords: set[str], width: int = MAP_WIDTH) -> tuple[list[ex.Expr], list]:
+    """While a line is longer than ``width``, the subexpression whose repeats are longest in all is
+    replaced by a name: sizes get capitals, expressions of the coordinates lower case. Returns the
+    expressions with the names in and [(name, definition)], each definition using only names before it."""
     taken = set(coords) | {v for e in exprs for v in ex.free_vars(e)}
     upper = iter([c for c in "ABCDFGJLMNPQRSTUVWXYZ" if c not in taken])
     lower = iter([c for c in "pqstuvwxyzabdghjlmn" if c not in taken])
@@ -84,8 +93,6 @@ def name_repeats(exprs: list[ex.Expr], line, coords: set[str], width: int = MAP_
         var = ex.Var(name)
         exprs = [_replace(x, e, var) for x in exprs]
         chosen = [(n, _replace(d, e, var)) for n, d in chosen] + [(name, e)]
-    if not chosen:
-        return line(exprs)
     # Definitions in dependency order: sizes first, then each after the names it uses.
     order: list[tuple[str, ex.Expr]] = []
     pending = sorted(chosen, key=lambda nd: (nd[0] in local, nd[0]))
@@ -93,10 +100,7 @@ def name_repeats(exprs: list[ex.Expr], line, coords: set[str], width: int = MAP_
         ready = next(i for i, (_, d) in enumerate(pending)
                      if not (ex.free_vars(d) & {n for n, _ in pending}) or i == len(pending) - 1)
         order.append(pending.pop(ready))
-    out = [line(exprs)]
-    for i, (name, value) in enumerate(order):
-        out.append(f"{'with' if i == 0 else '    '} {name} = {ex.to_str(value)}")
-    return "\n".join(out)
+    return exprs, order
 
 
 def _replace(e: ex.Expr, target: ex.Expr, by: ex.Expr) -> ex.Expr:
