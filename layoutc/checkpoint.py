@@ -366,38 +366,38 @@ def convert_checkpoint(
     rules = name_rules(spec, names)
     weight_map = _shard_map(in_dir)
     groups = _groups(weight_map, rules, spec)  # fails before anything is written when no layer matches
-    created = not out_dir.exists() and world == 1  # other ranks share the folder: only a lone run cleans up
+    # What a failed run may remove: only what it made. Other ranks share the folder (only a lone run
+    # cleans up); a folder that already holds a run's record is a resume, whose state is kept.
+    created = not out_dir.exists()
+    fresh = world == 1 and not (out_dir / RUN).exists() and not (out_dir / DONE).exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = {"converted_layers": 0, "skipped_shards": 0, "written_shards": 0, "verified_layers": 0}
     try:
         lock = claim_folder(out_dir, run_identity(spec, names), rank, world)
-    except BaseException:
-        if created:
-            _remove_if_empty(out_dir)
-        raise
-    try:
         with lock, concurrent.futures.ThreadPoolExecutor(1) as hasher:
             _convert_shards(spec, in_dir, out_dir, names, device, rank, world, progress, lowering, verify, rules,
                             weight_map, groups, hasher, summary)
     except BaseException:
-        if created and summary["written_shards"] == 0:
-            _remove_if_empty(out_dir)  # a failed first run leaves no folder of bookkeeping behind
+        if fresh and summary["written_shards"] == 0:
+            # a failed first run leaves no folder of bookkeeping behind (nor bookkeeping in the user's folder)
+            _remove_bookkeeping(out_dir, remove_folder=created)
         raise
     return summary
 
 
-def _remove_if_empty(out_dir: Path) -> None:
-    """Remove what layoutc put in a folder it created, if it holds no converted shard."""
-    if any(out_dir.glob("*.safetensors")):
-        return
-    for p in (out_dir / DONE).glob("*") if (out_dir / DONE).is_dir() else ():
+def _remove_bookkeeping(out_dir: Path, remove_folder: bool) -> None:
+    """Remove the files layoutc writes beside the shards (never a file of the user's), and the folder
+    when it was created by this run and is empty then."""
+    done = out_dir / DONE
+    for p in done.glob("*.json") if done.is_dir() else ():
         with contextlib.suppress(OSError):
             p.unlink()
-    for p in [out_dir / DONE, *out_dir.glob(f"{LOCK}*"), out_dir / RUN, *out_dir.glob(".*.tmp")]:
+    for p in [done, *out_dir.glob(f"{LOCK}*"), out_dir / RUN, *out_dir.glob(".*.safetensors.tmp")]:
         with contextlib.suppress(OSError):
             p.rmdir() if p.is_dir() else p.unlink()
-    with contextlib.suppress(OSError):
-        out_dir.rmdir()
+    if remove_folder:
+        with contextlib.suppress(OSError):
+            out_dir.rmdir()  # fails, and keeps the folder, if anything else is in it
 
 
 def _convert_shards(spec, in_dir, out_dir, names, device, rank, world, progress, lowering, verify, rules, weight_map,

@@ -301,3 +301,72 @@ def test_dim_0_on_a_row_op_points_at_that_statement(runner, tmp_path, check_poin
             "no MoE kernel layout does") in err
     assert "hint: check the dim= of the transforms: rows are dim 1 of [E, rows, K]" in err
     assert err.count("error:") == 1 and not re.search(rf":{line - 1}:\d+: error", err)
+
+
+# -- 4. a convert that fails leaves nothing of its own behind, and names the layer ---------------------
+
+
+def _bad_checkpoint(folder: Path, bf16):
+    """A one-shard checkpoint whose layer 1 has a w13_weight with one row too few."""
+    from safetensors.torch import save_file
+
+    from tests.test_checkpoint import PREFIX, make_checkpoint
+
+    tensors = make_checkpoint(folder, bf16, layers=2, shards=1, index=False)
+    name = f"{PREFIX.format(1)}.w13_weight"
+    tensors[name] = tensors[name][:, 1:].contiguous()
+    save_file(tensors, str(folder / "model-00001-of-00001.safetensors"))
+
+
+def test_a_failed_convert_into_a_new_folder_leaves_no_folder(tmp_path, bf16):
+    from layoutc.checkpoint import convert_checkpoint
+
+    _bad_checkpoint(tmp_path / "in", bf16)
+    with pytest.raises(layoutc.LayoutError) as err:
+        convert_checkpoint(bf16, tmp_path / "in", tmp_path / "new" / "out")
+    # the layer and the tensor, not only the shapes
+    assert "layer 'model.layers.1.mlp.experts'" in str(err.value) and "w13_weight" in str(err.value)
+    assert not (tmp_path / "new" / "out").exists()
+
+
+def test_a_failed_convert_into_the_users_folder_removes_only_its_own_files(tmp_path, bf16):
+    from layoutc.checkpoint import convert_checkpoint
+
+    _bad_checkpoint(tmp_path / "in", bf16)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / ".cache.tmp").write_text("mine too")  # a hidden .tmp of the user's is no leftover of layoutc's
+    with pytest.raises(layoutc.LayoutError, match="w13_weight"):
+        convert_checkpoint(bf16, tmp_path / "in", out)
+    assert sorted(p.name for p in out.iterdir()) == [".cache.tmp", "notes.txt"]
+
+
+def test_a_failed_resume_keeps_the_finished_shards_and_their_record(tmp_path, bf16):
+    """A later failure must not throw away the work a resume would skip."""
+    from safetensors.torch import load_file, save_file
+
+    from layoutc.checkpoint import DONE, convert_checkpoint
+    from tests.test_checkpoint import PREFIX, make_checkpoint
+
+    make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
+    convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
+    second = tmp_path / "in" / "model-00002-of-00002.safetensors"
+    tensors = load_file(str(second))
+    name = f"{PREFIX.format(1)}.w13_weight"
+    tensors[name] = tensors[name][:, 1:].contiguous()
+    save_file(tensors, str(second))
+    with pytest.raises(layoutc.LayoutError, match=r"layer 'model.layers.1.mlp.experts' \(shard model-00002"):
+        convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
+    assert (tmp_path / "out" / "model-00001-of-00002.safetensors").is_file()
+    assert (tmp_path / "out" / DONE / "model-00001-of-00002.safetensors.json").is_file()
+
+
+def test_cli_convert_failure_is_a_message_and_leaves_no_folder(runner, tmp_path, bf16):
+    _bad_checkpoint(tmp_path / "in", bf16)
+    result = runner.invoke(main, ["convert", "--spec", str(SPEC), "--in", str(tmp_path / "in"),
+                                  "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    _clean(result)
+    assert "model.layers.1.mlp.experts" in result.stderr and "w13_weight" in result.stderr
+    assert not (tmp_path / "out").exists()
