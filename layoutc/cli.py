@@ -430,8 +430,9 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
 
     try:
         text, ok = run_review(rev_range, images, report_dir=output.parent if output else None)
-    except ValueError as err:
-        raise click.UsageError(str(err)) from None
+    except ValueError as err:  # not a git clone, a revision git does not know: one line, not the usage text
+        click.echo(f"error: {display(str(err))}", err=True)
+        sys.exit(EXIT_SPEC_ERROR)
     if output is None:
         click.echo(text, nl=False)
     else:

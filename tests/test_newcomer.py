@@ -209,8 +209,11 @@ def test_review_outside_a_git_repository_is_one_line(runner, tmp_path, monkeypat
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     result = runner.invoke(main, ["review", "HEAD~1..HEAD"])
     assert result.exit_code == 2
-    assert "is not inside a git repository" in result.stderr
-    assert "usage: git" not in result.output + result.stderr
+    assert result.stderr == f"error: {tmp_path.resolve()} is not inside a git repository\n"
+    assert result.stdout == ""  # neither git's usage text nor click's
+    _git(tmp_path, "init", "-q")
+    result = runner.invoke(main, ["review", "HEAD~1..HEAD"])
+    assert result.exit_code == 2 and result.stderr == "error: 'HEAD~1' is not a commit in this repository\n"
 
 
 # -- 7. diagnostics that point at the mistake ----------------------------------------------------------
