@@ -373,3 +373,66 @@ def test_cli_convert_failure_is_a_message_and_leaves_no_folder(runner, tmp_path,
     _clean(result)
     assert "model.layers.1.mlp.experts" in result.stderr and "w13_weight" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+# -- 5, 6. what the README promises about extras and round trips --------------------------------------
+
+
+def test_readme_prices_every_extra():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("### Installing, and what each extra costs"):]
+    for extra in extras:
+        assert f"| `layoutc[{extra}]`" in table, f"README: the install size of the {extra} extra"
+    assert "--index-url https://download.pytorch.org/whl/cpu" in table
+
+
+def _casting_specs() -> dict[str, list[str]]:
+    """Per shipped spec, the tensors whose float element type the conversion changes."""
+    from layoutc import shipped
+
+    out = {}
+    for name in shipped.names():
+        spec = layoutc.compile_file(shipped.find(name))
+        ins = {t.name: t.elem for t in spec.program.inputs}
+        outs = {t.name: t.elem for t in spec.program.outputs}
+        # a cast between numeric types changes values; e8m0 read as e4m3 bytes (not numeric) does not
+        out[name] = sorted(n for n in ins if n in outs and ins[n].name != outs[n].name
+                           and ins[n].numeric and outs[n].numeric)
+    return out
+
+
+def test_readme_names_the_specs_whose_biases_do_not_round_trip():
+    casting = {name for name, tensors in _casting_specs().items() if tensors}
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("* `inverse(convert(x)) == x` bit for bit holds")
+    said = set(re.findall(r"`(flashinfer_\w+)`", readme[start:readme.index("a trained model's", start)]))
+    assert said == casting
+
+
+def test_an_f32_bias_bf16_cannot_hold_comes_back_rounded_and_the_rest_exactly(bf16):
+    from layoutc.demo import synthetic_inputs
+
+    dims = {"E": 2, "I": 128, "H": 128}
+    x = synthetic_inputs(bf16, dims, seed=0)
+    x["w2_bias"] = x["w2_bias"] + 2.0 ** -20  # below bf16's precision at these magnitudes
+    back = bf16.inverse(bf16.convert(x))
+    assert not torch_equal(back["w2_bias"], x["w2_bias"])
+    assert torch_equal(back["w2_bias"], x["w2_bias"].bfloat16().float())
+    assert all(torch_equal(back[k], x[k]) for k in x if k != "w2_bias")
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def test_readme_names_the_specs_moe_numerics_runs():
+    source = (ROOT / "examples" / "moe_numerics.py").read_text()
+    run_all = source[source.index("def run_all"):source.index('if __name__')]
+    ran = set(re.findall(r'"(flashinfer_\w+)"', run_all))
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("`examples/moe_numerics.py` (run by")
+    said = set(re.findall(r"`(flashinfer_\w+)`", readme[start:readme.index("kernel's declared order", start)]))
+    assert ran and said == ran
