@@ -436,3 +436,17 @@ def test_readme_names_the_specs_moe_numerics_runs():
     start = readme.index("`examples/moe_numerics.py` (run by")
     said = set(re.findall(r"`(flashinfer_\w+)`", readme[start:readme.index("kernel's declared order", start)]))
     assert ran and said == ran
+
+
+def test_a_failed_convert_of_every_tp_slice_leaves_none_of_their_folders(tmp_path, bf16):
+    """One read, several output folders (one per slice): each is cleaned up as a lone run's."""
+    from layoutc.checkpoint import convert_checkpoint
+
+    _bad_checkpoint(tmp_path / "in", bf16)
+    slices = [layoutc.compile_file(SPEC, {"tp_rank": r, "tp_size": 2}) for r in range(2)]
+    (tmp_path / "tp1").mkdir()
+    (tmp_path / "tp1" / "notes.txt").write_text("mine")
+    with pytest.raises(layoutc.LayoutError, match="model.layers.1.mlp.experts"):
+        convert_checkpoint(slices, tmp_path / "in", [tmp_path / "tp0", tmp_path / "tp1"])
+    assert not (tmp_path / "tp0").exists()
+    assert [p.name for p in (tmp_path / "tp1").iterdir()] == ["notes.txt"]
