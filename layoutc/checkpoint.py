@@ -376,7 +376,8 @@ class _Target:
     identity: dict[str, Any]
     meta: dict[str, str]
     done_dir: Path
-    created: bool = False
+    created: bool = False  # this run made the folder
+    fresh: bool = False  # a lone run found no record of an earlier one in it: its bookkeeping is its own
 
 
 def assign_shards(sizes: Mapping[str, int], world: int) -> list[list[str]]:
@@ -429,18 +430,19 @@ def convert_checkpoint(
     locks = []
     try:
         for s, o in zip(specs, outs):
-            created = not o.exists() and world == 1  # other ranks share the folder: only a lone run cleans up
+            # What a failed run may remove: only what it made. Other ranks share the folder (only a
+            # lone run cleans up); a folder that already holds a run's record is a resume, kept as it is.
+            created = not o.exists()
+            fresh = world == 1 and not (o / RUN).exists() and not (o / DONE).exists()
             o.mkdir(parents=True, exist_ok=True)
             identity = run_identity(s, names)
-            t = _Target(s, o, identity, metadata(s), o / DONE, created)
+            t = _Target(s, o, identity, metadata(s), o / DONE, created, fresh)
             targets.append(t)
             locks.append(claim_folder(o, identity, rank, world))
     except BaseException:
         for lock in locks:
             lock.close()
-        for t in targets:
-            if t.created:
-                _remove_if_empty(t.out_dir)
+        _clean_up(targets, summary)
         raise
     prof = profile if profile is not None else shardio.Profile()
     try:
@@ -458,25 +460,32 @@ def convert_checkpoint(
                 run.pipelined(mine, progress, prefetch, writers)
             prof.add("wall", time.perf_counter() - t0)
     except BaseException:
-        for t in targets:
-            if t.created and summary["written_shards"] == 0:
-                _remove_if_empty(t.out_dir)  # a failed first run leaves no folder of bookkeeping behind
+        _clean_up(targets, summary)
         raise
     return summary
 
 
-def _remove_if_empty(out_dir: Path) -> None:
-    """Remove what layoutc put in a folder it created, if it holds no converted shard."""
-    if any(out_dir.glob("*.safetensors")):
-        return
-    for p in (out_dir / DONE).glob("*") if (out_dir / DONE).is_dir() else ():
+def _clean_up(targets: Sequence[_Target], summary: Mapping[str, int]) -> None:
+    """After a failed first run: no folder of bookkeeping behind, nor bookkeeping in the user's folder."""
+    if summary["written_shards"] == 0:
+        for t in targets:
+            if t.fresh:
+                _remove_bookkeeping(t.out_dir, remove_folder=t.created)
+
+
+def _remove_bookkeeping(out_dir: Path, remove_folder: bool) -> None:
+    """Remove the files layoutc writes beside the shards (never a file of the user's), and the folder
+    when it was created by this run and is empty then."""
+    done = out_dir / DONE
+    for p in done.glob("*.json") if done.is_dir() else ():
         with contextlib.suppress(OSError):
             p.unlink()
-    for p in [out_dir / DONE, *out_dir.glob(f"{LOCK}*"), out_dir / RUN, *out_dir.glob(".*.tmp")]:
+    for p in [done, *out_dir.glob(f"{LOCK}*"), out_dir / RUN, *out_dir.glob(".*.safetensors.tmp")]:
         with contextlib.suppress(OSError):
             p.rmdir() if p.is_dir() else p.unlink()
-    with contextlib.suppress(OSError):
-        out_dir.rmdir()
+    if remove_folder:
+        with contextlib.suppress(OSError):
+            out_dir.rmdir()  # fails, and keeps the folder, if anything else is in it
 
 
 @attrs.define

@@ -1,6 +1,7 @@
 """The ``layoutc`` command line.
 
     layoutc check specs/*.lyt                 parse and verify (every parameter combination)
+    layoutc check flashinfer_cutlass_bf16     a shipped spec, by name (also for compile, demo, ...)
     layoutc compile SPEC -o converter.py      write a standalone converter module
     layoutc demo [SPEC]                       convert a deterministic synthetic layer and report
     layoutc ops                               the primitives and their signatures
@@ -128,6 +129,29 @@ def _check_device(ctx, param, value: str | None) -> str | None:
     return value
 
 
+class SpecFile(click.ParamType):
+    """A spec file, or the name of a shipped spec (``flashinfer_cutlass_bf16``) when no such file exists."""
+
+    name = "spec"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, Path):
+            return value
+        path = Path(value)
+        if path.is_file():
+            return path
+        from .shipped import find, names
+
+        shipped = find(value) if not path.exists() else None
+        if shipped is not None:
+            return shipped
+        what = "is a folder" if path.is_dir() else "no such file"
+        self.fail(f"{display(value)!r}: {what}, and no shipped spec has that name (shipped: {', '.join(names())})",
+                  param, ctx)
+
+
+SPEC = SpecFile()
+
 define_option = click.option(
     "-D", "--define", "defines", multiple=True, metavar="NAME=VALUE", help="Set a spec parameter (repeatable)."
 )
@@ -170,7 +194,7 @@ def _param_domains(spec_path: Path, fixed: dict[str, Any]) -> list[dict[str, Any
 
 
 @command()
-@click.argument("specs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("specs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @define_option
 @click.option("--quiet", "-q", is_flag=True, help="Print only problems.")
 @click.option("--probe", is_flag=True, help="Also verify dynamically: run the converter on self-describing inputs.")
@@ -188,9 +212,13 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
 
     fixed = _parse_defines(defines)
     failed = 0
+    from .shipped import find
+
     for path in specs:
-        if not path.exists():
-            click.echo(f"{path}: error: no such file", err=True)
+        if not path.is_file() and not path.exists() and find(str(path)) is not None:
+            path = find(str(path))  # a shipped spec's name
+        if not path.is_file():
+            click.echo(f"{display(str(path))}: error: {'is a folder' if path.is_dir() else 'no such file'}", err=True)
             failed += 1
             continue
         try:
@@ -223,7 +251,7 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
 
 
 @command(name="compile")
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("spec", type=SPEC)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Where to write the module.")
 @define_option
 def compile_cmd(spec: Path, output: Path | None, defines: tuple[str, ...]) -> int:
@@ -242,7 +270,7 @@ def compile_cmd(spec: Path, output: Path | None, defines: tuple[str, ...]) -> in
 
 @command()
 @click.argument(
-    "spec", required=False, default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+    "spec", required=False, default=None, type=SPEC
 )
 @click.option("--shape", default="E=8,I=256,H=512", show_default=True, help="Dims of the synthetic layer.")
 @click.option("--seed", default=0, show_default=True)
@@ -269,7 +297,7 @@ def _parse_shape(shape: str) -> dict[str, int]:
 
 
 @command()
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("spec", type=SPEC)
 @click.option("--shape", default="E=128,I=2944,H=2944", show_default=True, help="Dims of the synthetic layer.")
 @click.option("--device", default="cpu", show_default=True, callback=_check_device, help="cpu, cuda or cuda:N")
 @click.option("--lowering", default="auto", show_default=True, type=click.Choice(["auto", "fused", "compiled", "gather", "eager"]))
@@ -295,7 +323,7 @@ def bench(spec: Path, shape: str, device: str, lowering: str, reps: int, eager: 
 
 
 @command()
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("spec", type=SPEC)
 @click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(["text", "markdown", "json"]))
 @click.option("--tensor", default=None, help="Only this tensor.")
 @define_option
@@ -344,7 +372,7 @@ def diff_cmd(paths: tuple[str, ...], revs: tuple[str, str] | None, fmt: str, def
 
 
 @command()
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("spec", type=SPEC)
 @click.option("--tensor", default=None, help="The tensor to draw (with its tied tensors).")
 @click.option("--graph", is_flag=True, help="Draw the transform graph of the whole spec instead.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="file.png or file.svg")
@@ -387,8 +415,9 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
 
     try:
         text, ok = run_review(rev_range, images, report_dir=output.parent if output else None)
-    except ValueError as err:
-        raise click.UsageError(str(err)) from None
+    except ValueError as err:  # not a git clone, a revision git does not know: one line, not the usage text
+        click.echo(f"error: {display(str(err))}", err=True)
+        sys.exit(EXIT_SPEC_ERROR)
     if output is None:
         click.echo(text, nl=False)
     else:
@@ -398,7 +427,7 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
 
 
 @command(name="convert")
-@click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--spec", "spec_path", required=True, type=SPEC)
 @click.option("--in", "in_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--names", default="vllm", show_default=True, help="Name mapping: vllm, gpt-oss or a JSON file.")
