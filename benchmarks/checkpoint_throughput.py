@@ -285,12 +285,21 @@ class Bench:
         self.step("environment", info)
 
     def micro(self) -> None:
-        """Ceilings of the pieces: sha256, pinned allocation, host<->device copies."""
+        """Ceilings of the pieces: sha256 (one stream, and the tree digest on the default hashing
+        pool), pinned allocation, host<->device copies."""
         res = {}
         buf = bytearray(512 << 20)
         t = time.perf_counter()
         hashlib.sha256(buf).digest()
         res["sha256_gbps"] = round(len(buf) / (time.perf_counter() - t) / 1e9, 3)
+        # the stamps' tree digest on the default pool: the ceiling of hashing in convert
+        with shardio.hash_pool() as pool:
+            t = time.perf_counter()
+            tree = shardio.TreeHash(pool)
+            tree.update(buf)
+            tree.hexdigest()
+            res["sha256_tree_gbps"] = round(len(buf) / (time.perf_counter() - t) / 1e9, 3)
+        res["hash_threads"] = shardio.HASH_THREADS
         if self.args.device.startswith("cuda"):
             n = 1 << 30
             t = time.perf_counter()
