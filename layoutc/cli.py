@@ -439,12 +439,14 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
               help="Shards read ahead of the one being converted (default 2; 0: one shard at a time, no threads).")
 @click.option("--writers", default=None, type=click.IntRange(1, 64), metavar="N",
               help="Shards written at once (default 2).")
+@click.option("--hash-threads", default=None, type=click.IntRange(1, 64), metavar="N",
+              help="Threads hashing the input for the resume stamps (default: the CPU count, at most 8).")
 @click.option("--profile", "profile_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Write seconds and bytes per stage (read, hash, convert, write, fsync, ...) as JSON.")
 @define_option
 def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device: str | None, lowering: str,
-                no_verify: bool, prefetch: int | None, writers: int | None, profile_path: Path | None,
-                defines: tuple[str, ...]) -> int:
+                no_verify: bool, prefetch: int | None, writers: int | None, hash_threads: int | None,
+                profile_path: Path | None, defines: tuple[str, ...]) -> int:
     """Convert a safetensors checkpoint (single file or sharded) into SPEC's kernel layout.
 
     With -D tp_size=N and no tp_rank, every slice is converted, rank r's into OUT/tp<r>, reading
@@ -494,7 +496,8 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
     try:
         summary = convert_checkpoint(specs, in_dir, outs, names, device, rank, world, progress, lowering,
                                      not no_verify, PREFETCH if prefetch is None else prefetch,
-                                     WRITERS if writers is None else writers, profile)
+                                     WRITERS if writers is None else writers, profile,
+                                     hash_threads=hash_threads)
     except Exception as err:  # noqa: BLE001 -- re-raised below, after the other ranks have heard of it
         failure = err
     seconds = time.perf_counter() - t0
