@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.layoutc-installed
 
-.PHONY: setup run test check clean
+.PHONY: setup run test test-slow test-all check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,16 @@ run: $(STAMP)
 	$(VENV)/bin/layoutc check specs/*.lyt
 	$(VENV)/bin/layoutc demo specs/flashinfer_cutlass_bf16.lyt
 
+# `make test` stays under five minutes on the 2-core machine: tests marked `slow` (mutation
+# scores, every spec at every TP rank, probes of every spec, whole-pipeline faults) run in
+# `make test-slow`, which CI runs as well (.ci/run).
 test: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow
+
+test-all: $(STAMP)
 	$(PY) -m pytest
 
 check: $(STAMP)

@@ -103,6 +103,7 @@ def test_user_errors_exit_2_with_a_message(args, message):
     assert message in out and "Traceback" not in out
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_the_installed_command_exits_1_on_a_wrong_recipe(run_cli):
     proc = run_cli("equiv", "tests/equiv/tiny.lyt", "--against", "tests.equiv.fns:shifted_block",
                    "--dims", "E=2,I=32,H=64", "-q")

@@ -174,6 +174,7 @@ def test_draw_every_shipped_spec(name, params, tmp_path):
     assert graph.read_text().lstrip().startswith("<?xml")
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_a_desync_is_visible_in_the_picture_data(tmp_path):
     broken = layoutc.compile_source((ROOT / "examples" / "desync_scale.lyt").read_text(), "desync.lyt",
                                     verify_spec=False)

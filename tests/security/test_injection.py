@@ -119,6 +119,7 @@ def test_defines_never_run_code(tmp_path, monkeypatch):
         assert results[str(out)][1] == {"tag": value}
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_the_reported_commands_in_a_real_shell(tmp_path):
     # The exact reproductions of the issue, through the installed entry point.
     hostile = tmp_path / FILE_NAMES["triple_quotes"]

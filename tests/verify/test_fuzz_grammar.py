@@ -36,6 +36,7 @@ def _spec_texts():
 
 @settings(max_examples=300, deadline=2000, suppress_health_check=list(HealthCheck))
 @given(text=_spec_texts())
+@pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_generated_specs_never_crash(text):
     try:
         layoutc.compile_source(text, "generated.lyt", check_versions=False)
@@ -54,6 +55,7 @@ output w13_bias? : f32[E, 2*I]
 
 @settings(max_examples=200, deadline=2000, suppress_health_check=list(HealthCheck))
 @given(body=from_lark(parser(), start="start", explicit=_explicit(st.just("0.7"))))
+@pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_generated_statements_on_a_real_header_never_crash(body):
     try:
         layoutc.compile_source(HEADER + body, "generated_body.lyt", check_versions=False)
@@ -91,6 +93,7 @@ SHIPPED = sorted((__import__("pathlib").Path(__file__).resolve().parents[2] / "s
 
 @settings(max_examples=150, deadline=5000, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
+@pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_hostile_characters_anywhere_in_a_real_spec(data):
     text = data.draw(st.sampled_from(SHIPPED)).read_text()
     for _ in range(data.draw(st.integers(1, 3))):

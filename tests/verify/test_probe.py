@@ -24,6 +24,7 @@ CORPUS = SPECS.parent / "tests" / "verify" / "corpus"
     ("flashinfer_cutlass_nvfp4", {"activation": "relu2"}), ("flashinfer_trtllm_fp8_block", {}),
     ("flashinfer_trtllm_bf16", {"activation": "silu"}),
 ])
+@pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_shipped_specs_pass_the_probe(name, params):
     assert probe(layoutc.compile_file(SPECS / f"{name}.lyt", params)) == []
 
@@ -53,6 +54,7 @@ def test_probe_traces_single_bits_through_the_sm90_interleave():
     assert not bool(whole.all())
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_a_primitive_whose_implementation_disagrees_with_its_map_is_caught(monkeypatch):
     def swap_halves(x, dim):  # broken on purpose: rotates by one row too many
         h = x.shape[dim] // 2
@@ -67,6 +69,7 @@ def test_a_primitive_whose_implementation_disagrees_with_its_map_is_caught(monke
     assert any("w13_weight" in d.tensors for d in findings)
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_dynamic_verdict_is_independent_of_the_static_one(monkeypatch):
     # Switch the static verifier off; the probe alone must still find the desync.
     monkeypatch.setattr(api, "verify", lambda compiled: [])
