@@ -8,6 +8,7 @@ parity  fused (Triton) == eager (torch on CUDA) == the vLLM-style recipe with Fl
 bench   `layoutc bench` for every shipped spec at model shapes; JSON lines to OUT_DIR/bench.jsonl
         and a Markdown table to OUT_DIR/bench.md; guard overhead on CUDA
 --new   the issue-7 backends (TRT-LLM and padded CUTLASS layouts) instead of the seed specs
+--all   the seed specs and the issue-7 backends: every shipped spec
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def main() -> int:
     log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, layoutc {layoutc.__version__}, "
         f"{time.strftime('%Y-%m-%d %H:%M')}")
     failures = 0
-    variants = NEW_VARIANTS if "--new" in what else VARIANTS
+    variants = VARIANTS + NEW_VARIANTS if "--all" in what else NEW_VARIANTS if "--new" in what else VARIANTS
     if "parity" in what:
         failures += parity(log, variants)
     if "sweep" in what:

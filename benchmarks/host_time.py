@@ -1,0 +1,88 @@
+"""Host time of one ``convert`` call on the GPU (issue 15, small layers: target under 30 us warm).
+
+    python benchmarks/host_time.py [--device cuda] [--reps 200] [--out host_time.json]
+
+For every shipped spec (the variants gpu_bench.py uses) on a tiny layer (E=2, I=H=256: the device
+work is a few microseconds, so the call is host-bound) and on a gpt-oss-20b layer: the median
+time a warm ``convert`` takes to *return* (kernels launched, not finished: the host's share), the
+median time until its results are ready (synchronized), and ``guard.check``'s host time on the
+converted layer. Each line also gives a device copy of the same bytes in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import layoutc  # noqa: E402
+import layoutc.guard as guard  # noqa: E402
+from layoutc.demo import synthetic_inputs  # noqa: E402
+
+from benchmarks.gpu_bench import MODELS, NEW_VARIANTS, VARIANTS  # noqa: E402
+
+SHAPES = {"tiny": {"E": 2, "I": 256, "H": 256}, "gpt-oss-20b": MODELS["gpt-oss-20b"]}
+TARGET_HOST_US = 30.0
+
+
+def _median(fn, reps: int, sync: bool) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, layoutc {layoutc.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    rows = []
+    for name, params in VARIANTS + NEW_VARIANTS:
+        spec = layoutc.compile_file(ROOT / "specs" / f"{name}.lyt", params)
+        for shape, dims in SHAPES.items():
+            x = synthetic_inputs(spec, dims, 1, args.device)
+            out = spec.convert(x)
+            flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in x.values()])
+            buf = torch.empty_like(flat)
+            reps = args.reps if shape == "tiny" else max(20, args.reps // 10)
+            host = _median(lambda: spec.convert(x), reps, sync=False)
+            total = _median(lambda: spec.convert(x), reps, sync=True)
+            copy = _median(lambda: buf.copy_(flat), reps, sync=True)
+            g = _median(lambda: guard.check(out, spec), reps, sync=False)
+            row = {"spec": name, "params": params, "shape": shape, "dims": dims, "host_us": host * 1e6,
+                   "convert_us": total * 1e6, "copy_us": copy * 1e6, "guard_host_us": g * 1e6}
+            rows.append(row)
+            print(f"{name:34s} {str(params or ''):22s} {shape:12s} host {host * 1e6:7.1f} us | convert "
+                  f"{total * 1e6:8.1f} us | device copy {copy * 1e6:7.1f} us | guard {g * 1e6:6.1f} us", flush=True)
+            x = out = flat = buf = None  # free before the next layer
+            torch.cuda.empty_cache()
+    worst = max(r["host_us"] for r in rows if r["shape"] == "tiny")
+    print(f"worst warm host time on a tiny layer: {worst:.1f} us (target under {TARGET_HOST_US:.0f} us: "
+          f"{'reached' if worst < TARGET_HOST_US else 'NOT reached'})")
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
