@@ -11,44 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import expr as ex
 from .api import CompiledSpec
 from .compiler import Chain
-from .indexmap import IndexMap
-from .lower.fused import plan as fused_plan
+from .lower.maptext import coordinate_names, map_text, render_map, render_words  # noqa: F401 - one notation (maptext)
 from .rowmap import declared_rows
-
-ROLE_NAMES = {3: ["e", "r", "k"], 2: ["e", "r"], 1: ["r"]}
-
-
-def coordinate_names(rank: int, shape_text: tuple[str, ...] = ()) -> list[str]:
-    if shape_text and len(shape_text) == 5 and shape_text[-2:] == ("16", "16"):
-        return ["e", "rb", "kb", "f", "c"]  # the SM90 fold's [E, R/64, K/128, 16, 16]
-    return list(ROLE_NAMES.get(rank, ["e"] + [f"i{k}" for k in range(1, rank)]))
-
-
-def render_map(m: IndexMap, names: list[str]) -> str:
-    ranges = ex.coordinate_ranges(m.out_shape)
-    tidy = lambda e: ex.rename(ex.simplify_symbolic(e, ranges), {f"o{k}": n for k, n in enumerate(names)})  # noqa: E731
-    src = ", ".join(ex.to_str(tidy(s)) for s in m.src)
-    text = f"out[{', '.join(names)}] = in[{src}]"
-    if not m.is_total():
-        text += f" where {ex.to_str(tidy(m.valid))}, else {ex.to_str(tidy(m.fill))}"
-    return text
-
-
-def render_words(chain: Chain) -> str | None:
-    p = fused_plan(chain)
-    if p.kind != "words":
-        return None
-    names = coordinate_names(len(p.word_shape))[:-1] + ["w"]
-    ren = {f"o{k}": n for k, n in enumerate(names)}
-    parts = []
-    for t, coords in enumerate(p.word_sources):
-        c = ", ".join(ex.to_str(ex.rename(x, ren)) for x in coords)
-        parts.append(f"in[{c}]" + (f" << {8 * t}" if t else ""))
-    return (f"word[{', '.join(names)}] (output bytes 4w..4w+3) = bits permuted by T of ("
-            + " | ".join(parts) + f"), T = {list(p.table)}")
 
 
 def tensor_report(spec: CompiledSpec, chain: Chain) -> dict[str, Any]:
@@ -82,11 +48,7 @@ def tensor_report(spec: CompiledSpec, chain: Chain) -> dict[str, Any]:
     rows_in = declared_rows(p, src, "input")
     rows_out = declared_rows(p, dst, "output") if dst else None
     entry["rows"] = {"input": str(rows_in) if rows_in else None, "output": str(rows_out) if rows_out else None}
-    m = chain.composed_map()
-    if m.bit_level:
-        entry["map"] = render_words(chain) or "bit-level map (see the statements)"
-    else:
-        entry["map"] = render_map(m, coordinate_names(len(m.out_shape), dst.shape_text if dst else ()))
+    entry["map"] = map_text(chain, dst.shape_text if dst else ())
     entry["needs"] = [
         {"text": k.message().split(": ", 1)[1], "line": k.pos.line if k.pos else None, "status": k.status}
         for k in dict.fromkeys(chain.constraints)
