@@ -10,10 +10,10 @@ The module a spec compiles to exposes::
     LayoutError                                         raised for tensors that break the contract
 
 It holds copies, whole, of the run-time modules (:mod:`layoutc.dimsolve`, :mod:`layoutc.lower.runtime`,
-:mod:`layoutc.lower.guard_rt`), the eager functions the spec's ops use (:mod:`layoutc.ops.torch_impl`),
-and what each registered lowering (:mod:`layoutc.lower.registry`) writes for the spec's chains: so
-the module runs where layoutc is not installed. ``layoutc.compile_file`` loads the same text in
-memory: the Python API and the generated file are one code path.
+:mod:`layoutc.lower.guard_rt`), the eager functions the spec's ops use (:mod:`layoutc.ops.torch_impl`,
+or an op's own module), and what each registered lowering (:mod:`layoutc.lower.registry`) writes for
+the spec's chains: so the module runs where layoutc is not installed. ``layoutc.compile_file`` loads
+the same text in memory: the Python API and the generated file are one code path.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import inspect
 import textwrap
 from typing import Any, Callable, Iterable
 
-from . import __version__, dimsolve
+from . import dimsolve
+from ._version import __version__
 from . import expr as ex
 from .compiler import Chain, Compiled, Constraint, Variant, shape_axes
 from .ir import TensorSpec
 from .lower import eager, guard_rt, registry, runtime
-from .ops import torch_impl
 from .text import comment
 from .versions import distribution
 
@@ -74,23 +74,35 @@ def _source_of(obj: Any) -> str:
     return textwrap.dedent(inspect.getsource(obj)).rstrip() + "\n"
 
 
+#: Module-level values an eager function may read besides functions: copied as literals.
+_LITERALS = (int, float, str, bool, tuple, frozenset, type(None))
+
+
 def _impl_closure(functions: Iterable[Callable[..., Any]]) -> list[str]:
-    """Sources of the torch_impl functions used, plus the module-level names they refer to."""
+    """Sources of the eager functions used (each op's ``impl``: in :mod:`layoutc.ops.torch_impl` or
+    in the op's own module), plus the module-level functions and constants they read."""
     chunks: dict[str, str] = {}
+    origin: dict[str, Callable[..., Any]] = {}
     pending = list(functions)
     while pending:
         fn = pending.pop()
         if fn.__name__ in chunks:
+            if origin[fn.__name__] is not fn:  # two modules' functions of one name would overwrite
+                raise AssertionError(f"two eager functions are named {fn.__name__}: "
+                                     f"{origin[fn.__name__].__module__} and {fn.__module__}")
             continue
-        chunks[fn.__name__] = _source_of(fn)
+        chunks[fn.__name__], origin[fn.__name__] = _source_of(fn), fn
         for name in _globals_read(fn):
-            value = getattr(torch_impl, name, None)
-            if value is None or name in chunks or name == "torch":
+            if name == "torch" or name in chunks or name not in fn.__globals__:
                 continue
-            if callable(value):
+            value = fn.__globals__[name]
+            if inspect.isfunction(value):
                 pending.append(value)
-            else:
+            elif isinstance(value, _LITERALS):
                 chunks[name] = f"{name} = {value!r}\n"
+            else:  # a module, a class: a converter depends on torch alone
+                raise AssertionError(f"eager function {fn.__module__}.{fn.__name__} reads {name}, "
+                                     "which cannot be copied into a converter (torch, functions and literals only)")
     constants = [c for n, c in chunks.items() if not c.startswith("def ")]
     defs = [c for n, c in sorted(chunks.items()) if c.startswith("def ")]
     return constants + defs
@@ -127,8 +139,9 @@ def _contract(specs: Iterable[TensorSpec]) -> str:
         shape = ", ".join(repr(t) for t in s.shape_text)
         shape = f"({shape},)" if len(s.shape_text) == 1 else f"({shape})"
         accepts = tuple(n for n in s.elem.accepts)
+        widens = tuple(t.canonical for t in getattr(s, "accepts", ()))
         lines.append(
-            f"    {s.name!r}: {{'dtype': {s.elem.name!r}, 'torch_dtypes': {accepts!r}, "
+            f"    {s.name!r}: {{'dtype': {s.elem.name!r}, 'torch_dtypes': {accepts!r}, 'widens': {widens!r}, "
             f"'shape': {shape}, 'optional': {s.optional!r}}},"
         )
     lines.append("}")
@@ -205,6 +218,7 @@ def _emit_direction(
             '    """',
             "    _check_requires(REQUIRES, SPEC_NAME)",
             f"    d, present = _check_call(tensors, dims, 'convert', {contract}, {shapes}, {axes}, DIMS, _CONDITIONS, {checks})",
+            f"    tensors = _widened(tensors, {contract})  # inputs declared 'accepts T': exact conversion first",
             "    how = _choose_lowering(lowering, tensors, _LOWERINGS)",
             "    # Plain tensors out whatever the caller's mode (inference_mode, requires_grad inputs): no autograd",
             "    # graph, and version counters the guard can read.",
@@ -388,7 +402,7 @@ def generate(compiled: Compiled) -> str:
     for module in RUNTIME_MODULES:
         title = f"# -- {module.__name__} (copied whole) "
         lines += ["", title + "-" * max(3, 99 - len(title)), "", module_text(module)]
-    lines += ["", "# -- primitives (layoutc.ops.torch_impl) " + "-" * 59, ""]
+    lines += ["", "# -- primitives (eager implementations of layoutc.ops) " + "-" * 44, ""]
     for chunk in _impl_closure(eager.functions_used(chains)):
         lines.append("")
         lines.append(chunk)
