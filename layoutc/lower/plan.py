@@ -55,6 +55,9 @@ class Quads:
     pairs: bool  # source words 0|2 and 1|3 are the halves of one aligned 8-byte word
     multiple: int  # checked for dims (other than the leading one) that are multiples of this
     guard_dims: tuple[str, ...]
+    # bytes between the source words of neighbouring quads along the last axis, the same for every
+    # source word and row (checked like the rest): a row of quads reads runs at one stride
+    row_stride: ex.Expr | None = None
 
 
 @attrs.frozen
@@ -409,8 +412,34 @@ def _quads(p: Plan, chain: Chain) -> Quads | None:
         if len(found) < 2 or not all(_quads_hold(p, addrs, bases, valid, dims_, last) for dims_ in found):
             continue
         pairs = all(_pairs_hold(p, bases, valid, dims_) for dims_ in found)
-        return Quads(bases, valid, pairs, multiple, guard)
+        stride = _row_stride(p, bases, valid, last)
+        if stride is not None and not (all(_row_stride_holds(p, bases, stride, dims_, last) for dims_ in found)
+                                       and any(int(ex.evaluate(p.word_shape[-1], d_)) >= 8 for d_ in found)):
+            stride = None  # wrong somewhere, or never seen with two quads in a row
+        return Quads(bases, valid, pairs, multiple, guard, stride)
     return None
+
+
+def _row_stride(p: Plan, bases, valid, last: str) -> ex.Expr | None:
+    """The candidate stride: source word 0's address at quad (0, ..., 0, 1) minus at the origin (an
+    expression of the dims alone; _row_stride_holds checks it everywhere)."""
+    if any(v != ex.TRUE for v in valid):
+        return None
+    origin = {f"o{k}": 0 for k in range(len(p.word_shape))}
+    one = dict(origin)
+    one[last] = 1
+    stride = ex.add(ex.substitute(bases[0], one), ex.mul(-1, ex.substitute(bases[0], origin)))
+    return None if ex.free_vars(stride) & set(origin) else stride
+
+
+def _row_stride_holds(p: Plan, bases, stride: ex.Expr, dims: dict, last: str) -> bool:
+    """Every source word's address is its row's first plus ``stride`` times the quad's column."""
+    shape = [int(ex.evaluate(s, dims)) for s in p.word_shape]
+    env = grid_env(shape[:-1] + [shape[-1] // 4], dims)
+    first = dict(env)
+    first[last] = env[last] * 0
+    st = int(ex.evaluate(stride, dims))
+    return st % 4 == 0 and all(bool((_evaluate(b, env) == _evaluate(b, first) + st * env[last]).all()) for b in bases)
 
 
 def _quad_shape(word_shape: Sequence[ex.Expr]) -> tuple[ex.Expr, ...]:

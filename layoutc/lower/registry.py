@@ -146,6 +146,8 @@ def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
     if not p.one_pass or not chain.steps:
         return None
     name = f"_gather_{ctx.tag(chain)}"
+    if p.pattern == "words" and p.access == "quads":
+        ctx.define("_bit_tables", torch_emit.bit_tables_source())
     return ctx.define(name, torch_emit.gather_function(p, name, ctx.dims))
 
 

@@ -2,7 +2,10 @@
 
 ``gather``: each tensor's plan as vectorised torch code, a pure function of a range of the first
 axis (``name_part``): the index expressions evaluated on ``arange`` grids and one gather, driven
-over chunks of experts. ``compiled``: the same part under ``torch.compile`` once over the whole
+over chunks of experts. Where the plan moves whole words, the eager-mode driver takes a part that
+moves them as words (``name_quads``: SM90 FP4 weights, ``name_coarse``: runs of elements), which
+is several times faster on the CPU; ``tests/lower/test_cpu_gather.py`` holds them to the eager
+reference bit for bit. ``compiled``: the same part under ``torch.compile`` once over the whole
 tensor (one loop, no index tensor in memory; compiling costs seconds per shape).
 """
 
@@ -92,17 +95,31 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
             part.append(f"    return torch.where(ok, v, torch.as_tensor({t(m.fill)}, dtype=v.dtype))")
         store = f"torch.{BIT_VIEWS[p.in_elem.bits]}" if bitwise else f"torch.{p.in_elem.canonical}"
     per = " * ".join(f"({s})" for s in sizes[1:]) or "1"
+    eager_part = f"{name}_part"
+    if p.pattern == "words" and p.access == "quads" and p.quads is not None and rank >= 2:  # rank 1: chunks split quads
+        # torch.compile keeps the plain part (it fuses that one itself); the quads part holds for
+        # the dims the plan checked it on, the plain part for any
+        cond = " and ".join(f"{d} % {p.quads.multiple} == 0" for d in p.quads.guard_dims) or "True"
+        eager_part = f"({name}_quads if {cond} else {name}_part)"
+        part += ["", ""] + quads_part(p, f"{name}_quads", dims)
+    elif bitwise and p.coarse > 1 and rank >= 2:
+        r = p.coarse
+        eager_part = (f"({name}_coarse if x.shape[-1] % {r} == 0 and ({sizes[-1]}) % {r} == 0 "
+                      f"else {name}_part)")  # whole words: the shapes _coarsen checked
+        part += ["", ""] + coarse_part(p, f"{name}_coarse", dims)
     drive = [
         f"def {name}(x, d, compiled=False):",
         *bind,
         "    if compiled:",
         f"        y = _compiled({name}_part)({args}, 0, {sizes[0]})",
-        "    else:",
+        f"    elif {per} * {sizes[0]} <= 1 << 24:  # one part: its result is the output, no copy",
+        f"        y = {eager_part}({args}, 0, {sizes[0]})",
+        "    else:  # parts of about 4M elements bound the index temporaries",
         f"        y = torch.empty(({', '.join(sizes)},), dtype={store}, device=x.device)",
         f"        step = max(1, (1 << 22) // max(1, {per}))",
         f"        for start in range(0, {sizes[0]}, step):",
         f"            stop = min(start + step, {sizes[0]})",
-        f"            y[start:stop] = {name}_part({args}, start, stop)",
+        f"            y[start:stop] = {eager_part}({args}, start, stop)",
     ]
     if p.pattern == "words":
         out = ", ".join(ex.to_python(s) for s in p.out_shape)
@@ -114,6 +131,116 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
             drive.append(f"    y = y.view(torch.{p.out_elem.canonical})")
         drive.append("    return y")
     return "\n".join(part) + "\n\n\n" + "\n".join(drive) + "\n"
+
+
+def quads_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
+    """``name(x, dims..., start, stop)``: the words of a quads plan (as int32) by whole-word moves.
+
+    The per-byte part reads each byte through an int64 index and permutes bits with seventeen
+    masked shifts of int64 words: some fifty passes over eight times the data. Here each source
+    word of a quad is read whole: where the plan found one stride along the last axis
+    (``Quads.row_stride``), each row's source words are a strided run and the index has one entry
+    per row and source word; else one per quad and source word. The 4x4 byte transpose is one
+    strided copy, and the bit permutation two lookups per word in 65536-entry tables (one per half
+    word, built from the plan's table on the call). Words are read little-endian, as torch's CPU
+    and CUDA devices store them."""
+    t = ex.to_torch
+    q = p.quads
+    qshape = [ex.to_python(s) for s in p.word_shape[:-1]] + [ex.to_python(ex.div(p.word_shape[-1], 4))]
+    rank = len(qshape)
+    args = ", ".join(["x"] + list(dims))
+    lines = [f"def {name}({args}, start, stop):", "    _dev = x.device"]
+    lines.append("    flat = x.contiguous().view(torch.uint8).reshape(-1)")
+    lines.append("    if flat.numel() % 4 or flat.data_ptr() % 4:  # int32 words need whole, aligned words")
+    lines.append("        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % 4)])")
+    lines.append("    src_words = flat.view(torch.int32)")
+    lines.append(f"    o0 = torch.arange(start, stop, device=_dev).view({', '.join(['-1'] + ['1'] * (rank - 1))})")
+    for k in range(1, rank):
+        view = ["1"] * rank
+        view[k] = "-1"
+        lines.append(f"    o{k} = torch.arange({qshape[k]}, device=_dev).view({', '.join(view)})")
+    lines.append("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the full range")
+    if q.row_stride is not None:  # runs: one index per row and source word, not per quad
+        lines[-2] = f"    o{rank - 1} = torch.zeros(1, dtype=torch.int64, device=_dev).view({', '.join(['1'] * rank)})"
+        lines[-1] = "    zero = " + " + ".join(f"o{k} * 0" for k in range(rank - 1)) + f" + o{rank - 1}  # one quad per row"
+        lines.append("    rows = torch.stack([" + ", ".join(f"(({t(base)}) + zero) // 4" for base in q.bases)
+                     + "], dim=-1)  # row, source word b: the first quad's word")
+        lines.append(f"    step = ({ex.to_python(q.row_stride)}) // 4  # words between a row's neighbouring quads")
+        lines.append(f"    runs = src_words.as_strided((src_words.numel() - ({qshape[-1]} - 1) * step, {qshape[-1]}), (1, step))")
+        lines.append(f"    s = runs[rows.reshape(-1)].view(rows.shape[:-2] + (4, {qshape[-1]}))  # row, b, quad")
+        lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
+        lines.append("    w = s.view(torch.uint8).unflatten(-1, (-1, 4)).movedim(-3, -1).contiguous()")
+    else:
+        index = []
+        for b, (base, valid) in enumerate(zip(q.bases, q.valid)):
+            if valid == ex.TRUE:
+                index.append(f"(({t(base)}) + zero) // 4")
+            else:  # padding: read word 0 there, zeroed below (its address may be past the input)
+                lines.append(f"    ok{b} = ({t(valid)}) & (zero == 0)")
+                index.append(f"torch.where(ok{b}, ({t(base)}) + zero, 0) // 4")
+        lines.append("    index = torch.stack([" + ", ".join(index) + "], dim=-1)  # quad, source word b")
+        lines.append("    s = src_words[index]")
+        for b, valid in enumerate(q.valid):
+            if valid != ex.TRUE:
+                lines.append(f"    s[..., {b}] = torch.where(ok{b}, s[..., {b}], 0)")
+        lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
+        lines.append("    w = s.view(torch.uint8).unflatten(-1, (4, 4)).transpose(-1, -2).contiguous()")
+    lines.append("    halves = w.view(torch.int16).to(torch.int32).view(-1, 2)  # little-endian: low half first")
+    lines.append("    halves &= 0xFFFF  # int16, not uint16: every device converts it")
+    lines.append(f"    low, high = (t.to(_dev) for t in _bit_tables({tuple(p.table)!r}))")
+    lines.append("    r = low.index_select(0, halves[:, 0])")
+    lines.append("    r |= high.index_select(0, halves[:, 1])")
+    out = ", ".join(["stop - start"] + qshape[1:-1] + [f"4 * ({qshape[-1]})"])
+    lines.append(f"    return r.view({out})")
+    return lines
+
+
+def coarse_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
+    """``name(x, dims..., start, stop)``: a gather plan whose map moves runs of ``p.coarse``
+    elements, one index and one load per run (a wider integer), instead of one per element."""
+    t = ex.to_torch
+    wide = BIT_VIEWS[p.in_elem.bits * p.coarse]
+    nbytes = p.in_elem.bits * p.coarse // 8
+    shape = [ex.to_python(s) for s in p.out_shape[:-1]] + [ex.to_python(ex.div(p.out_shape[-1], p.coarse))]
+    rank = len(shape)
+    args = ", ".join(["x"] + list(dims))
+    lines = [f"def {name}({args}, start, stop):", "    _dev = x.device"]
+    lines.append("    flat = x.contiguous().view(torch.uint8).reshape(-1)")
+    lines.append(f"    if flat.numel() % {nbytes} or flat.data_ptr() % {nbytes}:  # whole, aligned words")
+    lines.append(f"        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % {nbytes})])")
+    lines.append(f"    words = flat.view(torch.{wide})")
+    lines.append(f"    o0 = torch.arange(start, stop, device=_dev).view({', '.join(['-1'] + ['1'] * (rank - 1))})")
+    for k in range(1, rank):
+        view = ["1"] * rank
+        view[k] = "-1"
+        lines.append(f"    o{k} = torch.arange({shape[k]}, device=_dev).view({', '.join(view)})")
+    lines.append("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the full range")
+    lines.append(f"    src = ({t(p.coarse_src)}) + zero")
+    if p.coarse_valid == ex.TRUE:
+        lines.append("    v = words[src]")
+    else:
+        lines.append(f"    ok = ({t(p.coarse_valid)}) & (zero == 0)")
+        lines.append("    v = torch.where(ok, words[torch.where(ok, src, 0)], 0)")
+    lines.append(f"    return v.view(torch.{BIT_VIEWS[p.in_elem.bits]})  # the last axis, {p.coarse} elements a word")
+    return lines
+
+
+def bit_tables_source() -> str:
+    """Module-level helper of ``quads_part``: the two half-word tables of a bit permutation."""
+    return (
+        "def _bit_tables(table):\n"
+        "    # Output bit i of a word is input bit table[i]. For each half word h, the output bits of\n"
+        "    # all its 65536 values, as int32: value v | 2**k sets v's bits and bit k's, so the table\n"
+        "    # doubles sixteen times (no per-bit pass over the whole table).\n"
+        "    out = []\n"
+        "    for h in (0, 1):\n"
+        "        r = torch.zeros(1, dtype=torch.int32)\n"
+        "        for k in range(16):\n"
+        "            image = sum(1 << i for i, s in enumerate(table) if s == 16 * h + k)\n"
+        "            r = torch.cat([r, r | (image - (1 << 32) if image >= 1 << 31 else image)])  # bit 31: the sign\n"
+        "        out.append(r)\n"
+        "    return out\n"
+    )
 
 
 def compiled_function(name: str, gather: str) -> str:
