@@ -81,21 +81,21 @@ def parity(log, variants=VARIANTS) -> int:
 
 def sweep(log) -> None:
     """SM90 words kernel: lanes per program and warps, whole bf16 converter on the gpt-oss-120b layer."""
-    from layoutc.lower import fused
+    from layoutc.lower import triton_emit
 
     dims = MODELS["gpt-oss-120b"]
     text = (SPECS / "flashinfer_cutlass_bf16.lyt").read_text()
-    defaults = fused.BLOCK_QUADS, fused.WORDS_WARPS
+    defaults = triton_emit.BLOCK_QUADS, triton_emit.NUM_WARPS
     for quads, warps in [(256, 4), (512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 16)]:
-        fused.BLOCK_QUADS, fused.WORDS_WARPS = quads, warps
+        triton_emit.BLOCK_QUADS, triton_emit.NUM_WARPS = quads, warps
         spec = layoutc.compile_source(text + f"\n# sweep {quads} {warps}\n", f"sweep_{quads}_{warps}.lyt")
         x = synthetic_inputs(spec, dims, 2, "cuda")
         moved = sum(v.numel() * v.element_size() for v in x.values()) * 2
         t = timeit(lambda: spec.convert(x, lowering="fused"), "cuda", reps=20)
         log(f"sweep BLOCK_QUADS={quads} num_warps={warps}: {t * 1e3:.3f} ms ({moved / t / 1e9:.0f} GB/s approx)")
-        del x
+        x = None  # free before the next size
         torch.cuda.empty_cache()
-    fused.BLOCK_QUADS, fused.WORDS_WARPS = defaults
+    triton_emit.BLOCK_QUADS, triton_emit.NUM_WARPS = defaults
 
 
 def benches(out_dir: Path, log, quick: bool, only: str | None = None, variants=VARIANTS) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import torch
 
 from . import codegen
+from .lower import registry
 from .compiler import Compiled, build
 from .errors import Diagnostic, SpecError
 from .indexmap import IndexMap
@@ -82,9 +83,11 @@ class CompiledSpec:
     ) -> dict[str, torch.Tensor]:
         """Checkpoint tensors -> kernel layout. Inputs are never modified unless ``inplace``.
 
-        ``lowering``: "auto" (fused Triton kernels on CUDA, one torch gather per tensor on CPU),
-        "fused", "gather", or "eager" (op by op, the reference). ``chunk=k`` converts k experts
-        at a time; ``inplace=True`` reuses the inputs' memory where the bytes per expert match."""
+        ``lowering``: "auto" (the first registered lowering that runs on the tensors' device:
+        generated Triton kernels on CUDA, torch gathers on the CPU) or a name from
+        :func:`layoutc.lower.registry.names` ("eager": op by op, the reference). ``chunk=k``
+        converts k experts at a time; ``inplace=True`` reuses the inputs' memory where the bytes
+        per expert match."""
         try:
             return self.module.convert(tensors, dims, lowering, chunk, inplace)
         except self.module.LayoutError as err:
@@ -94,9 +97,8 @@ class CompiledSpec:
         """The dims (E, I, H, ...) that converting these checkpoint tensors binds. Padded layouts
         need them to invert: their outputs hold only the rounded-up sizes."""
         m = self.module
-        present = {k: v for k, v in tensors.items() if v is not None}
         try:
-            return m._bind_dims(present, m._INPUT_AXES, None, m.DIMS, "convert")[0]
+            return m.bind_dims(tensors)
         except m.LayoutError as err:
             raise LayoutError(str(err)) from None
 
@@ -132,7 +134,8 @@ def _load_module(source: str, program: Program) -> types.ModuleType:
 
 
 @functools.lru_cache(maxsize=64)
-def _compile_cached(source: str, filename: str, params: tuple, check_versions: bool, verify_spec: bool = True) -> CompiledSpec:
+def _compile_cached(source: str, filename: str, params: tuple, check_versions: bool, verify_spec: bool = True,
+                    lowerings: tuple = ()) -> CompiledSpec:
     program = resolve(parse(source, filename), dict(params))
     warnings: tuple[Diagnostic, ...] = ()
     if check_versions:
@@ -156,7 +159,8 @@ def compile_source(
 
     ``verify_spec=False`` skips the sync/contract verifier (review tools use it to compare a spec
     that fails verification; never convert weights with such a spec)."""
-    return _compile_cached(source, filename, tuple(sorted((params or {}).items())), check_versions, verify_spec)
+    return _compile_cached(source, filename, tuple(sorted((params or {}).items())), check_versions, verify_spec,
+                           registry.signature())  # a newly registered lowering gets new modules
 
 
 def compile_file(

@@ -152,6 +152,27 @@ class SpecFile(click.ParamType):
 
 SPEC = SpecFile()
 
+
+class _Lowerings(click.Choice):
+    """'auto' and the registered lowerings (layoutc.lower.registry), read when the option is parsed."""
+
+    def __init__(self) -> None:
+        super().__init__(["auto"])
+
+    @property
+    def choices(self):  # noqa: D401 - click reads this attribute
+        from .lower.registry import names
+
+        return names()
+
+    @choices.setter
+    def choices(self, value) -> None:
+        pass
+
+
+LOWERING = _Lowerings()
+LOWERING_HELP = "auto: the first lowering that runs on the device (Triton kernels on CUDA, torch gathers on the CPU)."
+
 define_option = click.option(
     "-D", "--define", "defines", multiple=True, metavar="NAME=VALUE", help="Set a spec parameter (repeatable)."
 )
@@ -300,7 +321,7 @@ def _parse_shape(shape: str) -> dict[str, int]:
 @click.argument("spec", type=SPEC)
 @click.option("--shape", default="E=128,I=2944,H=2944", show_default=True, help="Dims of the synthetic layer.")
 @click.option("--device", default="cpu", show_default=True, callback=_check_device, help="cpu, cuda or cuda:N")
-@click.option("--lowering", default="auto", show_default=True, type=click.Choice(["auto", "fused", "compiled", "gather", "eager"]))
+@click.option("--lowering", default="auto", show_default=True, type=LOWERING, help=LOWERING_HELP)
 @click.option("--reps", default=20, show_default=True, help="Timed repetitions (the median is reported).")
 @click.option("--eager/--no-eager", default=False, help="Also time the eager lowering.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
@@ -433,7 +454,7 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
 @click.option("--names", default="vllm", show_default=True, help="Name mapping: vllm, gpt-oss or a JSON file.")
 @click.option("--device", default=None, callback=_check_device,
               help="cpu or cuda (under torchrun, cuda means cuda:<local rank>; default: that with GPUs, else cpu)")
-@click.option("--lowering", default="auto", show_default=True, type=click.Choice(["auto", "fused", "compiled", "gather", "eager"]))
+@click.option("--lowering", default="auto", show_default=True, type=LOWERING, help=LOWERING_HELP)
 @click.option("--no-verify", is_flag=True, help="Skip the round-trip check of a sample layer per shard.")
 @click.option("--prefetch", default=None, type=click.IntRange(0, 64), metavar="N",
               help="Shards read ahead of the one being converted (default 2; 0: one shard at a time, no threads).")

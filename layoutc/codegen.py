@@ -2,63 +2,72 @@
 
 The module a spec compiles to exposes::
 
-    convert(tensors, dims=None) -> dict[str, Tensor]   checkpoint layout -> kernel layout
+    convert(tensors, dims=None, lowering='auto') -> dict[str, Tensor]   checkpoint layout -> kernel layout
     inverse(tensors, dims=None) -> dict[str, Tensor]   kernel layout -> checkpoint layout
-    SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, DIMS, INPUTS, OUTPUTS, INVERTIBLE
+    bind_dims(tensors, dims=None) -> dict[str, int]    the dims (E, I, H, ...) convert would bind
+    guard(tensors), provenance(tensor)                  the pre-kernel guard (layoutc.lower.guard_rt)
+    SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, DIMS, INPUTS, OUTPUTS, INVERTIBLE, LOWERINGS
     LayoutError                                         raised for tensors that break the contract
 
-The functions it calls are copied from the ops' eager implementations
-(:mod:`layoutc.ops.torch_impl`, or an op's own module) and :mod:`layoutc.lower.runtime`
-(the contract checks), so the
-module runs where layoutc is not installed. ``layoutc.compile_file`` loads the
-same text in memory: the Python API and the generated file are one code path.
+It holds copies, whole, of the run-time modules (:mod:`layoutc.dimsolve`, :mod:`layoutc.lower.runtime`,
+:mod:`layoutc.lower.guard_rt`), the eager functions the spec's ops use (:mod:`layoutc.ops.torch_impl`,
+or an op's own module), and what each registered lowering (:mod:`layoutc.lower.registry`) writes for
+the spec's chains: so the module runs where layoutc is not installed. ``layoutc.compile_file`` loads
+the same text in memory: the Python API and the generated file are one code path.
 """
 
 from __future__ import annotations
 
+import ast
 import dis
 import inspect
 import textwrap
 from typing import Any, Callable, Iterable
 
+from . import dimsolve
 from ._version import __version__
 from . import expr as ex
-from .compiler import Chain, Compiled, Constraint, Variant
+from .compiler import Chain, Compiled, Constraint, Variant, shape_axes
 from .ir import TensorSpec
-from .lower import eager, fused, guard_rt, runtime
+from .lower import eager, guard_rt, registry, runtime
 from .text import comment
 from .versions import distribution
 
-RUNTIME_NAMES = (
-    "LayoutError",
-    "_convert_in_chunks",
-    "_triton_kernels",
-    "_choose_lowering",
-    "_compiled",
-    "_aligned",
-    "_fmt_dims",
-    "_fmt_shape",
-    "_check_outputs",
-    "_widened",
-    "_bind_dims",
-    "_check_tensors",
-    "_check_divisibility",
-    "_holding",
-    "_owned",
-    "_version_ok",
-    "_check_requires",
-)
-
-
-GUARD_NAMES = ("_provenance_registry", "_installed", "_stamp", "_provenance", "_guard_layer")
+#: The run-time modules copied whole into every converter, in this order.
+RUNTIME_MODULES = (dimsolve, runtime, guard_rt)
+#: What the copied modules may import (the converter imports these at its top).
+RUNTIME_IMPORTS = frozenset({"importlib.metadata", "importlib.util", "itertools", "linecache", "os", "sys", "types", "fractions", "torch"})
 
 
 def text_literal(text: str) -> str:
     """A Python literal for ``text``: a triple-quoted block where that denotes exactly ``text``
-    (readable multi-line code and docs), else ``repr(text)``. Either way nothing in ``text`` can
-    end the literal: text from a spec or a file name is data, never code."""
-    block = all(c.isprintable() or c == "\n" for c in text) and "\\" not in text and '"' not in text
-    return f'"""{text}"""' if block else repr(text)
+    (readable multi-line code and docs: no backslash, and no character of the chosen quote), else
+    ``repr(text)``. Either way nothing in ``text`` can end the literal: text from a spec or a file
+    name is data, never code."""
+    if all(c.isprintable() or c == "\n" for c in text) and "\\" not in text:
+        for quote in ('"', "'"):
+            if quote not in text:
+                return quote * 3 + text + quote * 3
+    return repr(text)
+
+
+def module_text(module) -> str:
+    """The source of a run-time module, to be copied whole into a converter: without its docstring
+    (a comment names the module), ``from __future__`` and its import lines (the converter imports
+    the same modules at its top; relative imports name modules copied before it)."""
+    source = inspect.getsource(module)
+    tree = ast.parse(source)
+    drop: set[int] = set()
+    for i, node in enumerate(tree.body):
+        docstring = i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module not in RUNTIME_IMPORTS | {"__future__"}:
+            raise AssertionError(f"{module.__name__} imports {node.module}, which converters do not carry")
+        if isinstance(node, ast.Import) and any(a.name not in RUNTIME_IMPORTS for a in node.names):
+            raise AssertionError(f"{module.__name__} imports what converters do not carry")
+        if docstring or isinstance(node, (ast.Import, ast.ImportFrom)):
+            drop.update(range(node.lineno, node.end_lineno + 1))
+    lines = [line for n, line in enumerate(source.splitlines(), 1) if n not in drop]
+    return textwrap.dedent("\n".join(lines)).strip() + "\n"
 
 
 def _source_of(obj: Any) -> str:
@@ -150,16 +159,7 @@ def _shapes(specs: Iterable[TensorSpec], dims: tuple[str, ...]) -> str:
 
 
 def _axes(specs: Iterable[TensorSpec]) -> str:
-    lines = ["["]
-    for s in specs:
-        for axis, (e, text) in enumerate(zip(s.shape, s.shape_text)):
-            form = ex.linear_form(e)
-            if form is None or not form[0]:
-                continue
-            coefs = {k: (v.numerator, v.denominator) for k, v in form[0].items()}
-            const = (form[1].numerator, form[1].denominator)
-            lines.append(f"    ({s.name!r}, {axis}, {coefs!r}, {const!r}, {text!r}),")
-    lines.append("]")
+    lines = ["["] + [f"    {entry!r}," for entry in shape_axes(specs)] + ["]"]
     return "\n".join(lines)
 
 
@@ -200,26 +200,26 @@ def _checks(variants: tuple[Variant, ...], dims: tuple[str, ...], assumptions: l
 def _emit_direction(
     fn_name: str, doc: str, variants: tuple[Variant, ...], contract: str, shapes: str, axes: str, checks: str,
     tensors: Iterable[TensorSpec], dims: tuple[str, ...], filename: str, out_specs: dict[str, TensorSpec],
-    fused_names: dict | None = None,
+    passes: dict[tuple, str] | None = None, layers: dict[frozenset, list[tuple[str, str]]] | None = None,
 ) -> list[str]:
+    """``convert`` (lowered: ``passes`` maps a chain's signature to its table of one-pass functions,
+    ``layers`` a variant to its layer functions) or ``inverse`` (eager)."""
     lowered = fn_name == "convert"
     if lowered:
         body = [
             "def convert(tensors, dims=None, lowering='auto', chunk=None, inplace=False):",
             textwrap.indent(f'"""{doc}', "    "),
             "",
-            "    lowering: 'auto' (generated Triton kernels on CUDA, one torch gather per tensor on the CPU),",
-            "    'fused', 'gather' or 'eager' (op by op, the reference). chunk=k converts k experts at a",
+            "    lowering: 'auto' or one of LOWERINGS: " + comment(registry.describe()) + ".",
+            "    'auto' takes the first that runs on the tensors' device. chunk=k converts k experts at a",
             "    time (bounds the eager lowering's temporaries). inplace=True writes each output whose",
             "    bytes per expert equal its input's into the input's memory, one expert at a time, and",
             "    returns views of it: the inputs are overwritten, peak extra memory is about one expert.",
             '    """',
             "    _check_requires(REQUIRES, SPEC_NAME)",
-            f"    d, present = _check_tensors(tensors, {contract}, {shapes}, {axes}, dims, DIMS, 'convert')",
+            f"    d, present = _check_call(tensors, dims, 'convert', {contract}, {shapes}, {axes}, DIMS, _CONDITIONS, {checks})",
             f"    tensors = _widened(tensors, {contract})  # inputs declared 'accepts T': exact conversion first",
-            "    present = present | _holding(_CONDITIONS, d)  # size conditions ('if I > 128') choose branches too",
-            f"    _check_divisibility({checks}, d, {{k for k in tensors if tensors[k] is not None}}, present)",
-            "    how = _choose_lowering(lowering, tensors)",
+            "    how = _choose_lowering(lowering, tensors, _LOWERINGS)",
             "    # Plain tensors out whatever the caller's mode (inference_mode, requires_grad inputs): no autograd",
             "    # graph, and version counters the guard can read.",
             "    with torch.inference_mode(False), torch.no_grad():",
@@ -240,9 +240,7 @@ def _emit_direction(
             f"def {fn_name}(tensors, dims=None):",
             textwrap.indent(f'"""{doc}"""', "    "),
             "    _check_requires(REQUIRES, SPEC_NAME)",
-            f"    d, present = _check_tensors(tensors, {contract}, {shapes}, {axes}, dims, DIMS, {fn_name!r})",
-            "    present = present | _holding(_CONDITIONS, d)",
-            f"    _check_divisibility({checks}, d, {{k for k in tensors if tensors[k] is not None}}, present)",
+            f"    d, present = _check_call(tensors, dims, {fn_name!r}, {contract}, {shapes}, {axes}, DIMS, _CONDITIONS, {checks})",
             "    with torch.inference_mode(False), torch.no_grad():",
             "        return _inverse(tensors, d, present)",
             "",
@@ -251,9 +249,11 @@ def _emit_direction(
         ]
     if dims:
         body.append(f"    {', '.join(dims)} = {', '.join(f'd[{n!r}]' for n in dims)}")
-    if lowered:
-        body.append("    kernels = _triton_kernels(_TRITON_SOURCE, _TRITON_FILE) if how == 'fused' else None")
-    body.append("    out = {}")
+    if lowered and layers:
+        body.append("    _layer = _LAYERS.get((how, present))")
+        body.append("    out = _layer(tensors, d) if _layer is not None else {}  # a lowering that converts the whole layer at once")
+    else:
+        body.append("    out = {}")
     for spec in tensors:
         groups: dict[tuple, tuple[Chain, list[frozenset]]] = {}
         for v in variants:
@@ -267,8 +267,10 @@ def _emit_direction(
         indent = "    "
         body.append("")
         body.append("    # " + comment(f"{spec.name}: {spec.elem.name}{spec.shape_str()} -> {target.elem.name}{target.shape_str()}"))
-        if spec.optional:
-            body.append(f"    if {spec.name!r} in present:")
+        taken = lowered and layers and any(spec.name in names for fns in layers.values() for _, names in fns)
+        conds = ([f"{spec.name!r} in present"] if spec.optional else []) + ([f"{spec.name!r} not in out"] if taken else [])
+        if conds:
+            body.append(f"    if {' and '.join(conds)}:")
             indent = "        "
         for i, (chain, presents) in enumerate(groups.values()):
             inner = indent
@@ -279,19 +281,63 @@ def _emit_direction(
             body.append(f"{inner}x = tensors[{spec.name!r}]")
             if len(spec.elem.accepts) > 1:  # same bits under another torch dtype: work on the canonical one
                 body.append(f"{inner}x = x.view(torch.{spec.elem.canonical})")
-            if lowered and fused_names is not None and chain.steps and chain.signature() in fused_names:
-                launch, gather_fn = fused_names[chain.signature()]
-                body.append(f"{inner}if how == 'fused':")
-                body.append(f"{inner}    x = {launch}(x, d, kernels)")
-                body.append(f"{inner}elif how in ('gather', 'compiled'):")
-                body.append(f"{inner}    x = {gather_fn}(x, {', '.join(dims)}, compiled=how == 'compiled')")
-                body.append(f"{inner}else:")
+            table = (passes or {}).get(chain.signature()) if lowered else None
+            if table is not None:
+                body.append(f"{inner}if how in {table}:  # one pass: {', '.join(n for n, _ in _PASS_TABLES[table])}")
+                body.append(f"{inner}    x = {table}[how](x, d)")
+                body.append(f"{inner}else:  # eager: op by op, the reference")
                 body += [inner + "    " + line for line in eager.emit_chain(chain, filename) or ["pass"]]
             else:
                 body += [inner + line for line in eager.emit_chain(chain, filename)]
             body.append(f"{inner}out[{spec.name!r}] = _owned(x, tensors)")
     body.append("    return out")
     return body
+
+
+#: Per generate() call: pass-table name -> [(lowering, function)] (for the comment in _convert).
+_PASS_TABLES: dict[str, list[tuple[str, str]]] = {}
+
+
+def _lowered(compiled: Compiled) -> tuple[list[str], dict[tuple, str], dict[frozenset, list[tuple[str, str]]], str]:
+    """What the registered lowerings write for the convert chains: module-level source, the pass
+    table of each chain signature, the layer functions of each variant, the Triton source."""
+    p = compiled.program
+    ctx = registry.EmitContext(p.dims, p.filename)
+    passes: dict[tuple, list[tuple[str, str]]] = {}
+    layers: dict[frozenset, list[tuple[str, str, tuple[str, ...]]]] = {}
+    for lw in registry.lowerings():
+        for v in compiled.variants:
+            if lw.layer is not None:
+                made = lw.layer(ctx, v)
+                if made is not None:
+                    layers.setdefault(v.present, []).append((lw.name, made[0], made[1]))
+            if lw.chain is not None:
+                for c in v.chains:
+                    fn = lw.chain(ctx, c)
+                    if fn is not None and (lw.name, fn) not in passes.setdefault(c.signature(), []):
+                        passes[c.signature()].append((lw.name, fn))
+    lines = ["_LOWERINGS = (  # name, devices, devices auto picks it for, module it needs, CPU switch, wrong-device text",
+             *(f"    {lw.table_entry()!r}," for lw in registry.lowerings()), ")",
+             "LOWERINGS = tuple(entry[0] for entry in _LOWERINGS)", ""]
+    kernel_text = "\n\n".join(sorted(ctx.kernels.values(), key=lambda k: "def _k_layer_" in k))  # bodies first
+    lines += [
+        f"_TRITON_FILE = {f'<layoutc triton kernels of {p.name}>'!r}",
+        f"_TRITON_SOURCE = {text_literal(chr(10) + kernel_text) if kernel_text else repr('')}",
+        "",
+    ]
+    for source in ctx.defs.values():
+        lines += ["", source]
+    tables: dict[tuple, str] = {}
+    _PASS_TABLES.clear()
+    for sig, fns in passes.items():
+        name = f"_PASS_{ctx.tag(next(c for v in compiled.variants for c in v.chains if c.signature() == sig))}"
+        tables[sig] = name
+        _PASS_TABLES[name] = fns
+        lines.append(f"{name} = {{{', '.join(f'{lw!r}: {fn}' for lw, fn in fns)}}}")
+    entries = [f"    ({lw!r}, frozenset({sorted(present)!r})): {fn},"
+               for present, fns in layers.items() for lw, fn, _ in fns]
+    lines += ["", "_LAYERS = {", *entries, "}"]
+    return lines, tables, {k: [(fn, names) for _, fn, names in v] for k, v in layers.items()}, kernel_text
 
 
 def generate(compiled: Compiled) -> str:
@@ -329,6 +375,7 @@ def generate(compiled: Compiled) -> str:
         text_literal(doc),
         "",
         "import importlib.metadata",
+        "import importlib.util",
         "import itertools",
         "import linecache",
         "import os",
@@ -348,59 +395,30 @@ def generate(compiled: Compiled) -> str:
         f"INPUTS = {_contract(p.inputs)}",
         f"OUTPUTS = {_contract(p.outputs)}",
         "",
-        "__all__ = ['convert', 'inverse', 'guard', 'provenance', 'LayoutError', 'SPEC_NAME', 'SPEC_SHA256', "
-        "'PARAMS', 'REQUIRES', 'DIMS', 'INPUTS', 'OUTPUTS', 'INVERTIBLE']",
-        "",
-        "",
-        "# -- contract checks (layoutc.lower.runtime) " + "-" * 40,
-        "",
-        "_REQUIRES_CHECKED = []",
-        "_KERNELS = {}",
-        "_COMPILE_ABOVE_BYTES = 1 << 28  # auto on the CPU: compiled gathers for layers above 256 MiB",
+        "__all__ = ['convert', 'inverse', 'bind_dims', 'guard', 'provenance', 'LayoutError', 'SPEC_NAME', "
+        "'SPEC_SHA256', 'PARAMS', 'REQUIRES', 'DIMS', 'INPUTS', 'OUTPUTS', 'INVERTIBLE', 'LOWERINGS']",
         "",
     ]
-    for name in RUNTIME_NAMES:
-        lines.append("")
-        lines.append(_source_of(getattr(runtime, name)))
-    lines += ["", "# -- provenance and the pre-kernel guard (layoutc.lower.guard_rt) " + "-" * 17, ""]
-    for name in GUARD_NAMES:
-        lines.append("")
-        lines.append(_source_of(getattr(guard_rt, name)))
-    lines += ["", "# -- primitives (eager implementations of layoutc.ops) " + "-" * 28, ""]
+    for module in RUNTIME_MODULES:
+        title = f"# -- {module.__name__} (copied whole) "
+        lines += ["", title + "-" * max(3, 99 - len(title)), "", module_text(module)]
+    lines += ["", "# -- primitives (eager implementations of layoutc.ops) " + "-" * 44, ""]
     for chunk in _impl_closure(eager.functions_used(chains)):
         lines.append("")
         lines.append(chunk)
-    plans: dict[tuple, tuple[str, str]] = {}
-    kernel_sources, fused_defs = [], []
-    for v in compiled.variants:
-        for c in v.chains:
-            if c.signature() in plans:
-                continue
-            pl = fused.plan(c)
-            if not pl.is_fused:
-                continue
-            tag = f"{c.tensor}_{len(plans)}"
-            kernel_sources.append(fused.triton_kernel(pl, f"_k_{tag}", dims))
-            fused_defs.append(fused.launcher(pl, f"_fused_{tag}", f"_k_{tag}", dims))
-            fused_defs.append(fused.torch_function(pl, f"_gather_{tag}", dims))
-            plans[c.signature()] = (f"_fused_{tag}", f"_gather_{tag}")
-    kernel_text = "\n\n".join(kernel_sources)
+    lowered, passes, layers, _ = _lowered(compiled)
     lines += [
         "",
-        "# -- fused lowering (layoutc.lower.fused): one pass per tensor " + "-" * 20,
-        "# On CUDA, the Triton kernels below (compiled on first use); on the CPU, one torch",
-        "# gather per tensor computed from the same composed index maps.",
+        "# -- lowerings (layoutc.lower.registry) " + "-" * 60,
+        "# Each registered lowering's code for this spec's chains: per layer (one call converts every",
+        "# tensor it takes) or per tensor (a table from lowering name to a function of one tensor).",
+        "# The Triton kernels are compiled on first use; each carries the statements it fuses and its map.",
         "",
-        f"_TRITON_FILE = {f'<layoutc triton kernels of {p.name}>'!r}",
-        f"_TRITON_SOURCE = {text_literal(chr(10) + kernel_text)}",
-        "",
+        *lowered,
     ]
-    for chunk in fused_defs:
-        lines.append("")
-        lines.append(chunk)
     lines += [
         "",
-        "# -- shapes and sizes " + "-" * 62,
+        "# -- shapes and sizes " + "-" * 79,
         "",
         f"_INPUT_SHAPES = {_shapes(p.inputs, dims)}",
         f"_OUTPUT_SHAPES = {_shapes(p.outputs, dims)}",
@@ -416,7 +434,7 @@ def generate(compiled: Compiled) -> str:
         "convert",
         f"Checkpoint tensors -> {p.name} kernel layout (new tensors; inputs untouched).",
         compiled.variants, "INPUTS", "_INPUT_SHAPES", "_INPUT_AXES", "_CONVERT_CHECKS",
-        p.inputs, dims, p.filename, outputs, plans,
+        p.inputs, dims, p.filename, outputs, passes, layers,
     )
     lines += ["", ""]
     if compiled.inverse_variants is not None:
@@ -431,11 +449,19 @@ def generate(compiled: Compiled) -> str:
             "def inverse(tensors, dims=None):",
             f"    raise NotImplementedError({p.name + ': some transform has no inverse, so this layout cannot be undone'!r})",
         ]
-    lines += ["", "", *GUARD_FUNCTIONS]
+    lines += ["", "", *PUBLIC_FUNCTIONS]
     return "\n".join(lines).rstrip() + "\n"
 
 
-GUARD_FUNCTIONS = [
+PUBLIC_FUNCTIONS = [
+    "def bind_dims(tensors, dims=None):",
+    '    """The dims (E, I, H, ...) that converting these checkpoint tensors binds, read off their shapes',
+    "    (and ``dims``, checked). Padded layouts need them to invert: their outputs hold only the",
+    '    rounded-up sizes."""',
+    "    given = {k: v for k, v in tensors.items() if v is not None}",
+    "    return _solve_dims(given, _INPUT_AXES, dims, DIMS, 'convert', LayoutError)[0]",
+    "",
+    "",
     "def guard(tensors, same_call=False):",
     '    """Right before the kernel: assert that these outputs (one layer) all come from this spec,',
     "    with these parameters, unmodified since conversion, with the contract's names, dtypes and shapes.",

@@ -22,6 +22,7 @@ from . import expr as ex
 from .ast import Pos
 from .errors import Diagnostic, Reporter
 from .indexmap import IndexMap, compose_all, identity
+from .dimsolve import solve_order
 from .instances import classify, sample_dims
 from .limits import MAX_STEPS_PER_TENSOR
 from .ir import Program, Statement, TensorSpec
@@ -352,25 +353,28 @@ class _Builder:
         return Chain(chain.tensor, chain.target, chain.source, tuple(steps), tuple(constraints))
 
     def check_dims_inferable(self) -> None:
-        known: set[str] = set()
-        progress = True
-        required = [t for t in self.program.inputs if not t.optional]
-        while progress:
-            progress = False
-            for spec in required:
-                for s in spec.shape:
-                    form = ex.linear_form(s)
-                    if form is None:
-                        continue
-                    unknown = set(form[0]) - known
-                    if len(unknown) == 1:
-                        known |= unknown
-                        progress = True
+        # The same fixpoint the converters run on real shapes (dimsolve.py), on the required inputs.
+        required = {t.name for t in self.program.inputs if not t.optional}
+        known = {d for d, _ in solve_order(shape_axes(self.program.inputs), required)}
         for d in self.program.dims:
             if d not in known:
                 self.error(f"dim {d} cannot be inferred from the shapes of the required inputs",
                            self.program.dim_position(d), f"use {d} linearly in some input shape, e.g. [{d}, ...], "
                            f"or remove it from 'dims'")
+
+
+def shape_axes(specs: Iterable[TensorSpec]) -> list[tuple]:
+    """Every axis of these tensors whose size is linear in the dims, as :mod:`layoutc.dimsolve` reads
+    them: ``(tensor, axis, {dim: (num, den)}, (num, den), size as written)``."""
+    out = []
+    for s in specs:
+        for axis, (e, text) in enumerate(zip(s.shape, s.shape_text)):
+            form = ex.linear_form(e)
+            if form is None or not form[0]:
+                continue
+            coefs = {k: (v.numerator, v.denominator) for k, v in form[0].items()}
+            out.append((s.name, axis, coefs, (form[1].numerator, form[1].denominator), text))
+    return out
 
 
 def shapes_differ(a: tuple[ex.Expr, ...], b: tuple[ex.Expr, ...], samples: list[dict]) -> dict | None:

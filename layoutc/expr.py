@@ -894,7 +894,12 @@ def sym_bounds(e: Expr, ranges: Mapping[str, SymBounds]) -> SymBounds:
     if isinstance(e, (FloorDiv, Div)) and isinstance(e.den, Const) and e.den.value > 0:
         lo, hi = sym_bounds(e.num, ranges)
         c = Fraction(e.den.value)
-        lo2 = None if lo is None else _lf_scale(_lf_add(lo, ({}, c - 1), -1), 1 / c)
+        if lo is not None and not lo[0]:  # a constant bound: its floor is exact
+            lo2 = ({}, Fraction(math.floor(lo[1] / c)))
+        else:
+            lo2 = None if lo is None else _lf_scale(_lf_add(lo, ({}, c - 1), -1), 1 / c)
+        if hi is not None and not hi[0]:
+            return lo2, ({}, Fraction(math.floor(hi[1] / c)))
         return lo2, (None if hi is None else _lf_scale(hi, 1 / c))
     if isinstance(e, Mod):
         dlo, dhi = sym_bounds(e.den, ranges)

@@ -1,18 +1,20 @@
 """Run-time checks of generated converters: the contract at the module boundary.
 
-Like :mod:`layoutc.ops.torch_impl`, this module's functions are copied verbatim
-into every generated converter, which must depend on torch alone (plus the
-standard library). They check what a kernel never checks: names, dtypes,
-devices and shapes of the tensors handed over, the sizes the transforms need,
-and the library version the layout belongs to.
+Copied whole into every generated converter (after :mod:`layoutc.dimsolve`), which must depend on
+torch alone (plus the standard library). The functions check what a kernel never checks: names,
+dtypes, devices and shapes of the tensors handed over, the sizes the transforms need, and the
+library version the layout belongs to; they choose a lowering from the table the code generator
+writes (:mod:`layoutc.lower.registry`) and load the generated Triton kernels on first use.
 """
 
 import importlib.metadata
+import importlib.util
 import linecache
 import os
-from fractions import Fraction
 
 import torch
+
+from ..dimsolve import _solve_dims  # copied into converters before this module
 
 
 class LayoutError(ValueError):
@@ -25,44 +27,6 @@ def _fmt_dims(d):
 
 def _fmt_shape(shape):
     return "[" + ", ".join(str(s) for s in shape) + "]"
-
-
-def _bind_dims(tensors, axes, given, all_dims, what):
-    # Solve each dim from an axis that is linear in it, e.g. H from w13_weight [E, 2*I, H/2].
-    # Returns the dims and, for messages, where each one was read.
-    d, origin = {}, {}
-    for k, v in dict(given or {}).items():
-        if k not in all_dims:
-            raise LayoutError(f"{what}: dims={{{k!r}: ...}} is not a dim of this spec ({', '.join(all_dims)})")
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise LayoutError(f"{what}: dim {k} must be a positive integer, got {v!r}")
-        d[k] = v
-        origin[k] = "given"
-    progress = True
-    while progress:
-        progress = False
-        for name, axis, coefs, const, text in axes:
-            if tensors.get(name) is None:
-                continue
-            unknown = [v for v in coefs if v not in d]
-            if len(unknown) != 1:
-                continue
-            v = unknown[0]
-            actual = tensors[name].shape[axis]
-            rest = Fraction(*const) + sum(Fraction(*c) * d[k] for k, c in coefs.items() if k != v)
-            value = (actual - rest) / Fraction(*coefs[v])
-            if value.denominator != 1 or value < 1:
-                raise LayoutError(
-                    f"{name}: axis {axis} has size {actual}, but the spec says {text}, "
-                    f"which no positive integer {v} gives (shape {_fmt_shape(tensors[name].shape)})"
-                )
-            d[v] = int(value)
-            origin[v] = f"{name}.shape[{axis}] = {text}"
-            progress = True
-    missing = [k for k in all_dims if k not in d]
-    if missing:
-        raise LayoutError(f"{what}: cannot infer dim {missing[0]} from the given tensors; pass dims={{'{missing[0]}': ...}}")
-    return {k: d[k] for k in all_dims}, origin
 
 
 def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
@@ -93,7 +57,7 @@ def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
             raise LayoutError(
                 f"{name}: expected {len(c['shape'])} axes {_fmt_shape(c['shape'])}, got shape {_fmt_shape(t.shape)}"
             )
-    d, origin = _bind_dims(given, axes, dims, all_dims, what)
+    d, origin = _solve_dims(given, axes, dims, all_dims, what, LayoutError)
     for name, t in given.items():
         expected = tuple(shapes[name](**d))
         if tuple(t.shape) != expected:
@@ -116,16 +80,60 @@ def _widened(tensors, contract):
     return out
 
 
+#: Call signatures that passed every check, with their dims and variant key (bounded below).
+_CHECKED = {}
+
+
+def _signature(tensors, dims, what):
+    # What the checks depend on, and nothing else: tensor names, types, dtypes, shapes and devices,
+    # and the given dims. None when the call is not a plain mapping of tensors (checked in full).
+    try:
+        parts = tuple((k, None) if t is None else (k, type(t), t.dtype, t.shape, t.device) for k, t in tensors.items())
+        given = None if dims is None else tuple(sorted(dims.items()))
+        key = (what, parts, given)
+        hash(key)
+    except Exception:  # noqa: BLE001 -- not a mapping of tensors: _check_tensors says what is wrong
+        return None
+    return key
+
+
+def _check_call(tensors, dims, what, contract, shapes, axes, all_dims, conditions, checks):
+    # Every check a call needs before any work: the contract (names, types, dtypes, devices,
+    # shapes), the dims, the size conditions that choose branches, and the divisibility the
+    # transforms need. Returns (dims, variant key). A warm call with the signature of one that
+    # passed costs a dict lookup (the checks are functions of the signature alone).
+    key = _signature(tensors, dims, what)
+    hit = _CHECKED.get(key) if key is not None else None
+    if hit is not None:
+        return hit
+    d, present = _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what)
+    present = present | _holding(conditions, d)  # size conditions ('if I > 128') choose branches too
+    _check_divisibility(checks, d, {k for k in tensors if tensors[k] is not None}, present)
+    if key is not None:
+        if len(_CHECKED) >= 256:
+            _CHECKED.clear()
+        _CHECKED[key] = (d, present)
+    return d, present
+
+
+_EXPECTED = {}
+
+
 def _check_outputs(out, shapes, d, what):
     # The converter's post-condition: every output has the shape its declaration gives for these
     # dims. A mismatch is a spec whose transforms disagree with its contract on sizes the verifier
     # did not try: name it instead of handing the kernel a tensor of the wrong size.
+    key = (id(shapes), tuple(d.items()))
+    expected = _EXPECTED.get(key)
+    if expected is None:
+        if len(_EXPECTED) >= 256:
+            _EXPECTED.clear()
+        expected = _EXPECTED[key] = {name: tuple(f(**d)) for name, f in shapes.items()}
     for name, t in out.items():
-        expected = tuple(shapes[name](**d))
-        if tuple(t.shape) != expected:
+        if t.shape != expected[name]:
             raise LayoutError(
                 f"{what}: the transforms produced {name} with shape {_fmt_shape(t.shape)} but the output "
-                f"declaration gives {_fmt_shape(expected)} here ({_fmt_dims(d)}); the spec is wrong for these sizes"
+                f"declaration gives {_fmt_shape(expected[name])} here ({_fmt_dims(d)}); the spec is wrong for these sizes"
             )
 
 
@@ -198,7 +206,7 @@ def _triton_kernels(source, filename):
             import triton
             import triton.language as tl
         except ImportError:
-            raise LayoutError("lowering='fused' needs triton (pip install triton); use 'gather' or 'eager'") from None
+            raise LayoutError("lowering='fused' needs triton (pip install triton); use 'auto' or 'eager'") from None
 
         namespace = {"triton": triton, "tl": tl, "__name__": filename}
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -207,30 +215,53 @@ def _triton_kernels(source, filename):
     return _KERNELS["kernels"]
 
 
-def _choose_lowering(lowering, tensors):
-    # auto: the generated Triton kernels on CUDA; on the CPU, the compiled gathers for large
-    # layers (compiling takes seconds once per shape, cached by torch) and the eager ops otherwise.
-    if lowering not in ("auto", "fused", "compiled", "gather", "eager"):
-        raise LayoutError(f"lowering must be 'auto', 'fused', 'compiled', 'gather' or 'eager', got {lowering!r}")
-    given = [t for t in tensors.values() if t is not None]
-    device = given[0].device if given else torch.device("cpu")
-    if lowering == "fused" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise LayoutError(f"lowering='fused' runs Triton kernels, which need CUDA tensors (these are on {device}); "
-                          "use 'auto', 'gather' or 'eager' here, or set TRITON_INTERPRET=1 before importing "
-                          "triton to run the kernels in Triton's interpreter")
-    if lowering != "auto":
-        return lowering
-    if device.type == "cuda":
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return "eager"
-        return "fused"
-    large = sum(t.numel() * t.element_size() for t in given) >= _COMPILE_ABOVE_BYTES
-    return "compiled" if large else "eager"
+def _choose_lowering(lowering, tensors, lowerings):
+    # `lowerings` is the code generator's table (layoutc.lower.registry): per lowering its name, the
+    # device types it runs on (None: any), those 'auto' picks it for, the module it needs, the
+    # environment variable that lets it run on the CPU (Triton's interpreter), and what to say
+    # when it is asked for on the wrong device. 'auto' takes the first that fits, else 'eager'.
+    names = [entry[0] for entry in lowerings]
+    if lowering != "auto" and lowering not in names:
+        choices = ", ".join(repr(n) for n in ["auto"] + names)
+        raise LayoutError(f"lowering must be one of {choices}, got {lowering!r}")
+    device = torch.device("cpu")
+    for t in tensors.values():
+        if t is not None:
+            device = t.device
+            break
+    for name, devices, auto_on, needs, cpu_env, wrong_device in lowerings:
+        if lowering == name:
+            if devices is not None and device.type not in devices and not (cpu_env and os.environ.get(cpu_env) == "1"):
+                raise LayoutError(f"lowering={name!r} {wrong_device} (these are on {device}); use "
+                                  f"{' or '.join(repr(n) for n in names if n != name)} here"
+                                  + (f", or set {cpu_env}=1" if cpu_env else ""))
+            if not _importable(needs):
+                raise LayoutError(f"lowering={name!r} needs the module {needs!r}, which is not installed; "
+                                  f"use {' or '.join(repr(n) for n in names if n != name)}")
+            return name
+        if lowering == "auto" and device.type in auto_on and _importable(needs):
+            return name
+    return "eager"
 
 
-_COMPILE_ABOVE_BYTES = 1 << 28
+_IMPORTABLE = {}
+
+
+def _importable(module):
+    if module is None:
+        return True
+    if module not in _IMPORTABLE:  # found, not imported: importing triton costs a second
+        _IMPORTABLE[module] = importlib.util.find_spec(module) is not None
+    return _IMPORTABLE[module]
+
+
+#: Inline PTX in the generated kernels (byte permutes); False runs their shift-and-mask fallback.
+_INLINE_ASM = True
+
+
+def _inline_asm(t):
+    # Only for kernels compiled for CUDA: Triton's interpreter runs the kernels as Python.
+    return _INLINE_ASM and t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def _aligned(x, align=16):

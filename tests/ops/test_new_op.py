@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import layoutc
-from layoutc import expr as ex
 from layoutc.indexmap import out_var
 from layoutc.ops import PUBLIC, REGISTRY
 from layoutc.ops.base import Category, Facts, Inferred, Op, TensorType, along, check_dim

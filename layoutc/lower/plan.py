@@ -1,0 +1,534 @@
+"""The planner: each tensor's chain of steps becomes one pass, described by a :class:`Plan`.
+
+A chain of any length collapses into one index map (docs/design.md section 2). What that map is
+(``Plan.pattern``):
+
+``copy``    no index transform: one copy (with the value conversions)
+``affine``  the composed map is affine in the output coordinates: one strided view and one copy
+``gather``  any other element map: each source address computed with integer arithmetic from the
+            composed map (no index tensor in memory)
+``words``   one permutation of the bits within 32-bit words (the SM90 FP4 interleave): per output
+            word, its four source bytes through the composed map of the steps before the
+            permutation, the bits permuted, the word stored where the steps after it put it
+``none``    not one pass (the reason says why): the eager lowering runs the chain op by op
+
+How a kernel walks the output (``Plan.access``), chosen here from the map and checked on small
+instances of the dims:
+
+``elements``  one element per lane; ``coarse`` > 1 moves runs of that many elements as one word
+``rows``      2-D tiles of rows whose last axis is copied as is
+``words``     one output word per lane, its four source bytes loaded one by one
+``quads``     four consecutive output words per lane from four whole source words (a 4x4 byte
+              transpose, as in the SM90 interleave); the bit permutation is done on the source
+              words before the transpose (:func:`swar_terms`), two 8-byte loads when source words
+              pair up. Checked for dims that are multiples of ``Quads.multiple``; the launcher
+              takes it when the call's dims are, and the ``words`` walk otherwise.
+
+The planner owns the arithmetic: every expression a lowering emits is simplified here with the
+simplifier ``explain`` uses, also under the map's validity condition (inside the padding test
+``r < I`` the row ``(I*h + r) // I`` is ``h``). The emitters (``triton_emit``, ``torch_emit``)
+only print plans.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Sequence
+
+import attrs
+
+from .. import expr as ex
+from ..compiler import Chain
+from ..dtypes import ElemType
+from ..indexmap import IndexMap, compose_all, identity
+from ..ops.base import Category
+
+
+@attrs.frozen
+class Quads:
+    """The ``quads`` access of a words plan: per source word ``b`` (output byte position b of
+    every word of the quad), the byte address of the source word over the quad grid (the word
+    grid with its last axis divided by 4) and whether it is read (else 0)."""
+
+    bases: tuple[ex.Expr, ...]
+    valid: tuple[ex.Expr, ...]
+    pairs: bool  # source words 0|2 and 1|3 are the halves of one aligned 8-byte word
+    multiple: int  # checked for dims (other than the leading one) that are multiples of this
+    guard_dims: tuple[str, ...]
+    # bytes between the source words of neighbouring quads along the last axis, the same for every
+    # source word and row (checked like the rest): a row of quads reads runs at one stride
+    row_stride: ex.Expr | None = None
+
+
+@attrs.frozen
+class Plan:
+    tensor: str
+    pattern: str  # "copy" | "affine" | "gather" | "words" | "none"
+    in_elem: ElemType
+    out_elem: ElemType
+    in_shape: tuple[ex.Expr, ...]
+    out_shape: tuple[ex.Expr, ...]
+    map: IndexMap | None = None  # affine / gather: out element -> input element
+    word_shape: tuple[ex.Expr, ...] = ()  # words: the output seen as 32-bit words
+    word_sources: tuple[tuple[ex.Expr, ...], ...] = ()  # words: input coordinates of bytes 0..3
+    word_valid: tuple[ex.Expr, ...] = ()  # words: whether each byte reads the input (else 0)
+    table: tuple[int, ...] = ()  # words: output bit i is input bit table[i]
+    conversions: tuple[tuple, ...] = ()  # each value step's conversion() in chain order: ("cast", type), ...
+    reason: str = ""  # pattern "none": why
+    access: str = "elements"  # "elements" | "rows" | "words" | "quads"
+    quads: Quads | None = None
+    coarse: int = 1  # elements: the map moves runs of this many elements; the kernel moves them as one word
+    coarse_src: ex.Expr | None = None  # ... source word index over the coarse output grid
+    coarse_valid: ex.Expr = ex.TRUE
+    unsigned: bool = False  # no index expression has a negative constant: 32-bit unsigned arithmetic is exact
+
+    @property
+    def one_pass(self) -> bool:
+        return self.pattern != "none"
+
+
+# ---------------------------------------------------------------------------
+# arithmetic
+
+
+def _ranges(shape: Sequence[ex.Expr]) -> dict:
+    """Bounds of the output coordinates where sizes are constants (enough to fold most reshape arithmetic)."""
+    return {f"o{k}": (0, s.value - 1) if isinstance(s, ex.Const) else (0, None) for k, s in enumerate(shape)}
+
+
+def tidy(e: ex.Expr, shape: Sequence[ex.Expr], dims: Sequence[str], valid: ex.Expr = ex.TRUE) -> ex.Expr:
+    """``e`` over the coordinates of ``shape``, simplified: constant ranges, then the symbolic rules
+    ``(a*X + b) // X -> a`` when ``0 <= b < X``, also for ``b`` bounded by a conjunct ``b < X`` of
+    ``valid`` (where the expression is only read when ``valid`` holds)."""
+    ranges = _ranges(shape)
+    ranges.update({d: (1, None) for d in dims})
+    e = ex.simplify(e, ranges)
+    sym = ex.coordinate_ranges(shape)
+    e = ex.simplify_symbolic(e, sym)
+    if valid == ex.TRUE:
+        return e
+    # A conjunct `a < X` bounds the subexpression a: name it, simplify, put it back.
+    names: dict[str, ex.Expr] = {}
+    bounded = dict(sym)
+    for c in (valid.args if isinstance(valid, ex.And) else (valid,)):
+        if not isinstance(c, ex.Lt) or isinstance(c.lhs, ex.Var):
+            continue
+        hi = ex.linear_form(c.rhs)
+        lo = ex.sym_bounds(c.lhs, sym)[0]
+        if hi is None or lo is None or not (all(v >= 0 for v in lo[0].values()) and lo[1] >= 0):
+            continue
+        name = f"_v{len(names)}"
+        names[name] = c.lhs
+        bounded[name] = (lo, ({k: v for k, v in hi[0].items()}, hi[1] - Fraction(1)))
+    if not names:
+        return e
+    abstract = e
+    for name, sub in names.items():
+        abstract = _replace(abstract, sub, ex.Var(name))
+    if abstract == e:
+        return e
+    return ex.simplify_symbolic(ex.substitute(ex.simplify_symbolic(abstract, bounded), names), sym)
+
+
+def _replace(e: ex.Expr, old: ex.Expr, new: ex.Expr) -> ex.Expr:
+    if e == old:
+        return new
+    kids = ex.children(e)
+    return ex.rebuild(e, tuple(_replace(k, old, new) for k in kids)) if kids else e
+
+
+def nonnegative(*es: ex.Expr) -> bool:
+    """Every subexpression is >= 0 for coordinates and dims >= 0: no negative constant or table
+    value anywhere (then wrap-around-free unsigned arithmetic computes the same values)."""
+    for e in es:
+        stack = [e]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, ex.Const) and x.value < 0:
+                return False
+            if isinstance(x, ex.Table) and min(x.values) < 0:
+                return False
+            stack.extend(ex.children(x))
+    return True
+
+
+def contiguous_strides(shape: Sequence[ex.Expr]) -> tuple[ex.Expr, ...]:
+    strides: list[ex.Expr] = []
+    acc: ex.Expr = ex.Const(1)
+    for size in reversed(shape):
+        strides.append(acc)
+        acc = ex.mul(acc, size)
+    return tuple(reversed(strides))
+
+
+def linear(coords: Sequence[ex.Expr], shape: Sequence[ex.Expr]) -> ex.Expr:
+    """The flat (row-major) index of ``coords`` in a tensor of ``shape``."""
+    return ex.add(*(ex.mul(c, s) for c, s in zip(coords, contiguous_strides(shape))))
+
+
+def bit_permutation_terms(table: Sequence[int]) -> list[tuple[int, int]]:
+    """(mask, shift) pairs with ``out = OR((w & mask) << shift)`` (negative shift: right)."""
+    groups: dict[int, int] = {}
+    for i, s in enumerate(table):
+        groups[i - s] = groups.get(i - s, 0) | (1 << s)
+    return sorted(((mask, shift) for shift, mask in groups.items()), key=lambda t: -t[1])
+
+
+def swar_terms(table: Sequence[int]) -> list[tuple[int, int, int, int]]:
+    """The bit permutation of a quad done on its four *source* words, before the byte transpose.
+
+    Output word j of a quad is byte j of source words 0..3 (its bytes 0..3), then permuted. A bit
+    of source byte position b, bit k, goes to output byte b2, bit k2 whatever j is, so one masked
+    shift of the whole source word moves that bit of all four output words at once:
+    ``V[b2] |= (S[b] & mask) << (k2 - k)`` with ``mask`` the bit in every byte; afterwards output
+    word j is byte j of V[0..3]. Returns (b, b2, shift, mask) terms: about five per output word
+    instead of the seventeen masked shifts of a word permuted alone."""
+    groups: dict[tuple[int, int, int], int] = {}
+    for o, i in enumerate(table):
+        b, k = divmod(i, 8)
+        b2, k2 = divmod(o, 8)
+        key = (b, b2, k2 - k)
+        groups[key] = groups.get(key, 0) | (1 << k)
+    return [(b, b2, d, m * 0x01010101) for (b, b2, d), m in sorted(groups.items())]
+
+
+def affine_strides(m: IndexMap) -> tuple[tuple[ex.Expr, ...], ex.Expr] | None:
+    """(input-element stride of each output axis, offset) when ``m`` is a strided view, else None."""
+    if not m.is_total() or m.bit_level:
+        return None
+    rank = m.out_rank
+    zero = {f"o{k}": 0 for k in range(rank)}
+    in_strides = contiguous_strides(m.in_shape)
+    for sample in (64 * 3, 64 * 5):  # linear in the coordinates for two bindings of the dims
+        dims = {d: sample + 7 * i for i, d in enumerate(sorted(set().union(*(ex.free_vars(s) for s in m.in_shape))))}
+        for s in m.src:
+            form = ex.linear_form(ex.substitute(s, dims))
+            if form is None or any(c.denominator != 1 for c in form[0].values()):
+                return None
+    lin = ex.add(*(ex.mul(s, st) for s, st in zip(m.src, in_strides)))
+    offset = ex.substitute(lin, zero)
+    strides = []
+    for k in range(rank):
+        unit = dict(zero)
+        unit[f"o{k}"] = 1
+        strides.append(ex.add(ex.substitute(lin, unit), ex.mul(-1, offset)))
+    # torch views have no negative strides (a reversed axis): such a map is a gather
+    for sample in (64 * 3, 64 * 5):
+        dims = {d: sample + 7 * i for i, d in enumerate(sorted(set().union(*(ex.free_vars(s) for s in m.in_shape))))}
+        if any(ex.evaluate(st, dims) < 0 for st in strides):
+            return None
+    return tuple(strides), offset
+
+
+# ---------------------------------------------------------------------------
+# planning
+
+
+def plan(chain: Chain) -> Plan:
+    """The one-pass plan of ``chain`` (pattern "none" when there is none)."""
+    raw = _tidy_plan(_plan(chain))
+    # A lookup table in the index arithmetic (permute(table=...), as `layoutc infer` writes for a
+    # row order no op gives) has no kernel form: such a tensor is converted op by op.
+    if raw.pattern not in ("none", "copy") and any(_has_table(e) for e in index_exprs(raw)):
+        return attrs.evolve(raw, pattern="none", reason="a lookup table in the index map (not lowered to kernels)")
+    if raw.pattern == "words":
+        raw = attrs.evolve(raw, access="words", quads=_quads(raw, chain))
+        if raw.quads is not None:
+            raw = attrs.evolve(raw, access="quads")
+    elif raw.pattern == "gather" and _rows_form(raw.map):
+        raw = attrs.evolve(raw, access="rows")
+    elif raw.pattern == "gather" and not raw.conversions:
+        raw = _coarsen(raw, chain)
+    return attrs.evolve(raw, unsigned=nonnegative(*index_exprs(raw)))
+
+
+def _has_table(e: ex.Expr) -> bool:
+    return isinstance(e, ex.Table) or any(_has_table(c) for c in ex.children(e))
+
+
+def index_exprs(p: Plan) -> list[ex.Expr]:
+    """Every index expression a kernel of ``p`` evaluates (unsigned-safety, printing)."""
+    out: list[ex.Expr] = list(p.out_shape) + list(p.in_shape) + list(p.word_shape)
+    if p.map is not None:
+        out += [*p.map.src, p.map.valid]
+    for coords in p.word_sources:
+        out += list(coords)
+    out += list(p.word_valid)
+    if p.quads is not None:
+        out += [*p.quads.bases, *p.quads.valid]
+    if p.coarse_src is not None:
+        out += [p.coarse_src, p.coarse_valid]
+    return out
+
+
+def _dims_of(chain: Chain) -> list[str]:
+    return sorted(set().union(*(ex.free_vars(s) for s in chain.source.shape)))
+
+
+def tidy_map(m: IndexMap) -> IndexMap:
+    """``m`` with every expression simplified by :func:`tidy` (sources under the validity condition)."""
+    dims = sorted(set().union(*(ex.free_vars(s) for s in m.in_shape)))
+    valid = tidy(m.valid, m.out_shape, dims)
+    src = tuple(tidy(s, m.out_shape, dims, valid) for s in m.src)
+    return attrs.evolve(m, src=src, valid=valid, fill=tidy(m.fill, m.out_shape, dims))
+
+
+def _tidy_plan(raw: Plan) -> Plan:
+    dims = sorted(set().union(*(ex.free_vars(s) for s in raw.in_shape)))
+    if raw.map is not None:
+        raw = attrs.evolve(raw, map=tidy_map(raw.map))
+    if raw.pattern == "words":
+        valids = tuple(tidy(v, raw.word_shape, dims) for v in raw.word_valid)
+        sources = tuple(tuple(tidy(c, raw.word_shape, dims, v) for c in cs) for cs, v in zip(raw.word_sources, valids))
+        raw = attrs.evolve(raw, word_sources=sources, word_valid=valids)
+    return raw
+
+
+def _plan(chain: Chain) -> Plan:
+    spec = chain.source
+    out_type = chain.out_type
+    base = dict(tensor=chain.tensor, in_elem=spec.elem, out_elem=out_type.elem, in_shape=spec.shape,
+                out_shape=out_type.shape)
+    index_steps = [s for s in chain.steps if s.op.category is not Category.VALUE]
+    conversions = tuple(s.op.conversion() for s in chain.steps if s.op.category is Category.VALUE)
+    bit_steps = [i for i, s in enumerate(chain.steps) if s.op.bit_level]
+    if bit_steps:
+        return _words_plan(chain, bit_steps, base)
+    if not index_steps:
+        return Plan(pattern="copy", conversions=conversions, **base)
+    m = compose_all([s.op.index_map(s.in_type) for s in index_steps])
+    pattern = "affine" if affine_strides(m) is not None else "gather"
+    return Plan(pattern=pattern, map=m, conversions=conversions, **base)
+
+
+def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
+    """A chain with one permutation of the bits within 32-bit words: byte gathers before it (``P``), the
+    permutation, byte moves after it that keep each word's 4 bytes together (``Q``). Output word ``w``
+    is then the permuted word whose bytes ``P`` reads at the word position ``Q`` gives ``w``."""
+    i = bit_steps[0]
+    step = chain.steps[i]
+    perm = step.op.word_permutation()
+    if len(bit_steps) > 1 or perm is None or perm[0] != 4:
+        return Plan(pattern="none", reason="bit-level steps other than one permutation of 32-bit words", **base)
+    if any(s.op.category is Category.VALUE for s in chain.steps):
+        return Plan(pattern="none", reason="value conversions around a bit permutation", **base)
+    before = [s.op.index_map(s.in_type) for s in chain.steps[:i]]
+    after = [s.op.index_map(s.in_type) for s in chain.steps[i + 1:]]
+    p = compose_all(before) if before else identity(chain.source.shape)
+    q = compose_all(after) if after else identity(step.out_type.shape)
+    word = perm[0]
+    if not q.is_total() or not _moves_whole_words(q, word, chain):
+        return Plan(pattern="none", reason="the steps after a bit permutation split its words", **base)
+    last = f"o{q.out_rank - 1}"
+    start = tuple(ex.substitute(c, {last: ex.mul(word, ex.Var(last))}) for c in q.src)  # the word's byte 0
+    sources, valids = [], []
+    for t in range(word):
+        at = start[:-1] + (ex.add(start[-1], t),)
+        sub = {f"o{k}": c for k, c in enumerate(at)}
+        sources.append(tuple(ex.substitute(s, sub) for s in p.src))
+        valids.append(ex.substitute(p.valid, sub))
+    word_shape = q.out_shape[:-1] + (ex.div(q.out_shape[-1], word),)
+    return Plan(pattern="words", word_shape=word_shape, word_sources=tuple(sources), word_valid=tuple(valids),
+                table=perm[1], **base)
+
+
+# ---------------------------------------------------------------------------
+# checks on small instances
+
+
+def grid_env(shape: Sequence[int], dims: dict) -> dict:
+    """The dims and ``o0, o1, ...`` as broadcasting ``arange`` grids over ``shape``."""
+    import torch
+
+    env = dict(dims)
+    for axis, n in enumerate(shape):
+        view = [1] * len(shape)
+        view[axis] = n
+        env[f"o{axis}"] = torch.arange(n).view(view)
+    return env
+
+
+def _evaluate(e: ex.Expr, env: dict):
+    import torch
+
+    return torch.as_tensor(ex.evaluate(e, env))
+
+
+def samples(chain: Chain, extra: Sequence[tuple[ex.Expr, int]] = (), count: int = 6) -> list[dict]:
+    """A spread of small instances of the dims that satisfy the chain's constraints (and ``extra``)."""
+    from ..instances import sample_dims
+
+    names = _dims_of(chain)
+    found = sample_dims(tuple(names), [(c.value, c.multiple) for c in chain.constraints] + list(extra), per_dim=6)
+    return found[:: max(1, len(found) // count)][:count]
+
+
+def _moves_whole_words(q: IndexMap, word: int, chain: Chain) -> bool:
+    """Every aligned run of ``word`` output bytes reads one aligned run of ``word`` bytes in order
+    (checked on small instances of the dims)."""
+    found = samples(chain)
+    if not found:
+        return False
+    last = f"o{q.out_rank - 1}"
+    lin = linear(q.src, q.in_shape)
+    base = ex.substitute(lin, {last: ex.mul(word, ex.Var(last))})
+    for dims in found:
+        out_shape = [int(ex.evaluate(s, dims)) for s in q.out_shape]
+        if out_shape[-1] % word:
+            return False
+        env = grid_env(out_shape[:-1] + [out_shape[-1] // word], dims)
+        b = _evaluate(base, env)
+        if bool((b % word != 0).any()):
+            return False
+        for j in range(1, word):
+            shifted = dict(env)
+            shifted[last] = env[last] * word + j
+            if not bool((_evaluate(lin, shifted) == b + j).all()):
+                return False
+    return True
+
+
+def _rows_form(m: IndexMap) -> bool:
+    """The last axis is copied as is: src_last == o_last, and nothing else depends on o_last."""
+    last = f"o{m.out_rank - 1}"
+    return (m.src[-1] == ex.Var(last) and m.in_shape[-1] == m.out_shape[-1]
+            and all(last not in ex.free_vars(e) for e in (*m.src[:-1], m.valid, m.fill)))
+
+
+#: Divisibility of the dims tried for the quads walk, smallest first.
+QUAD_MULTIPLES = (4, 16, 64)
+
+
+def _quads(p: Plan, chain: Chain) -> Quads | None:
+    """Four consecutive output words from four whole source words: for each output byte position b,
+    the four bytes of the quad's words at b are four consecutive bytes of one aligned source word
+    (a 4x4 byte transpose). Checked exhaustively on small instances of the dims that are multiples
+    of some m in QUAD_MULTIPLES (smallest that works); the launcher checks m on the call's dims."""
+    k = len(p.word_shape) - 1
+    last = f"o{k}"
+    addrs = [linear(c, p.in_shape) for c in p.word_sources]
+    quad = {last: ex.mul(4, ex.Var(last))}
+    dims = _dims_of(chain)
+    leading = ex.free_vars(p.in_shape[0]) if p.in_shape else set()
+    rest = set().union(*(ex.free_vars(s) for s in (*p.in_shape[1:], *p.out_shape[1:])))
+    guard = tuple(sorted(d for d in dims if d in rest or d not in leading))
+    bases = tuple(tidy(ex.substitute(a, quad), _quad_shape(p.word_shape), dims,
+                       ex.substitute(v, quad)) for a, v in zip(addrs, p.word_valid))
+    valid = tuple(tidy(ex.substitute(v, quad), _quad_shape(p.word_shape), dims) for v in p.word_valid)
+    for multiple in QUAD_MULTIPLES:
+        found = samples(chain, [(ex.Var(d), multiple) for d in guard], count=8)
+        if len(found) < 2 or not all(_quads_hold(p, addrs, bases, valid, dims_, last) for dims_ in found):
+            continue
+        pairs = all(_pairs_hold(p, bases, valid, dims_) for dims_ in found)
+        stride = _row_stride(p, bases, valid, last)
+        if stride is not None and not (all(_row_stride_holds(p, bases, stride, dims_, last) for dims_ in found)
+                                       and any(int(ex.evaluate(p.word_shape[-1], d_)) >= 8 for d_ in found)):
+            stride = None  # wrong somewhere, or never seen with two quads in a row
+        return Quads(bases, valid, pairs, multiple, guard, stride)
+    return None
+
+
+def _row_stride(p: Plan, bases, valid, last: str) -> ex.Expr | None:
+    """The candidate stride: source word 0's address at quad (0, ..., 0, 1) minus at the origin (an
+    expression of the dims alone; _row_stride_holds checks it everywhere)."""
+    if any(v != ex.TRUE for v in valid):
+        return None
+    origin = {f"o{k}": 0 for k in range(len(p.word_shape))}
+    one = dict(origin)
+    one[last] = 1
+    stride = ex.add(ex.substitute(bases[0], one), ex.mul(-1, ex.substitute(bases[0], origin)))
+    return None if ex.free_vars(stride) & set(origin) else stride
+
+
+def _row_stride_holds(p: Plan, bases, stride: ex.Expr, dims: dict, last: str) -> bool:
+    """Every source word's address is its row's first plus ``stride`` times the quad's column."""
+    shape = [int(ex.evaluate(s, dims)) for s in p.word_shape]
+    env = grid_env(shape[:-1] + [shape[-1] // 4], dims)
+    first = dict(env)
+    first[last] = env[last] * 0
+    st = int(ex.evaluate(stride, dims))
+    return st % 4 == 0 and all(bool((_evaluate(b, env) == _evaluate(b, first) + st * env[last]).all()) for b in bases)
+
+
+def _quad_shape(word_shape: Sequence[ex.Expr]) -> tuple[ex.Expr, ...]:
+    return tuple(word_shape[:-1]) + (ex.div(word_shape[-1], 4),)
+
+
+def _quads_hold(p: Plan, addrs, bases, valid, dims: dict, last: str) -> bool:
+    shape = [int(ex.evaluate(s, dims)) for s in p.word_shape]
+    if shape[-1] % 4:
+        return False
+    env = grid_env(shape[:-1] + [shape[-1] // 4], dims)
+    for addr, base, v_word, v_quad in zip(addrs, bases, p.word_valid, valid):
+        b = _evaluate(base, env)
+        ok = _evaluate(v_quad, env).to(bool)
+        if bool(((b % 4 != 0) & ok).any()):
+            return False
+        for j in range(4):
+            shifted = dict(env)
+            shifted[last] = env[last] * 4 + j
+            same_valid = _evaluate(v_word, shifted).to(bool) == ok
+            same_addr = (_evaluate(addr, shifted) == b + j) | ~ok
+            if not bool((same_valid & same_addr).all()):
+                return False
+    return True
+
+
+def _pairs_hold(p: Plan, bases, valid, dims: dict) -> bool:
+    """Source words 0 and 2 (and 1 and 3) are the two halves of one aligned 8-byte word."""
+    if len(bases) != 4:
+        return False
+    shape = [int(ex.evaluate(s, dims)) for s in p.word_shape]
+    env = grid_env(shape[:-1] + [shape[-1] // 4], dims)
+    b = [_evaluate(e, env) for e in bases]
+    ok = [_evaluate(v, env).to(bool) for v in valid]
+    for lo, hi in ((0, 2), (1, 3)):  # one load, masked by the lower word's validity
+        if not bool(((ok[hi] == ok[lo]) & ((b[hi] == b[lo] + 4) & (b[lo] % 8 == 0) | ~ok[lo])).all()):
+            return False
+    return True
+
+
+def _coarsen(p: Plan, chain: Chain) -> Plan:
+    """Runs of R consecutive output elements that read R consecutive, R-aligned input elements
+    (the 4-byte groups of the SM90 scale fold and of the 128x4 swizzle) move as one R-element word."""
+    from ..instances import sample_dims
+
+    m = p.map
+    if not m.fill == ex.Const(0):
+        return p
+    names = tuple(_dims_of(chain))
+    known = [(c.value, c.multiple) for c in chain.constraints]
+    last = f"o{m.out_rank - 1}"
+    lin = linear(m.src, p.in_shape)
+    for r in (8, 4, 2):
+        if r * p.in_elem.bits > 64:
+            continue
+        base = ex.substitute(lin, {last: ex.mul(r, ex.Var(last))})
+        valid = ex.substitute(m.valid, {last: ex.mul(r, ex.Var(last))})
+        # Checked on small instances where the launcher would take this path (both last axes % r).
+        fits = sample_dims(names, known + [(p.out_shape[-1], r), (p.in_shape[-1], r)], per_dim=4)
+        fits = fits[:: max(1, len(fits) // 6)][:6]
+        ok = len(fits) >= 2
+        for dims in fits if ok else []:
+            out_shape = [int(ex.evaluate(s, dims)) for s in p.out_shape]
+            env = grid_env(out_shape[:-1] + [out_shape[-1] // r], dims)
+            b = _evaluate(base, env)
+            v = _evaluate(valid, env).to(bool)
+            if bool(((b % r != 0) & v).any()):
+                ok = False
+                break
+            for j in range(1, r):
+                shifted = dict(env)
+                shifted[last] = env[last] * r + j
+                same_addr = _evaluate(lin, shifted) == b + j
+                same_valid = _evaluate(m.valid, shifted).to(bool) == v
+                if not bool((same_valid & (same_addr | ~v)).all()):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok:
+            coarse_shape = p.out_shape[:-1] + (ex.div(p.out_shape[-1], r),)
+            src = tidy(ex.floordiv(base, r), coarse_shape, names, valid)
+            return attrs.evolve(p, coarse=r, coarse_src=src, coarse_valid=tidy(valid, coarse_shape, names))
+    return p

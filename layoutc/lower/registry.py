@@ -1,0 +1,180 @@
+"""The lowerings, by name: what the CLI offers, what ``auto`` chooses from, and how each writes its
+code into a generated converter.
+
+A lowering is one :class:`Lowering`: its name, when it can run (device types, a module it imports,
+an environment variable that lets it run on CPU tensors), the device types ``auto`` picks it for
+(registry order breaks ties, ``eager`` is the fallback), and how it emits code: per tensor (a
+function ``(x, d) -> tensor`` for one chain) or per layer (a function ``(tensors, d) -> dict`` for
+every chain of a variant it can take, e.g. one kernel launch). Chains a lowering does not take
+run the eager reference, which the code generator writes inline. A new lowering is a module that
+builds one and calls :func:`register` (``tests/lower/test_registry.py`` registers one).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import attrs
+
+from ..compiler import Chain, Variant
+from . import triton_emit, torch_emit
+from .plan import Plan, plan
+
+
+class EmitContext:
+    """What emitters share while one module is generated: its dims and spec file, the plans (one per
+    chain), the module-level functions written so far (by name) and the Triton source."""
+
+    def __init__(self, dims: tuple[str, ...], filename: str):
+        self.dims = dims
+        self.filename = filename
+        self.defs: dict[str, str] = {}
+        self.kernels: dict[str, str] = {}
+        self.layers: dict[tuple, str] = {}
+        self._plans: dict[tuple, Plan] = {}
+        self._tags: dict[tuple, str] = {}
+
+    def plan(self, chain: Chain) -> Plan:
+        key = chain.signature()
+        if key not in self._plans:
+            self._plans[key] = plan(chain)
+        return self._plans[key]
+
+    def tag(self, chain: Chain) -> str:
+        """A short identifier for the chain, unique in the module: ``w13_weight_0``."""
+        key = chain.signature()
+        if key not in self._tags:
+            self._tags[key] = f"{chain.tensor}_{len(self._tags)}"
+        return self._tags[key]
+
+    def define(self, name: str, source: str) -> str:
+        if self.defs.setdefault(name, source) != source:
+            raise AssertionError(f"two different definitions of {name} in one module")
+        return name
+
+    def kernel(self, name: str, source: str) -> str:
+        if self.kernels.setdefault(name, source) != source:
+            raise AssertionError(f"two different kernels named {name} in one module")
+        return name
+
+
+ChainEmitter = Callable[[EmitContext, Chain], "str | None"]
+LayerEmitter = Callable[[EmitContext, Variant], "tuple[str, tuple[str, ...]] | None"]
+
+
+@attrs.frozen
+class Lowering:
+    name: str
+    doc: str  # one line: the CLI's help and the converter's docstring
+    devices: tuple[str, ...] | None = None  # device types it runs on; None: any
+    auto_on: tuple[str, ...] = ()  # device types 'auto' picks it for
+    needs: str | None = None  # a module it imports at run time
+    cpu_env: str | None = None  # this environment variable set to 1 lets it run on CPU tensors
+    wrong_device: str = "cannot run on these tensors"  # the end of "lowering='x' ... (these are on cpu)"
+    chain: ChainEmitter | None = None  # name of a module function (x, d) -> tensor, or None (not this chain)
+    layer: LayerEmitter | None = None  # (function (tensors, d) -> dict, the tensors it converts), or None
+
+    def table_entry(self) -> tuple:
+        """What the converter's run time needs to choose it (runtime._choose_lowering)."""
+        return (self.name, self.devices, self.auto_on, self.needs, self.cpu_env, self.wrong_device)
+
+
+_REGISTRY: dict[str, Lowering] = {}
+
+
+def register(lowering: Lowering) -> Lowering:
+    if not lowering.name.isidentifier() or lowering.name == "auto":
+        raise ValueError(f"a lowering needs an identifier for a name other than 'auto', got {lowering.name!r}")
+    _REGISTRY[lowering.name] = lowering
+    return lowering
+
+
+def unregister(name: str) -> None:
+    if name == "eager":
+        raise ValueError("the eager reference lowering cannot be removed")
+    _REGISTRY.pop(name, None)
+
+
+def lowerings() -> tuple[Lowering, ...]:
+    """Every registered lowering, in the order 'auto' tries them; 'eager' last."""
+    rest = [v for k, v in _REGISTRY.items() if k != "eager"]
+    return tuple(rest + [_REGISTRY["eager"]])
+
+
+def names() -> tuple[str, ...]:
+    """What a user can ask for: 'auto' and every registered lowering."""
+    return ("auto",) + tuple(lw.name for lw in lowerings())
+
+
+def signature() -> tuple:
+    """Changes when the registry does (generated modules depend on it)."""
+    return tuple((lw.name, id(lw)) for lw in lowerings())
+
+
+# ---------------------------------------------------------------------------
+# the built-in lowerings
+
+
+def _fused_layer(ctx: EmitContext, variant: Variant) -> tuple[str, tuple[str, ...]] | None:
+    """One Triton kernel for every chain of the variant that has a one-pass plan."""
+    entries, bodies, chains = [], [], []
+    for c in variant.chains:
+        p = ctx.plan(c)
+        if not p.one_pass:
+            continue
+        tag = ctx.tag(c)
+        name = ctx.kernel(f"_b_{tag}", "\n".join(triton_emit.header(c, p, ctx.filename))
+                          + "\n" + triton_emit.body(p, f"_b_{tag}", ctx.dims))
+        entries.append((c.tensor, p))
+        bodies.append(name)
+        chains.append(tag)
+    if not entries:
+        return None
+    if any(p.access == "quads" for _, p in entries):
+        ctx.kernel("_transpose4x4", triton_emit.TRANSPOSE.strip() + "\n")
+    key = tuple(chains)
+    if key not in ctx.layers:
+        kernel = ctx.kernel(f"_k_layer_{len(ctx.layers)}", triton_emit.layer_kernel(f"_k_layer_{len(ctx.layers)}",
+                                                                                  bodies, ctx.dims))
+        ctx.layers[key] = ctx.define(f"_fused_layer_{len(ctx.layers)}", triton_emit.launcher(
+            f"_fused_layer_{len(ctx.layers)}", kernel, entries, ctx.dims))
+    return ctx.layers[key], tuple(t for t, _ in entries)
+
+
+def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
+    p = ctx.plan(chain)
+    if not p.one_pass or not chain.steps:
+        return None
+    name = f"_gather_{ctx.tag(chain)}"
+    if p.pattern == "words" and p.access == "quads":
+        ctx.define("_bit_tables", torch_emit.bit_tables_source())
+    return ctx.define(name, torch_emit.gather_function(p, name, ctx.dims))
+
+
+def _compiled_chain(ctx: EmitContext, chain: Chain) -> str | None:
+    gather = _gather_chain(ctx, chain)
+    if gather is None:
+        return None
+    name = f"_compiled_{ctx.tag(chain)}"
+    return ctx.define(name, torch_emit.compiled_function(name, gather))
+
+
+FUSED = register(Lowering(
+    "fused", "generated Triton kernels, one launch per layer (CUDA)", devices=("cuda",), auto_on=("cuda",),
+    needs="triton", cpu_env="TRITON_INTERPRET", wrong_device="runs Triton kernels, which need CUDA tensors",
+    layer=_fused_layer,
+))
+GATHER = register(Lowering(
+    "gather", "one torch gather per tensor from the composed maps (any device)", auto_on=("cpu",),
+    chain=_gather_chain,
+))
+COMPILED = register(Lowering(
+    "compiled", "the gathers under torch.compile (one loop per tensor; compiles once per shape)",
+    chain=_compiled_chain,
+))
+EAGER = register(Lowering("eager", "op by op, the reference (any device)"))
+
+
+def describe(items: Iterable[Lowering] | None = None) -> str:
+    """One line per lowering: for --help texts."""
+    return "; ".join(f"{lw.name}: {lw.doc}" for lw in (items or lowerings()))

@@ -1,0 +1,248 @@
+"""Torch source for plans: the one-pass lowerings on any device torch runs on (the CPU path).
+
+``gather``: each tensor's plan as vectorised torch code, a pure function of a range of the first
+axis (``name_part``): the index expressions evaluated on ``arange`` grids and one gather, driven
+over chunks of experts. Where the plan moves whole words, the eager-mode driver takes a part that
+moves them as words (``name_quads``: SM90 FP4 weights, ``name_coarse``: runs of elements), which
+is several times faster on the CPU; ``tests/lower/test_cpu_gather.py`` holds them to the eager
+reference bit for bit. ``compiled``: the same part under ``torch.compile`` once over the whole
+tensor (one loop, no index tensor in memory; compiling costs seconds per shape).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .. import expr as ex
+from .plan import Plan, affine_strides, bit_permutation_terms, linear
+
+BIT_VIEWS = {8: "uint8", 16: "int16", 32: "int32", 64: "int64"}
+
+
+def conversions(p: Plan, var: str, indent: str) -> list[str]:
+    """Value conversions through the eager ops' own functions: one semantics (NaNs, bit fields)."""
+    out = []
+    for conv in p.conversions:
+        kind, to = conv[0], conv[-1]
+        if kind == "view":
+            call = f"{var}.view(torch.{to.canonical})"
+        elif kind == "cast":
+            call = f"cast({var}, torch.{to.canonical})"
+        else:
+            fn = "extract_bits" if kind == "extract" else "insert_bits"
+            call = f"{fn}({var}, {conv[1]}, {conv[2]}, torch.{to.canonical})"
+        out.append(f"{indent}{var} = {call}")
+    return out
+
+
+def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
+    """Source of ``def name(x, d, compiled=False) -> Tensor`` computing ``p`` with torch ops."""
+    t = ex.to_torch
+    bind = [f"    {d} = d[{d!r}]" for d in dims]
+    if p.pattern in ("copy", "affine"):
+        lines = [f"def {name}(x, d, compiled=False):", *bind]
+        if p.pattern == "copy":
+            lines.append("    y = x.clone()" if not p.conversions else "    y = x")
+        else:
+            strides, offset = affine_strides(p.map)
+            shape = ", ".join(ex.to_python(s) for s in p.out_shape)
+            st = ", ".join(ex.to_python(s) for s in strides)
+            lines.append("    x = x.contiguous()  # as_strided offsets count from the storage's start, not the tensor's")
+            lines.append(f"    y = x.as_strided(({shape},), ({st},), x.storage_offset() + {ex.to_python(offset)})")
+        lines += conversions(p, "y", "    ")
+        lines.append("    return y.contiguous()")
+        return "\n".join(lines) + "\n"
+    args = ", ".join(["x"] + list(dims))
+    shape = p.word_shape if p.pattern == "words" else p.out_shape
+    rank = len(shape)
+    sizes = [ex.to_python(s) for s in shape]
+    part = [f"def {name}_part({args}, start, stop):", "    _dev = x.device"]
+    bitwise = p.pattern == "gather" and not p.conversions
+    if bitwise:
+        part.append(f"    flat = x.contiguous().view(torch.{BIT_VIEWS[p.in_elem.bits]}).reshape(-1)  # move bits, whatever the type")
+    else:
+        part.append("    flat = x.contiguous().reshape(-1)")
+    view0 = ", ".join(["-1"] + ["1"] * (rank - 1))
+    part.append(f"    o0 = torch.arange(start, stop, device=_dev).view({view0})")
+    for k in range(1, rank):
+        view = ["1"] * rank
+        view[k] = "-1"
+        part.append(f"    o{k} = torch.arange({sizes[k]}, device=_dev).view({', '.join(view)})")
+    part.append("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the full range")
+    if p.pattern == "words":
+        for b, (coords, valid) in enumerate(zip(p.word_sources, p.word_valid)):
+            addr = f"({t(linear(coords, p.in_shape))}) + zero"
+            if valid == ex.TRUE:
+                part.append(f"    byte = flat[{addr}].to(torch.int64)")
+            else:  # padding: read nothing there (its address may be past the input)
+                part.append(f"    ok = ({t(valid)}) & (zero == 0)")
+                part.append(f"    byte = torch.where(ok, flat[torch.where(ok, {addr}, 0)].to(torch.int64), 0)")
+            part.append("    w = byte" if b == 0 else f"    w = w | (byte << {8 * b})")
+        part.append("    r = torch.zeros_like(w)")
+        for mask, shift in bit_permutation_terms(p.table):
+            op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
+            part.append(f"    r = r | ((w & {mask:#x}) {op})")
+        part.append("    return torch.where(r >= 2**31, r - 2**32, r).to(torch.int32)")
+        store = "torch.int32"
+    else:
+        m = p.map
+        part.append(f"    src = ({t(linear(m.src, p.in_shape))}) + zero")
+        if m.is_total():
+            part.append("    return flat[src]")
+        else:
+            part.append(f"    ok = ({t(m.valid)}) & (zero == 0)")
+            part.append("    v = flat[torch.where(ok, src, 0)]")
+            part.append(f"    return torch.where(ok, v, torch.as_tensor({t(m.fill)}, dtype=v.dtype))")
+        store = f"torch.{BIT_VIEWS[p.in_elem.bits]}" if bitwise else f"torch.{p.in_elem.canonical}"
+    per = " * ".join(f"({s})" for s in sizes[1:]) or "1"
+    eager_part = f"{name}_part"
+    if p.pattern == "words" and p.access == "quads" and p.quads is not None and rank >= 2:  # rank 1: chunks split quads
+        # torch.compile keeps the plain part (it fuses that one itself); the quads part holds for
+        # the dims the plan checked it on, the plain part for any
+        cond = " and ".join(f"{d} % {p.quads.multiple} == 0" for d in p.quads.guard_dims) or "True"
+        eager_part = f"({name}_quads if {cond} else {name}_part)"
+        part += ["", ""] + quads_part(p, f"{name}_quads", dims)
+    elif bitwise and p.coarse > 1 and rank >= 2:
+        r = p.coarse
+        eager_part = (f"({name}_coarse if x.shape[-1] % {r} == 0 and ({sizes[-1]}) % {r} == 0 "
+                      f"else {name}_part)")  # whole words: the shapes _coarsen checked
+        part += ["", ""] + coarse_part(p, f"{name}_coarse", dims)
+    drive = [
+        f"def {name}(x, d, compiled=False):",
+        *bind,
+        "    if compiled:",
+        f"        y = _compiled({name}_part)({args}, 0, {sizes[0]})",
+        f"    elif {per} * {sizes[0]} <= 1 << 24:  # one part: its result is the output, no copy",
+        f"        y = {eager_part}({args}, 0, {sizes[0]})",
+        "    else:  # parts of about 4M elements bound the index temporaries",
+        f"        y = torch.empty(({', '.join(sizes)},), dtype={store}, device=x.device)",
+        f"        step = max(1, (1 << 22) // max(1, {per}))",
+        f"        for start in range(0, {sizes[0]}, step):",
+        f"            stop = min(start + step, {sizes[0]})",
+        f"            y[start:stop] = {eager_part}({args}, start, stop)",
+    ]
+    if p.pattern == "words":
+        out = ", ".join(ex.to_python(s) for s in p.out_shape)
+        drive.append(f"    return y.view(torch.uint8).reshape({out})")
+    else:
+        if p.conversions:
+            drive += conversions(p, "y", "    ")
+        else:
+            drive.append(f"    y = y.view(torch.{p.out_elem.canonical})")
+        drive.append("    return y")
+    return "\n".join(part) + "\n\n\n" + "\n".join(drive) + "\n"
+
+
+def quads_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
+    """``name(x, dims..., start, stop)``: the words of a quads plan (as int32) by whole-word moves.
+
+    The per-byte part reads each byte through an int64 index and permutes bits with seventeen
+    masked shifts of int64 words: some fifty passes over eight times the data. Here each source
+    word of a quad is read whole: where the plan found one stride along the last axis
+    (``Quads.row_stride``), each row's source words are a strided run and the index has one entry
+    per row and source word; else one per quad and source word. The 4x4 byte transpose is one
+    strided copy, and the bit permutation two lookups per word in 65536-entry tables (one per half
+    word, built from the plan's table on the call). Words are read little-endian, as torch's CPU
+    and CUDA devices store them."""
+    t = ex.to_torch
+    q = p.quads
+    qshape = [ex.to_python(s) for s in p.word_shape[:-1]] + [ex.to_python(ex.div(p.word_shape[-1], 4))]
+    rank = len(qshape)
+    args = ", ".join(["x"] + list(dims))
+    lines = [f"def {name}({args}, start, stop):", "    _dev = x.device"]
+    lines.append("    flat = x.contiguous().view(torch.uint8).reshape(-1)")
+    lines.append("    if flat.numel() % 4 or flat.data_ptr() % 4:  # int32 words need whole, aligned words")
+    lines.append("        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % 4)])")
+    lines.append("    src_words = flat.view(torch.int32)")
+    lines.append(f"    o0 = torch.arange(start, stop, device=_dev).view({', '.join(['-1'] + ['1'] * (rank - 1))})")
+    for k in range(1, rank):
+        view = ["1"] * rank
+        view[k] = "-1"
+        lines.append(f"    o{k} = torch.arange({qshape[k]}, device=_dev).view({', '.join(view)})")
+    lines.append("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the full range")
+    if q.row_stride is not None:  # runs: one index per row and source word, not per quad
+        lines[-2] = f"    o{rank - 1} = torch.zeros(1, dtype=torch.int64, device=_dev).view({', '.join(['1'] * rank)})"
+        lines[-1] = "    zero = " + " + ".join(f"o{k} * 0" for k in range(rank - 1)) + f" + o{rank - 1}  # one quad per row"
+        lines.append("    rows = torch.stack([" + ", ".join(f"(({t(base)}) + zero) // 4" for base in q.bases)
+                     + "], dim=-1)  # row, source word b: the first quad's word")
+        lines.append(f"    step = ({ex.to_python(q.row_stride)}) // 4  # words between a row's neighbouring quads")
+        lines.append(f"    runs = src_words.as_strided((src_words.numel() - ({qshape[-1]} - 1) * step, {qshape[-1]}), (1, step))")
+        lines.append(f"    s = runs[rows.reshape(-1)].view(rows.shape[:-2] + (4, {qshape[-1]}))  # row, b, quad")
+        lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
+        lines.append("    w = s.view(torch.uint8).unflatten(-1, (-1, 4)).movedim(-3, -1).contiguous()")
+    else:
+        index = []
+        for b, (base, valid) in enumerate(zip(q.bases, q.valid)):
+            if valid == ex.TRUE:
+                index.append(f"(({t(base)}) + zero) // 4")
+            else:  # padding: read word 0 there, zeroed below (its address may be past the input)
+                lines.append(f"    ok{b} = ({t(valid)}) & (zero == 0)")
+                index.append(f"torch.where(ok{b}, ({t(base)}) + zero, 0) // 4")
+        lines.append("    index = torch.stack([" + ", ".join(index) + "], dim=-1)  # quad, source word b")
+        lines.append("    s = src_words[index]")
+        for b, valid in enumerate(q.valid):
+            if valid != ex.TRUE:
+                lines.append(f"    s[..., {b}] = torch.where(ok{b}, s[..., {b}], 0)")
+        lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
+        lines.append("    w = s.view(torch.uint8).unflatten(-1, (4, 4)).transpose(-1, -2).contiguous()")
+    lines.append("    halves = w.view(torch.int16).to(torch.int32).view(-1, 2)  # little-endian: low half first")
+    lines.append("    halves &= 0xFFFF  # int16, not uint16: every device converts it")
+    lines.append(f"    low, high = (t.to(_dev) for t in _bit_tables({tuple(p.table)!r}))")
+    lines.append("    r = low.index_select(0, halves[:, 0])")
+    lines.append("    r |= high.index_select(0, halves[:, 1])")
+    out = ", ".join(["stop - start"] + qshape[1:-1] + [f"4 * ({qshape[-1]})"])
+    lines.append(f"    return r.view({out})")
+    return lines
+
+
+def coarse_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
+    """``name(x, dims..., start, stop)``: a gather plan whose map moves runs of ``p.coarse``
+    elements, one index and one load per run (a wider integer), instead of one per element."""
+    t = ex.to_torch
+    wide = BIT_VIEWS[p.in_elem.bits * p.coarse]
+    nbytes = p.in_elem.bits * p.coarse // 8
+    shape = [ex.to_python(s) for s in p.out_shape[:-1]] + [ex.to_python(ex.div(p.out_shape[-1], p.coarse))]
+    rank = len(shape)
+    args = ", ".join(["x"] + list(dims))
+    lines = [f"def {name}({args}, start, stop):", "    _dev = x.device"]
+    lines.append("    flat = x.contiguous().view(torch.uint8).reshape(-1)")
+    lines.append(f"    if flat.numel() % {nbytes} or flat.data_ptr() % {nbytes}:  # whole, aligned words")
+    lines.append(f"        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % {nbytes})])")
+    lines.append(f"    words = flat.view(torch.{wide})")
+    lines.append(f"    o0 = torch.arange(start, stop, device=_dev).view({', '.join(['-1'] + ['1'] * (rank - 1))})")
+    for k in range(1, rank):
+        view = ["1"] * rank
+        view[k] = "-1"
+        lines.append(f"    o{k} = torch.arange({shape[k]}, device=_dev).view({', '.join(view)})")
+    lines.append("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the full range")
+    lines.append(f"    src = ({t(p.coarse_src)}) + zero")
+    if p.coarse_valid == ex.TRUE:
+        lines.append("    v = words[src]")
+    else:
+        lines.append(f"    ok = ({t(p.coarse_valid)}) & (zero == 0)")
+        lines.append("    v = torch.where(ok, words[torch.where(ok, src, 0)], 0)")
+    lines.append(f"    return v.view(torch.{BIT_VIEWS[p.in_elem.bits]})  # the last axis, {p.coarse} elements a word")
+    return lines
+
+
+def bit_tables_source() -> str:
+    """Module-level helper of ``quads_part``: the two half-word tables of a bit permutation."""
+    return (
+        "def _bit_tables(table):\n"
+        "    # Output bit i of a word is input bit table[i]. For each half word h, the output bits of\n"
+        "    # all its 65536 values, as int32: value v | 2**k sets v's bits and bit k's, so the table\n"
+        "    # doubles sixteen times (no per-bit pass over the whole table).\n"
+        "    out = []\n"
+        "    for h in (0, 1):\n"
+        "        r = torch.zeros(1, dtype=torch.int32)\n"
+        "        for k in range(16):\n"
+        "            image = sum(1 << i for i, s in enumerate(table) if s == 16 * h + k)\n"
+        "            r = torch.cat([r, r | (image - (1 << 32) if image >= 1 << 31 else image)])  # bit 31: the sign\n"
+        "        out.append(r)\n"
+        "    return out\n"
+    )
+
+
+def compiled_function(name: str, gather: str) -> str:
+    return (f"def {name}(x, d):\n"
+            f"    return {gather}(x, d, compiled=True)  # torch.compile of the gather: one loop, compiled once per shape\n")

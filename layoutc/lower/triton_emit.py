@@ -1,0 +1,403 @@
+"""Triton source for plans: one body per tensor, one kernel per layer.
+
+Each tensor's plan (:mod:`layoutc.lower.plan`) becomes a ``@triton.jit`` *body* that converts a
+range of the output given its program index; a layer's bodies are called from one kernel, so a
+call of the converter launches once for all tensors of the layer (the host cost of a launch is
+paid once, not per tensor). Above each body: the tensor, the spec statements it fuses (file:line
+and text, as escaped one-line comments) and the composed map in ``explain``'s notation.
+
+Dims are ``tl.constexpr``: one specialisation per shape, the arithmetic on them folds. Index
+arithmetic is 32-bit unsigned where the planner found no negative constant (divisions by
+constants then need no sign fix-ups), 64-bit when a tensor has 2^30 elements or more.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .. import expr as ex
+from ..compiler import Chain
+from ..text import comment
+from .maptext import map_text
+from .plan import Plan, bit_permutation_terms, linear, swar_terms
+
+TRITON_DTYPES = {
+    "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "float16": "tl.float16",
+    "bfloat16": "tl.bfloat16", "float32": "tl.float32", "float8_e4m3fn": "tl.float8e4nv", "float8_e5m2": "tl.float8e5",
+}
+UINT = {8: "tl.uint8", 16: "tl.uint16", 32: "tl.uint32", 64: "tl.uint64"}
+BIT_VIEWS = {8: "uint8", 16: "int16", 32: "int32", 64: "int64"}
+
+#: Canonical quiet NaN of each float type, as bits (what torch.tensor(nan, dtype) holds).
+CANONICAL_NAN = {"bfloat16": ("tl.uint16", 0x7FC0), "float16": ("tl.uint16", 0x7E00),
+                 "float32": ("tl.uint32", 0x7FC00000), "float8_e4m3fn": ("tl.uint8", 0x7F),
+                 "float8_e5m2": ("tl.uint8", 0x7E)}
+
+# Work per program (lanes x elements per lane), with NUM_WARPS warps per program.
+NUM_WARPS = 4
+BLOCK_ELEMENTS = 2048  # elements: one element (or coarse word) per lane
+BLOCK_WORDS = 512  # words: one 32-bit output word per lane
+BLOCK_QUADS = 1024  # quads: 16 output bytes per lane
+ROW_TILE_COLS = 1024  # rows: tiles of up to this many columns ...
+ROW_TILE_ELEMENTS = 4096  # ... and this many elements
+
+
+def t(e: ex.Expr) -> str:
+    return ex.to_triton(e)
+
+
+# ---------------------------------------------------------------------------
+# the header: statements and map
+
+
+def header(chain: Chain, p: Plan, filename: str) -> list[str]:
+    """Comment lines above a body: what it converts, the statements it fuses, the composed map."""
+    src, out = chain.source, chain.target
+    how = {"copy": "copied", "affine": "one strided copy", "gather": "gathered",
+           "words": "bits permuted within 32-bit words"}[p.pattern]
+    walk = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else "one element per lane",
+            "rows": "2-D tiles of rows", "words": "one word per lane", "quads": "four words per lane"}[p.access]
+    lines = [f"{chain.tensor}: {src.elem.name}{src.shape_str()} -> "
+             f"{out.elem.name + out.shape_str() if out is not None else chain.out_type}; {how}, {walk}"]
+    seen: dict[tuple, list[str]] = {}
+    for s in chain.steps:
+        key = (s.statement.pos.line, s.statement.text) if s.statement else (None, str(s.op))
+        seen.setdefault(key, [])
+        if s.tag is not None:
+            seen[key].append(s.op.name)
+    for (line, text), ops in seen.items():
+        where = f"{filename}:{line}: " if line is not None else ""
+        lines.append(f"  {where}{text}" + (f"  [{', '.join(ops)}]" if ops else ""))
+    if not chain.steps:
+        lines.append("  (no statements: copied as is)")
+    lines.append("map: " + map_text(chain, out.shape_text if out is not None else ()))
+    return ["# " + comment(line) for line in lines]
+
+
+# ---------------------------------------------------------------------------
+# bodies
+
+
+def _index_type(p: Plan) -> str:
+    return "tl.uint32" if p.unsigned else "tl.int32"
+
+
+def _lanes(p: Plan, block: int, var: str = "offs") -> list[str]:
+    """This program's lanes: 64-bit when WIDE, else 32-bit (unsigned when the plan allows)."""
+    return [
+        f"{var} = tl.arange(0, {block})",
+        "if WIDE:",
+        f"    {var} = {var}.to(tl.int64) + pid.to(tl.int64) * {block}",
+        "else:",
+        f"    {var} = ({var} + pid * {block}).to({_index_type(p)})",
+    ]
+
+
+def unravel(var: str, shape: Sequence[ex.Expr]) -> list[str]:
+    """Lines binding o0.. from a flat index ``var`` over ``shape`` (row-major)."""
+    rank = len(shape)
+    lines = []
+    rest = var
+    for k in reversed(range(rank)):
+        if k == 0:
+            lines.append(f"o0 = {rest}")
+        else:
+            lines.append(f"o{k} = {rest} % ({t(shape[k])})")
+            lines.append(f"_r{k} = {rest} // ({t(shape[k])})")
+            rest = f"_r{k}"
+    return lines
+
+
+def _conversions(p: Plan, value: str) -> list[str]:
+    lines = []
+    elem = p.in_elem
+    for conv in p.conversions:
+        kind, to = conv[0], conv[-1]
+        dtype = TRITON_DTYPES[to.canonical]
+        if kind == "cast" and elem.canonical == "float32" and to.canonical == "bfloat16":
+            # Round to nearest even on the bits, exactly as torch does, whatever the backend's
+            # conversion (Triton's CPU interpreter truncates); NaN -> the canonical 0x7FC0.
+            lines += [
+                f"_b = {value}.to(tl.uint32, bitcast=True)",
+                "_c = (_b + 0x7FFF + ((_b >> 16) & 1)) >> 16",
+                "_c = tl.where((_b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, _c)",
+                f"{value} = _c.to(tl.uint16).to(tl.bfloat16, bitcast=True)",
+            ]
+        elif kind == "cast" and elem.numeric and elem.canonical.startswith(("float", "bfloat")) \
+                and to.canonical in CANONICAL_NAN and to.canonical != elem.canonical:
+            bits, nan = CANONICAL_NAN[to.canonical]
+            lines += [
+                f"_nan = {value} != {value}",
+                f"{value} = {value}.to({dtype})",
+                f"{value} = tl.where(_nan, tl.full({value}.shape, {nan:#x}, {bits}).to({dtype}, bitcast=True), {value})",
+            ]
+        elif kind in ("extract", "insert"):
+            shift, width = conv[1], conv[2]
+            src_u, dst_u = UINT[elem.bits], UINT[to.bits]
+            if kind == "extract":
+                lines.append(f"_f = ({value}.to({src_u}, bitcast=True) >> {shift}) & {(1 << width) - 1:#x}")
+                lines.append(f"{value} = _f.to({dst_u}).to({dtype}, bitcast=True)")
+            else:
+                lines.append(f"_f = ({value}.to({src_u}, bitcast=True) & {(1 << width) - 1:#x}).to({dst_u})")
+                lines.append(f"{value} = (_f << {shift}).to({dtype}, bitcast=True)")
+        else:
+            lines.append(f"{value} = {value}.to({dtype}{', bitcast=True' if kind == 'view' else ''})")
+        elem = to
+    return lines
+
+
+def _elements(p: Plan) -> list[str]:
+    """One output element per lane, its source address from the composed map."""
+    m = p.map
+    total = ex.mul(*p.out_shape) if p.out_shape else ex.Const(1)
+    body = _lanes(p, BLOCK_ELEMENTS) + [f"mask = offs < ({t(total)})"] + unravel("offs", p.out_shape)
+    if m is None:  # a copy
+        body.append("v = tl.load(x_ptr + offs, mask=mask)")
+    elif m.is_total():
+        body.append(f"v = tl.load(x_ptr + ({t(linear(m.src, p.in_shape))}), mask=mask)")
+    else:
+        body.append(f"v = tl.load(x_ptr + ({t(linear(m.src, p.in_shape))}), mask=mask & {t(m.valid)}, "
+                    f"other={t(m.fill)})")
+    body += _conversions(p, "v")
+    body.append("tl.store(y_ptr + offs, v, mask=mask)")
+    return body
+
+
+def _coarse(p: Plan) -> list[str]:
+    """The elements walk over words of ``coarse`` elements (x and y viewed as wider integers)."""
+    shape = p.out_shape[:-1] + (ex.div(p.out_shape[-1], p.coarse),)
+    body = _lanes(p, BLOCK_ELEMENTS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape)
+    if p.coarse_valid == ex.TRUE:
+        body.append(f"v = tl.load(x_ptr + ({t(p.coarse_src)}), mask=mask)")
+    else:
+        body.append(f"v = tl.load(x_ptr + ({t(p.coarse_src)}), mask=mask & {t(p.coarse_valid)}, other=0)")
+    body.append("tl.store(y_ptr + offs, v, mask=mask)")
+    return body
+
+
+def _rows(p: Plan) -> list[str]:
+    """2-D tiles: rows found through the composed map, each copied along its contiguous last axis."""
+    m = p.map
+    lead, kout, kin = p.out_shape[:-1], p.out_shape[-1], p.in_shape[-1]
+    n_rows = t(ex.mul(*lead)) if lead else "1"
+    return [
+        f"_nct = ({t(kout)} + _T - 1) // _T",
+        f"rows = tl.arange(0, {ROW_TILE_ELEMENTS} // _T)",
+        "cols = (pid % _nct) * _T + tl.arange(0, _T)",
+        "if WIDE:",
+        f"    rows = rows.to(tl.int64) + (pid // _nct).to(tl.int64) * ({ROW_TILE_ELEMENTS} // _T)",
+        "else:",
+        f"    rows = (rows + (pid // _nct) * ({ROW_TILE_ELEMENTS} // _T)).to({_index_type(p)})",
+        f"    cols = cols.to({_index_type(p)})",
+        f"live = rows < ({n_rows})",
+        *unravel("rows", lead),
+        f"src = {t(linear(m.src[:-1], p.in_shape[:-1]))}",
+        f"ok = live & {t(m.valid)}" if not m.is_total() else "ok = live",
+        f"inside = cols < ({t(kout)})",
+        f"v = tl.load(x_ptr + src[:, None] * ({t(kin)}) + cols[None, :], mask=ok[:, None] & inside[None, :], "
+        f"other={t(m.fill)})",
+        *_conversions(p, "v"),
+        f"tl.store(y_ptr + rows[:, None] * ({t(kout)}) + cols[None, :], v, mask=live[:, None] & inside[None, :])",
+    ]
+
+
+def _permuted(p: Plan, word: str, out: str) -> list[str]:
+    lines = [f"{out} = tl.zeros_like({word})"]
+    for mask, shift in bit_permutation_terms(p.table):
+        op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
+        lines.append(f"{out} = {out} | (({word} & {mask:#x}) {op})")
+    return lines
+
+
+def _words(p: Plan) -> list[str]:
+    """One output word per lane: its four source bytes, the bits permuted."""
+    body = _lanes(p, BLOCK_WORDS) + [f"mask = offs < ({t(ex.mul(*p.word_shape))})"] + unravel("offs", p.word_shape)
+    body.append("w = tl.zeros([" + str(BLOCK_WORDS) + "], dtype=tl.uint32)")
+    for b, (coords, valid) in enumerate(zip(p.word_sources, p.word_valid)):
+        load_mask = "mask" if valid == ex.TRUE else f"mask & {t(valid)}"
+        body.append(f"b{b} = tl.load(x_ptr + ({t(linear(coords, p.in_shape))}), mask={load_mask}, other=0).to(tl.uint32)")
+        body.append(f"w = w | (b{b} << {8 * b})" if b else "w = w | b0")
+    body += _permuted(p, "w", "r")
+    body.append("tl.store(y_ptr + offs, r.to(tl.int32, bitcast=True), mask=mask)")
+    return body
+
+
+def _quads(p: Plan) -> list[str]:
+    """Four output words per lane: four whole source words (two 8-byte loads when they pair up), the
+    bits permuted on the source words (swar_terms), a 4x4 byte transpose, one 16-byte store."""
+    q = p.quads
+    shape = p.word_shape[:-1] + (ex.div(p.word_shape[-1], 4),)
+    body = _lanes(p, BLOCK_QUADS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape)
+    if q.pairs:  # x is viewed as 64-bit words: source words b and b + 2 are one load
+        for b in (0, 1):
+            load_mask = "mask" if q.valid[b] == ex.TRUE else f"mask & {t(q.valid[b])}"
+            body.append(f"p{b} = tl.load(x_ptr + ({t(q.bases[b])}) // 8, mask={load_mask}, other=0)"
+                        ".to(tl.uint64, bitcast=True)")
+        body += ["_s0 = p0.to(tl.uint32)", "_s1 = p1.to(tl.uint32)", "_s2 = (p0 >> 32).to(tl.uint32)",
+                 "_s3 = (p1 >> 32).to(tl.uint32)"]
+    else:
+        for b in range(4):
+            load_mask = "mask" if q.valid[b] == ex.TRUE else f"mask & {t(q.valid[b])}"
+            body.append(f"_s{b} = tl.load(x_ptr + ({t(q.bases[b])}) // 4, mask={load_mask}, other=0)"
+                        ".to(tl.uint32, bitcast=True)")
+    body.append("# the bit permutation on the source words: _v[b2] |= (_s[b] & mask) << shift")
+    started = set()
+    for b, b2, d, mask in swar_terms(p.table):
+        term = f"(_s{b} & {mask:#x})" + (f" << {d}" if d > 0 else f" >> {-d}" if d < 0 else "")
+        body.append(f"_v{b2} = _v{b2} | ({term})" if b2 in started else f"_v{b2} = {term}")
+        started.add(b2)
+    for b2 in range(4):
+        if b2 not in started:
+            body.append(f"_v{b2} = tl.zeros_like(_s0)")
+    body += [
+        "# output word j is byte j of _v0.._v3",
+        "_w0, _w1, _w2, _w3 = _transpose4x4(_v0, _v1, _v2, _v3, _ASM)",
+        f"w = tl.reshape(tl.join(tl.join(_w0, _w2), tl.join(_w1, _w3)), ({BLOCK_QUADS}, 4))",
+        "tl.store(y_ptr + (4 * offs)[:, None] + tl.arange(0, 4)[None, :], w.to(tl.int32, bitcast=True), "
+        "mask=mask[:, None])",
+    ]
+    return body
+
+
+TRANSPOSE = '''
+@triton.jit
+def _transpose4x4(v0, v1, v2, v3, _ASM: tl.constexpr):
+    # Words w0..w3 with byte b of w_j = byte j of v_b. On CUDA eight byte permutes (prmt); in the
+    # interpreter, or with ASM off, the same with shifts and masks.
+    if _ASM:
+        a = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x6240;", "=r,r,r", [v0, v1], dtype=tl.uint32, is_pure=True, pack=1)
+        b = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7351;", "=r,r,r", [v0, v1], dtype=tl.uint32, is_pure=True, pack=1)
+        c = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x6240;", "=r,r,r", [v2, v3], dtype=tl.uint32, is_pure=True, pack=1)
+        e = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7351;", "=r,r,r", [v2, v3], dtype=tl.uint32, is_pure=True, pack=1)
+        w0 = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r", [a, c], dtype=tl.uint32, is_pure=True, pack=1)
+        w1 = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r", [b, e], dtype=tl.uint32, is_pure=True, pack=1)
+        w2 = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7632;", "=r,r,r", [a, c], dtype=tl.uint32, is_pure=True, pack=1)
+        w3 = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7632;", "=r,r,r", [b, e], dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        a = (v0 & 0x00FF00FF) | ((v1 & 0x00FF00FF) << 8)
+        b = ((v0 >> 8) & 0x00FF00FF) | (v1 & 0xFF00FF00)
+        c = (v2 & 0x00FF00FF) | ((v3 & 0x00FF00FF) << 8)
+        e = ((v2 >> 8) & 0x00FF00FF) | (v3 & 0xFF00FF00)
+        w0 = (a & 0xFFFF) | (c << 16)
+        w1 = (b & 0xFFFF) | (e << 16)
+        w2 = (a >> 16) | (c & 0xFFFF0000)
+        w3 = (b >> 16) | (e & 0xFFFF0000)
+    return w0, w1, w2, w3
+'''
+
+
+def body(p: Plan, name: str, dims: Sequence[str]) -> str:
+    """``@triton.jit def name(x_ptr, y_ptr, pid, <dims>, WIDE, _ALT, _T, _ASM)``: the part of the output
+    that program ``pid`` of this tensor converts. _ALT selects the plan's alternative walk (coarse
+    words, quads) when the call's shapes allow it; _T is the column tile of the rows walk; _ASM
+    allows inline PTX."""
+    params = ", ".join(["x_ptr", "y_ptr", "pid"] + [f"{d}: tl.constexpr" for d in dims]
+                       + ["WIDE: tl.constexpr", "_ALT: tl.constexpr", "_T: tl.constexpr", "_ASM: tl.constexpr"])
+    if p.access == "quads":
+        lines = ["if _ALT:", *("    " + x for x in _quads(p)), "else:", *("    " + x for x in _words(p))]
+    elif p.access == "words":
+        lines = _words(p)
+    elif p.access == "rows":
+        lines = _rows(p)
+    elif p.coarse > 1:
+        lines = ["if _ALT:", *("    " + x for x in _coarse(p)), "else:", *("    " + x for x in _elements(p))]
+    else:
+        lines = _elements(p)
+    return "@triton.jit\n" + f"def {name}({params}):\n" + "\n".join("    " + x for x in lines) + "\n"
+
+
+def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str]) -> str:
+    """One kernel for a layer: programs [0, G0) run body 0, [G0, G0 + G1) body 1, and so on."""
+    args = [f"_{v}{i}" for i in range(len(bodies)) for v in ("x", "y")]
+    flags = [f"_{k}{i}: tl.constexpr" for i in range(len(bodies)) for k in ("G", "W", "A", "T")]
+    sig = ", ".join(args + [f"{d}: tl.constexpr" for d in dims] + flags + ["_ASM: tl.constexpr"])
+    lines = ["@triton.jit", f"def {name}({sig}):", "    pid = tl.program_id(0)"]
+    start = ""
+    for i, b in enumerate(bodies):
+        end = f"{start}_G{i}"
+        lines.append(f"    {'if' if i == 0 else 'elif'} pid < {end}:")
+        local = "pid" if i == 0 else f"pid - ({start[:-3]})"
+        lines.append(f"        {b}(_x{i}, _y{i}, {local}, {''.join(d + ', ' for d in dims)}_W{i}, _A{i}, _T{i}, _ASM)")
+        start = end + " + "
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# the launcher: Python that allocates the outputs and launches the layer kernel once
+
+
+def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: Sequence[str]) -> str:
+    """Source of ``def name(tensors, d) -> dict``: allocate every output of ``entries`` (tensor
+    name, plan), choose each walk for the call's shapes, launch ``kernel`` once."""
+    lines = [f"def {name}(tensors, d):",
+             f"    # One launch converts {', '.join(n for n, _ in entries)}.",
+             *(f"    {d} = d[{d!r}]" for d in dims),
+             "    out, _args, _flags, total = {}, [], {}, 0"]
+    for i, (tensor, p) in enumerate(entries):
+        shape = ", ".join(ex.to_python(s) for s in p.out_shape)
+        lines += [
+            "",
+            f"    x = _aligned(tensors[{tensor!r}])  # the kernels load whole words",
+            f"    y = torch.empty(({shape},), dtype=torch.{p.out_elem.canonical}, device=x.device)",
+        ]
+        walks = _walks(p)
+        if len(walks) == 1:
+            lines += [f"    {line}" for line in walks[0][1]]
+            alt = "False"
+        else:
+            (cond, first), (_, second) = walks
+            lines += [f"    _alt = {cond}", "    if _alt:", *(f"        {x}" for x in first), "    else:",
+                      *(f"        {x}" for x in second)]
+            alt = "_alt"
+        lines += [
+            "    _args += [xs, ys]",
+            f"    _flags.update(_G{i}=n, _W{i}=max(x.numel() * x.element_size(), y.numel() * y.element_size()) >= 2**31, "
+            f"_A{i}={alt}, _T{i}=_t)",
+            "    total += n",
+            f"    out[{tensor!r}] = y",
+        ]
+    lines += [
+        "",
+        "    if total:",
+        "        kernels = _triton_kernels(_TRITON_SOURCE, _TRITON_FILE)",
+        f"        kernels[{kernel!r}][(total,)](*_args, {''.join(f'{d}={d}, ' for d in dims)}**_flags, "
+        f"_ASM=_inline_asm(x), num_warps={NUM_WARPS})",
+        "    return out",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _view(what: str, var: str) -> str:
+    return var if what == "same" else f"{var}.view(torch.{what})"
+
+
+def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
+    """(condition, launcher lines binding xs, ys, n, _t) per walk: the alternative first."""
+    def walk(xv: str, yv: str, count: str, tile: str = "1") -> list[str]:
+        return [f"xs, ys, _t = {_view(xv, 'x')}, {_view(yv, 'y')}, {tile}", f"n = {count}"]
+
+    words = walk("uint8", "int32", f"-(-({ex.to_python(ex.mul(*p.word_shape))}) // {BLOCK_WORDS})") \
+        if p.pattern == "words" else []
+    if p.access == "quads":
+        shape = p.word_shape[:-1] + (ex.div(p.word_shape[-1], 4),)
+        cond = " and ".join(f"{d} % {p.quads.multiple} == 0" for d in p.quads.guard_dims) or "True"
+        quads = walk("int64" if p.quads.pairs else "int32", "int32",
+                     f"-(-({ex.to_python(ex.mul(*shape))}) // {BLOCK_QUADS})")
+        return [(cond + "  # the dims the quads walk was checked for", quads), (None, words)]
+    if p.access == "words":
+        return [(None, words)]
+    same = "same" if p.conversions else BIT_VIEWS[p.in_elem.bits]
+    if p.access == "rows":
+        lead = ex.to_python(ex.mul(*p.out_shape[:-1])) if p.out_shape[:-1] else "1"
+        cols = ex.to_python(p.out_shape[-1])
+        tile = f"min({ROW_TILE_COLS}, 1 << max(0, ({cols} - 1).bit_length()))"
+        return [(None, [f"_t = {tile}", f"xs, ys = {_view(same, 'x')}, {_view(same, 'y')}",
+                        f"n = -(-({lead}) // ({ROW_TILE_ELEMENTS} // _t)) * -(-({cols}) // _t)"])]
+    total = ex.to_python(ex.mul(*p.out_shape)) if p.out_shape else "1"
+    plain = walk(same, same, f"-(-({total}) // {BLOCK_ELEMENTS})")
+    if p.coarse > 1:
+        wide = BIT_VIEWS[p.in_elem.bits * p.coarse]
+        coarse = walk(wide, wide, f"-(-({total}) // {p.coarse * BLOCK_ELEMENTS})")
+        return [(f"x.shape[-1] % {p.coarse} == 0 and y.shape[-1] % {p.coarse} == 0  # whole words", coarse),
+                (None, plain)]
+    return [(None, plain)]
