@@ -187,7 +187,7 @@ def quads_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
         lines.append("    w = s.view(torch.uint8).unflatten(-1, (4, 4)).transpose(-1, -2).contiguous()")
     lines.append("    halves = w.view(torch.int16).to(torch.int32).view(-1, 2)  # little-endian: low half first")
     lines.append("    halves &= 0xFFFF  # int16, not uint16: every device converts it")
-    lines.append(f"    low, high = (t.to(_dev) for t in _bit_tables({tuple(p.table)!r}))")
+    lines.append(f"    low, high = _bit_tables({tuple(p.table)!r}, _dev)")
     lines.append("    r = low.index_select(0, halves[:, 0])")
     lines.append("    r |= high.index_select(0, halves[:, 1])")
     out = ", ".join(["stop - start"] + qshape[1:-1] + [f"4 * ({qshape[-1]})"])
@@ -228,17 +228,24 @@ def coarse_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
 def bit_tables_source() -> str:
     """Module-level helper of ``quads_part``: the two half-word tables of a bit permutation."""
     return (
-        "def _bit_tables(table):\n"
+        "_BIT_TABLES = {}  # (table, device) -> the two half-word tables: built once, not per call\n"
+        "\n"
+        "\n"
+        "def _bit_tables(table, device=None):\n"
         "    # Output bit i of a word is input bit table[i]. For each half word h, the output bits of\n"
         "    # all its 65536 values, as int32: value v | 2**k sets v's bits and bit k's, so the table\n"
         "    # doubles sixteen times (no per-bit pass over the whole table).\n"
+        "    key = (table, str(device))\n"
+        "    if key in _BIT_TABLES:\n"
+        "        return _BIT_TABLES[key]\n"
         "    out = []\n"
         "    for h in (0, 1):\n"
         "        r = torch.zeros(1, dtype=torch.int32)\n"
         "        for k in range(16):\n"
         "            image = sum(1 << i for i, s in enumerate(table) if s == 16 * h + k)\n"
         "            r = torch.cat([r, r | (image - (1 << 32) if image >= 1 << 31 else image)])  # bit 31: the sign\n"
-        "        out.append(r)\n"
+        "        out.append(r if device is None else r.to(device))\n"
+        "    _BIT_TABLES[key] = out\n"
         "    return out\n"
     )
 
