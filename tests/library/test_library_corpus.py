@@ -294,18 +294,12 @@ def test_mistake_is_rejected_with_its_message(path):
     assert path.read_text().splitlines()[line - 1] in text  # the offending line is quoted
 
 
-#: The probe cannot decode a value step that loses bits inside a packing (extract_bits of fp32
-#: scales; fp16 cast + extract_bits, which drops the sign): it reports a disagreement, "a layoutc
-#: bug", on a spec whose converter is right (the bit-exact tests above). Open; see the report.
-PROBE_GAPS = {"deepgemm_packed_ue8m0", "cute_dsl_bf16_fp4"}
 #: Probing these takes most of the time of this file: their whole probe runs with the slow tests.
 PROBE_SLOW = {"alphamoe_nvfp4_panels"}
 
 
 def _probe_case(path: Path):
     marks = []
-    if path.stem in PROBE_GAPS:
-        marks.append(pytest.mark.xfail(strict=True, reason="the probe cannot decode lossy value steps in a packing"))
     if path.stem in PROBE_SLOW:
         marks.append(pytest.mark.slow)
     return pytest.param(path, marks=marks, id=path.stem)
@@ -320,12 +314,14 @@ def test_probe_agrees_on_the_corpus_spec(path):
 @pytest.mark.slow
 def test_cli_probe_runs_on_every_spec_of_the_repo_and_the_corpus():
     specs = sorted(SPECS.glob("*.lyt")) + LAYOUTS
-    run = subprocess.run([sys.executable, "-m", "layoutc.cli", "check", "--probe", "--quiet", *map(str, specs)],
+    run = subprocess.run([sys.executable, "-m", "layoutc.cli", "check", "--probe", *map(str, specs)],
                          capture_output=True, text=True, cwd=ROOT)
     assert "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
     failed = {Path(line.split(":")[0]).stem for line in run.stderr.splitlines() if ": error: " in line}
-    assert failed == PROBE_GAPS, run.stderr
-    assert f"{len(PROBE_GAPS)} specs failed" in run.stderr
+    assert failed == set(), run.stderr
+    assert run.returncode == 0, run.stderr
+    ok = {Path(line.split(":")[0]).stem for line in run.stdout.splitlines() if ": ok, static and probed" in line}
+    assert ok == {p.stem for p in specs}, run.stdout
 
 
 # ---------------------------------------------------------------------------------------------
