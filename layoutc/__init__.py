@@ -1,9 +1,26 @@
 """layoutc: MoE weight layouts as declarative specs, verified index maps and generated converters."""
 
-__version__ = "0.1.0"
+from ._version import __version__
 
-from .api import CompiledSpec, compile_file, compile_source  # noqa: E402
-from .errors import Diagnostic, SpecError  # noqa: E402
-from .lower.runtime import LayoutError  # noqa: E402
+# The public names load on first use (PEP 562), so that importing one low-level module
+# (layoutc.expr, layoutc.indexmap) does not import the whole compiler.
+_PUBLIC = {
+    "CompiledSpec": "api", "compile_file": "api", "compile_source": "api",
+    "Diagnostic": "errors", "SpecError": "errors", "LayoutError": "lower.runtime",
+}
 
-__all__ = ["CompiledSpec", "LayoutError", "Diagnostic", "SpecError", "compile_file", "compile_source", "__version__"]
+__all__ = [*_PUBLIC, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+
+        value = getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

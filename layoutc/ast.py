@@ -178,6 +178,7 @@ class TensorDecl:
     rows: RowLayout | None
     packing: Packing | None
     pos: Pos
+    accepts: tuple[Name, ...] = ()  # `accepts bf16`: narrower types widened exactly on input
 
 
 # -- statements ---------------------------------------------------------------

@@ -19,7 +19,15 @@
   inside ``--out``; the input folder is never written to; a lock keeps two runs from writing one
   ``--out`` at once.
 * A run that finds no MoE layer with its name mapping fails instead of copying everything.
-* Under ``torchrun``, rank r of n converts shards ``r, r+n, ...`` (gloo on CPU, NCCL on GPUs).
+* Under ``torchrun``, the n ranks split the shards, balanced by bytes (gloo on CPU, NCCL on GPUs).
+* Tensor-parallel slices: given one spec per slice and one folder each, every input shard is read
+  once and converted for every slice.
+* Pipelined (``prefetch`` > 0, the default): reader threads load the next shards onto the device
+  while hashing them (the stamp's sha256 is of the bytes converted), the calling thread converts,
+  writer threads copy the results back and write them, and one finisher thread fsyncs, renames and
+  stamps the shards in order. Memory: about ``prefetch + writers + 2`` shards (inputs and outputs)
+  on the device, a few 16 MiB pinned chunks per thread on the host. The output bytes are the
+  sequential loop's (``prefetch=0``), which stays as the reference.
 """
 
 from __future__ import annotations
@@ -30,14 +38,18 @@ import fcntl
 import hashlib
 import json
 import os
+import queue
 import re
+import threading
+import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 import torch
 
-from . import __version__, shardfile
+from . import shardfile, shardio
+from ._version import __version__
 from .api import CompiledSpec
 from .dtypes import bit_view
 from .lower.runtime import LayoutError
@@ -48,6 +60,9 @@ DONE = ".layoutc-done"
 RUN = ".layoutc-run.json"  # which spec, parameters and names this folder holds a conversion of
 LOCK = ".layoutc-lock"
 #: dtypes a name mapping may convert a tensor to on load (bf16 biases to float32, ...).
+#: pipeline defaults: shards read ahead of the one being converted, shards written at once
+PREFETCH = 2
+WRITERS = 2
 LOAD_DTYPES = ("float32", "float16", "bfloat16", "uint8", "int8", "int32")
 
 
@@ -352,36 +367,100 @@ def claim_folder(out_dir: Path, identity: Mapping[str, Any], rank: int, world: i
     return lock
 
 
+@attrs.define
+class _Target:
+    """One output folder: a spec (for tensor parallelism, one rank's slice) and where it goes."""
+
+    spec: CompiledSpec
+    out_dir: Path
+    identity: dict[str, Any]
+    meta: dict[str, str]
+    done_dir: Path
+    created: bool = False
+
+
+def assign_shards(sizes: Mapping[str, int], world: int) -> list[list[str]]:
+    """Shards per rank, balanced by bytes: largest first, each to the rank with the fewest bytes so
+    far (ties: the lower rank); each rank's list in name order. Every rank computes the same split."""
+    loads = [0] * world
+    out: list[list[str]] = [[] for _ in range(world)]
+    for shard in sorted(sizes, key=lambda s: (-sizes[s], s)):
+        r = min(range(world), key=lambda i: (loads[i], i))
+        out[r].append(shard)
+        loads[r] += sizes[shard]
+    return [sorted(x) for x in out]
+
+
 def convert_checkpoint(
-    spec: CompiledSpec, in_dir: str | Path, out_dir: str | Path, names: str | Path = "vllm",
-    device: str = "cpu", rank: int = 0, world: int = 1, progress: Callable[[Iterable], Iterable] | None = None,
-    lowering: str = "auto", verify: bool = True,
+    spec: CompiledSpec | Sequence[CompiledSpec], in_dir: str | Path, out_dir: str | Path | Sequence[str | Path],
+    names: str | Path = "vllm", device: str = "cpu", rank: int = 0, world: int = 1,
+    progress: Callable[[Iterable], Iterable] | None = None, lowering: str = "auto", verify: bool = True,
+    prefetch: int = PREFETCH, writers: int = WRITERS, profile: shardio.Profile | None = None,
+    io_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Convert the shards this rank owns; returns a summary. See the module docstring."""
-    in_dir, out_dir = Path(in_dir).resolve(), Path(out_dir).resolve()
+    """Convert the shards this rank owns; returns a summary. See the module docstring.
+
+    ``spec`` and ``out_dir`` may be lists of the same length (every tensor-parallel slice of one
+    spec, each into its own folder): each input shard is then read once and converted for each.
+    ``prefetch``: shards read ahead of the one being converted (0: the plain sequential loop, one
+    shard at a time in one thread); ``writers``: shards written at once. ``profile`` collects the
+    seconds each stage took; ``io_options`` go to :class:`layoutc.shardio.ShardIO` (chunk size,
+    ``staged=True`` to run the CUDA code path's chunk ring on the CPU in tests)."""
+    specs = [spec] if isinstance(spec, CompiledSpec) else list(spec)
+    outs = [out_dir] if isinstance(out_dir, (str, Path)) else list(out_dir)
+    if not specs or len(specs) != len(outs):
+        raise ValueError("give one output folder per spec")
+    in_dir = Path(in_dir).resolve()
+    outs = [Path(o).resolve() for o in outs]
     if not in_dir.is_dir():
         raise LayoutError(f"{in_dir} is not a folder")
-    if out_dir == in_dir:
-        raise LayoutError(f"--out {out_dir} is the input folder; layoutc convert never overwrites its input")
-    rules = name_rules(spec, names)
+    for o in outs:
+        if o == in_dir:
+            raise LayoutError(f"--out {o} is the input folder; layoutc convert never overwrites its input")
+    if len(set(outs)) != len(outs):
+        raise LayoutError("two slices would be written into one folder")
+    if prefetch < 0 or writers < 1:
+        raise LayoutError(f"--prefetch must be >= 0 and --writers >= 1 (got {prefetch}, {writers})")
+    rules = name_rules(specs[0], names)
     weight_map = _shard_map(in_dir)
-    groups = _groups(weight_map, rules, spec)  # fails before anything is written when no layer matches
-    created = not out_dir.exists() and world == 1  # other ranks share the folder: only a lone run cleans up
-    out_dir.mkdir(parents=True, exist_ok=True)
+    groups = _groups(weight_map, rules, specs[0])  # fails before anything is written when no layer matches
     summary = {"converted_layers": 0, "skipped_shards": 0, "written_shards": 0, "verified_layers": 0}
+    targets: list[_Target] = []
+    locks = []
     try:
-        lock = claim_folder(out_dir, run_identity(spec, names), rank, world)
+        for s, o in zip(specs, outs):
+            created = not o.exists() and world == 1  # other ranks share the folder: only a lone run cleans up
+            o.mkdir(parents=True, exist_ok=True)
+            identity = run_identity(s, names)
+            t = _Target(s, o, identity, metadata(s), o / DONE, created)
+            targets.append(t)
+            locks.append(claim_folder(o, identity, rank, world))
     except BaseException:
-        if created:
-            _remove_if_empty(out_dir)
+        for lock in locks:
+            lock.close()
+        for t in targets:
+            if t.created:
+                _remove_if_empty(t.out_dir)
         raise
+    prof = profile if profile is not None else shardio.Profile()
     try:
-        with lock, concurrent.futures.ThreadPoolExecutor(1) as hasher:
-            _convert_shards(spec, in_dir, out_dir, names, device, rank, world, progress, lowering, verify, rules,
-                            weight_map, groups, hasher, summary)
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            run = _Run(in_dir, targets, rules, weight_map, groups, device, lowering, verify, summary, prof,
+                       dict(io_options or {}))
+            sizes = {s: (in_dir / s).stat().st_size for s in sorted(set(weight_map.values()))}
+            mine = assign_shards(sizes, world)[rank]
+            t0 = time.perf_counter()
+            if prefetch == 0:
+                run.sequential(mine, progress)
+            else:
+                run.pipelined(mine, progress, prefetch, writers)
+            prof.add("wall", time.perf_counter() - t0)
     except BaseException:
-        if created and summary["written_shards"] == 0:
-            _remove_if_empty(out_dir)  # a failed first run leaves no folder of bookkeeping behind
+        for t in targets:
+            if t.created and summary["written_shards"] == 0:
+                _remove_if_empty(t.out_dir)  # a failed first run leaves no folder of bookkeeping behind
         raise
     return summary
 
@@ -400,67 +479,332 @@ def _remove_if_empty(out_dir: Path) -> None:
         out_dir.rmdir()
 
 
-def _convert_shards(spec, in_dir, out_dir, names, device, rank, world, progress, lowering, verify, rules, weight_map,
-                    groups, hasher, summary) -> None:
-    member = {tensor: (layer, n) for layer, g in groups.items() for n, tensor in g.items()}
-    shards = sorted(set(weight_map.values()))
-    mine = shards[rank::world]
-    reader = _Reader(in_dir, weight_map)
-    meta = metadata(spec)
-    done_dir = out_dir / DONE
-    done_dir.mkdir(exist_ok=True)
-    identity = run_identity(spec, names)
-    iterator = progress(mine) if progress else mine
-    for shard in iterator:
-        marker = done_dir / f"{shard}.json"
-        source = in_dir / shard
-        stamp = _read_json(marker)
-        if (isinstance(stamp, dict) and (out_dir / shard).is_file() and stamp.get("run") == identity
-                and stamp.get("input_size") == source.stat().st_size
-                and stamp.get("output_size") == (out_dir / shard).stat().st_size
-                and stamp.get("input_sha256") == _file_sha256(source)):
-            summary["skipped_shards"] += 1
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            marker.unlink()  # redone from here: never trust an old stamp for a new shard
-        digest = hasher.submit(_file_sha256, source)  # read beside the conversion
-        tensors: dict[str, torch.Tensor] = {}
-        layers = []
-        for name in reader.names_in(shard):
-            if name in member:
-                layer = member[name][0]
+@attrs.define
+class _Job:
+    """One input shard, read: its tensors (on the device; None when safetensors reads it), its
+    sha256, and the targets that still need it (empty: every stamp matched)."""
+
+    shard: str
+    source: Path
+    size: int
+    sha256: str
+    tensors: dict[str, torch.Tensor] | None
+    todo: list[_Target]
+
+
+@attrs.define
+class _Write:
+    job: _Job
+    target: _Target
+    tmp: Path
+    future: concurrent.futures.Future
+
+
+class _Finisher(threading.Thread):
+    """Finishes written shards in order: fsync, rename into place, then the stamp. In order, so a
+    kill leaves the same kind of folder as the sequential loop (a prefix of shards stamped)."""
+
+    def __init__(self, run: "_Run", depth: int):
+        super().__init__(name="layoutc-finish", daemon=True)
+        self.run_ = run
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.pending: list[_Write] = []  # queued or being finished (their .tmp files, for cleanup)
+        self._lock = threading.Lock()
+
+    def put(self, item: _Write) -> None:
+        with self._lock:
+            self.pending.append(item)
+        while True:
+            if self.error is not None or not self.is_alive():
+                raise self.error or LayoutError("internal error: the shard writer stopped")
+            try:
+                self.queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    def run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if self.error is not None:
+                continue  # drain: never finish a shard after an earlier one failed
+            try:
+                self.run_.finish_shard(item)
+                with self._lock:
+                    self.pending.remove(item)
+            except BaseException as err:  # noqa: BLE001 -- handed to the main thread
+                self.error = err
+
+    def close(self) -> None:
+        while self.is_alive():
+            try:
+                self.queue.put(None, timeout=0.05)
+                break
+            except queue.Full:
+                continue
+        self.join()
+
+
+class _Run:
+    """One rank's conversion: the shards it owns, for every target."""
+
+    def __init__(self, in_dir, targets, rules, weight_map, groups, device, lowering, verify, summary, prof,
+                 io_options):
+        self.io_options = io_options
+        self.in_dir, self.targets, self.rules = in_dir, targets, rules
+        self.weight_map, self.groups = weight_map, groups
+        self.device, self.lowering, self.verify = device, lowering, verify
+        self.summary, self.prof = summary, prof
+        self.member = {tensor: (layer, n) for layer, g in groups.items() for n, tensor in g.items()}
+        self.reader = _Reader(in_dir, weight_map)
+        self.cuda = torch.device(device).type == "cuda"
+        self._events: list[tuple[str, Any, Any]] = []
+        for t in targets:
+            t.done_dir.mkdir(exist_ok=True)
+
+    # -- shared by both loops -----------------------------------------------------------------
+
+    def stamped(self, target: _Target, shard: str, source: Path, size: int) -> bool:
+        """The stamp matches, apart from the input's sha256 (the caller compares that)."""
+        stamp = _read_json(target.done_dir / f"{shard}.json")
+        out = target.out_dir / shard
+        return (isinstance(stamp, dict) and out.is_file() and stamp.get("run") == target.identity
+                and stamp.get("input_size") == size and stamp.get("output_size") == out.stat().st_size)
+
+    def stamp_sha(self, target: _Target, shard: str) -> Any:
+        return (_read_json(target.done_dir / f"{shard}.json") or {}).get("input_sha256")
+
+    def layers_of(self, shard: str) -> tuple[list[str], list[str]]:
+        """The MoE layers with a tensor in ``shard`` (in index order) and its other tensors."""
+        layers, copied = [], []
+        for name in self.reader.names_in(shard):
+            if name in self.member:
+                layer = self.member[name][0]
                 if layer not in layers:
                     layers.append(layer)
             else:
-                tensors[name] = reader.get(name)
-        for i, layer in enumerate(layers):
-            group = groups[layer]
-            inputs = {k: v.to(device) for k, v in _load_group(reader, group, rules).items()}
-            try:
-                out = spec.convert(inputs, lowering=lowering)
-            except LayoutError as err:
-                raise LayoutError(f"layer {layer!r} (shard {shard}): {err}") from None
-            if verify and i == 0:
-                _verify_sample(spec, inputs, out, layer)
-                summary["verified_layers"] += 1
-            for n, tensor_name in group.items():
-                if weight_map[tensor_name] == shard:
-                    tensors[tensor_name] = out[n].cpu().contiguous()
-            summary["converted_layers"] += 1
-            del inputs, out
-        tmp = out_dir / f".{shard}.tmp"
+                copied.append(name)
+        return layers, copied
+
+    def convert_layer(self, target: _Target, shard: str, layer: str, inputs: Mapping[str, torch.Tensor],
+                      first: bool) -> dict[str, torch.Tensor]:
+        spec = target.spec
         try:
-            shardfile.write(tmp, tensors, meta)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, out_dir / shard)  # atomic: a shard is either absent or complete
+            out = self._timed("convert", lambda: spec.convert(inputs, lowering=self.lowering))
+        except LayoutError as err:
+            raise LayoutError(f"layer {layer!r} (shard {shard}): {err}") from None
+        if self.verify and first:
+            self._timed("verify", lambda: _verify_sample(spec, inputs, out, layer))
+            self.summary["verified_layers"] += 1
+        self.summary["converted_layers"] += 1
+        return out
+
+    def _timed(self, stage: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn``, adding its host time to ``stage`` and, on CUDA, its device time (events,
+        read once everything is done) to ``stage + '_gpu'``."""
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        with self.prof.span(stage):
+            result = fn()
+        if self.cuda:
+            end.record()
+            self._events.append((stage + "_gpu", start, end))
+        return result
+
+    def _device_times(self) -> None:
+        if self.cuda and self._events:
+            torch.cuda.synchronize(self.device)
+            for stage, start, end in self._events:
+                self.prof.add(stage, start.elapsed_time(end) / 1e3)
+            self._events.clear()
+
+    def load_input(self, name: str, tensor: torch.Tensor | None, rule: NameRule) -> torch.Tensor:
+        """A layer input as the sequential loop makes it: read, merged, cast on the host, on the device."""
+        t = self.reader.get(name) if tensor is None else tensor
+        if rule.merge_last:
+            t = t.reshape(*t.shape[:-2], t.shape[-2] * t.shape[-1])
+        if rule.dtype:
+            t = t.cpu().to(getattr(torch, rule.dtype))  # on the host, as safetensors' tensors are cast
+        return t.to(self.device)
+
+    # -- the sequential loop (prefetch=0): one shard at a time, in this thread ------------------
+
+    def sequential(self, mine: list[str], progress) -> None:
+        device_ctx = torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext()
+        with device_ctx, concurrent.futures.ThreadPoolExecutor(1) as hasher:
+            for shard in (progress(mine) if progress else mine):
+                source = self.in_dir / shard
+                size = source.stat().st_size
+                todo = list(self.targets)
+                if all(self.stamped(t, shard, source, size) for t in todo):
+                    sha = _file_sha256(source)
+                    todo = [t for t in todo if self.stamp_sha(t, shard) != sha]
+                    if not todo:
+                        self.summary["skipped_shards"] += 1
+                        continue
+                for t in todo:
+                    with contextlib.suppress(FileNotFoundError):
+                        (t.done_dir / f"{shard}.json").unlink()  # redone from here: never trust an old stamp
+                digest = hasher.submit(_file_sha256, source)  # read beside the conversion
+                self.prof.add("read_bytes", 0.0, size)
+                layers, copied = self.layers_of(shard)
+                base = {name: self.reader.get(name) for name in copied}
+                for t in todo:
+                    tensors = dict(base)
+                    for i, layer in enumerate(layers):
+                        group = self.groups[layer]
+                        inputs = {n: self.load_input(name, None, self.rules[n]) for n, name in group.items()}
+                        out = self.convert_layer(t, shard, layer, inputs, i == 0)
+                        for n, tensor_name in group.items():
+                            if self.weight_map[tensor_name] == shard:
+                                tensors[tensor_name] = out[n].cpu().contiguous()
+                        del inputs, out
+                    tmp = t.out_dir / f".{shard}.tmp"
+                    try:
+                        with self.prof.span("write"):
+                            shardfile.write(tmp, tensors, t.meta)
+                        os.chmod(tmp, 0o644)
+                        os.replace(tmp, t.out_dir / shard)  # atomic: a shard is either absent or complete
+                    finally:
+                        with contextlib.suppress(FileNotFoundError):
+                            tmp.unlink()
+                    self.stamp(t, shard, digest.result(), size)
+        self._device_times()
+
+    def stamp(self, target: _Target, shard: str, sha: str, size: int) -> None:
+        with self.prof.span("marker"):
+            _write_atomically(target.done_dir / f"{shard}.json", json.dumps({
+                "run": target.identity, "input_sha256": sha, "input_size": size,
+                "output_size": (target.out_dir / shard).stat().st_size,
+            }, sort_keys=True))
+        self.summary["written_shards"] += 1
+
+    # -- the pipeline --------------------------------------------------------------------------
+
+    def load(self, io: shardio.ShardIO, shard: str) -> _Job:
+        """(Reader thread.) Read ``shard`` onto the device unless every stamp matches."""
+        source = self.in_dir / shard
+        try:
+            size = source.stat().st_size
+            todo = list(self.targets)
+            if all(self.stamped(t, shard, source, size) for t in todo):
+                with self.prof.span("hash_resume", size):
+                    sha = _file_sha256(source)
+                todo = [t for t in todo if self.stamp_sha(t, shard) != sha]
+                if not todo:
+                    return _Job(shard, source, size, sha, None, [])
+            try:
+                tensors, sha, size = io.read(source)
+            except shardio.Fallback:
+                with self.prof.span("hash", size):
+                    sha, tensors = _file_sha256(source), None
+                self.prof.add("read_bytes", 0.0, size)
+            return _Job(shard, source, size, sha, tensors, todo)
+        except LayoutError:
+            raise
+        except Exception as err:  # noqa: BLE001 -- any failure to read names the shard
+            raise LayoutError(f"{source}: cannot read ({err})") from None
+
+    def pipelined(self, mine: list[str], progress, prefetch: int, writers: int) -> None:
+        io = shardio.ShardIO(self.device, self.prof, **self.io_options)
+        readers = concurrent.futures.ThreadPoolExecutor(prefetch, thread_name_prefix="layoutc-read")
+        write_pool = concurrent.futures.ThreadPoolExecutor(writers, thread_name_prefix="layoutc-write")
+        finisher = _Finisher(self, depth=writers)
+        finisher.start()
+        reads: dict[int, concurrent.futures.Future] = {}
+        for i in range(min(prefetch, len(mine))):
+            reads[i] = readers.submit(self.load, io, mine[i])
+        failed = True
+        device_ctx = torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext()
+        try:
+            with device_ctx:
+                for i, shard in enumerate(progress(mine) if progress else mine):
+                    with self.prof.span("wait_read"):
+                        job = reads.pop(i).result()
+                    if i + prefetch < len(mine):
+                        reads[i + prefetch] = readers.submit(self.load, io, mine[i + prefetch])
+                    if not job.todo:
+                        self.summary["skipped_shards"] += 1
+                        continue
+                    self.convert_job(job, io, write_pool, finisher)
+                    del job
+            failed = False
         finally:
+            for f in reads.values():
+                f.cancel()
+            readers.shutdown(wait=True, cancel_futures=True)
+            finisher.close()
+            write_pool.shutdown(wait=True)
+            for item in finisher.pending:  # written but never finished (an error stopped the run)
+                with contextlib.suppress(FileNotFoundError):
+                    item.tmp.unlink()
+            io.close()
+            with contextlib.suppress(Exception):
+                self._device_times()
+        if finisher.error is not None and not failed:
+            raise finisher.error
+
+    def convert_job(self, job: _Job, io: shardio.ShardIO, write_pool, finisher: _Finisher) -> None:
+        shard = job.shard
+        for t in job.todo:
+            with contextlib.suppress(FileNotFoundError):
+                (t.done_dir / f"{shard}.json").unlink()  # redone from here: never trust an old stamp
+        layers, copied = self.layers_of(shard)
+        have = job.tensors
+        if have is not None:
+            absent = [n for n in self.reader.names_in(shard) if n not in have]
+            if absent:
+                raise LayoutError(f"{job.source}: cannot read {absent[0]} (the index names it, the file does not hold it)")
+        base = {name: (have[name] if have is not None else self.reader.get(name)) for name in copied}
+        for t in job.todo:
+            tensors = dict(base)
+            for i, layer in enumerate(layers):
+                group = self.groups[layer]
+                inputs = {}
+                for n, name in group.items():
+                    local = have.get(name) if have is not None and self.weight_map[name] == shard else None
+                    inputs[n] = self.load_input(name, local, self.rules[n])
+                out = self.convert_layer(t, shard, layer, inputs, i == 0)
+                for n, tensor_name in group.items():
+                    if self.weight_map[tensor_name] == shard:
+                        tensors[tensor_name] = out[n].contiguous()
+                del inputs, out
+            ready = None
+            if self.cuda:
+                ready = torch.cuda.Event()
+                ready.record()
+            tmp = t.out_dir / f".{shard}.tmp"
+            future = write_pool.submit(self.write_tmp, io, tmp, tensors, t.meta, ready)
+            with self.prof.span("wait_write"):
+                finisher.put(_Write(job, t, tmp, future))
+
+    def write_tmp(self, io: shardio.ShardIO, tmp: Path, tensors, meta, ready) -> int:
+        """(Writer thread.) The shard's bytes into its temporary file."""
+        try:
+            return io.write(tmp, tensors, meta, ready)
+        except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-        _write_atomically(marker, json.dumps({
-            "run": identity, "input_sha256": digest.result(), "input_size": source.stat().st_size,
-            "output_size": (out_dir / shard).stat().st_size,
-        }, sort_keys=True))
-        summary["written_shards"] += 1
+            raise
+
+    def finish_shard(self, item: _Write) -> None:
+        """(Finisher thread.) Make a written shard durable, put it in place, stamp it."""
+        item.future.result()
+        t, shard = item.target, item.job.shard
+        try:
+            with self.prof.span("fsync"):
+                shardio.fsync_file(item.tmp)
+            os.chmod(item.tmp, 0o644)
+            os.replace(item.tmp, t.out_dir / shard)  # atomic: a shard is either absent or complete
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                item.tmp.unlink()
+        self.stamp(t, shard, item.job.sha256, item.job.size)
+        self.prof.add("written_bytes", 0.0, (t.out_dir / shard).stat().st_size)
 
 
 def finish(spec: CompiledSpec, in_dir: str | Path, out_dir: str | Path, names: str | Path) -> None:

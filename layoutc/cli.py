@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .errors import Diagnostic, SpecError
 from .limits import MAX_PARAM_COMBINATIONS
 from .text import display
@@ -418,32 +418,56 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--names", default="vllm", show_default=True, help="Name mapping: vllm, gpt-oss or a JSON file.")
 @click.option("--device", default=None, callback=_check_device,
-              help="cpu or cuda (default: cuda:<local rank> under torchrun with GPUs, else cpu)")
+              help="cpu or cuda (under torchrun, cuda means cuda:<local rank>; default: that with GPUs, else cpu)")
 @click.option("--lowering", default="auto", show_default=True, type=click.Choice(["auto", "fused", "compiled", "gather", "eager"]))
 @click.option("--no-verify", is_flag=True, help="Skip the round-trip check of a sample layer per shard.")
+@click.option("--prefetch", default=None, type=click.IntRange(0, 64), metavar="N",
+              help="Shards read ahead of the one being converted (default 2; 0: one shard at a time, no threads).")
+@click.option("--writers", default=None, type=click.IntRange(1, 64), metavar="N",
+              help="Shards written at once (default 2).")
+@click.option("--profile", "profile_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write seconds and bytes per stage (read, hash, convert, write, fsync, ...) as JSON.")
 @define_option
 def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device: str | None, lowering: str,
-                no_verify: bool, defines: tuple[str, ...]) -> int:
-    """Convert a safetensors checkpoint (single file or sharded) into SPEC's kernel layout."""
+                no_verify: bool, prefetch: int | None, writers: int | None, profile_path: Path | None,
+                defines: tuple[str, ...]) -> int:
+    """Convert a safetensors checkpoint (single file or sharded) into SPEC's kernel layout.
+
+    With -D tp_size=N and no tp_rank, every slice is converted, rank r's into OUT/tp<r>, reading
+    the checkpoint once."""
+    import json
     import os
+    import time
 
     import torch
 
     from .api import compile_file
-    from .checkpoint import convert_checkpoint, finish
+    from .checkpoint import PREFETCH, WRITERS, convert_checkpoint, finish
     from .lower.runtime import LayoutError
+    from .shardio import Profile
 
-    spec = compile_file(spec_path, _parse_defines(defines))
+    params = _parse_defines(defines)
+    spec = compile_file(spec_path, params)
+    specs, outs = [spec], [out_dir]
+    tp_size = spec.params.get("tp_size", 1)
+    if "tp_rank" in spec.params and "tp_rank" not in params and isinstance(tp_size, int) and tp_size > 1:
+        specs = [compile_file(spec_path, {**params, "tp_rank": r}) for r in range(tp_size)]
+        outs = [out_dir / f"tp{r}" for r in range(tp_size)]
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     dist = None
     if world > 1:
         import torch.distributed as dist
 
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
-        if device is None and torch.cuda.is_available():
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if (device is None and torch.cuda.is_available()) or device == "cuda":
+            if local >= torch.cuda.device_count():
+                raise click.BadParameter(f"local rank {local} has no GPU ({torch.cuda.device_count()} here)",
+                                         param_hint="--device")
+            device = f"cuda:{local}"
+        if device is not None and device.startswith("cuda"):
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device is not None and device.startswith("cuda") else "gloo")
     device = device or "cpu"
 
     def progress(shards):
@@ -451,11 +475,15 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
             yield from bar
 
     failure: Exception | None = None
+    profile = Profile()
+    t0 = time.perf_counter()
     try:
-        summary = convert_checkpoint(spec, in_dir, out_dir, names, device, rank, world, progress, lowering,
-                                     not no_verify)
+        summary = convert_checkpoint(specs, in_dir, outs, names, device, rank, world, progress, lowering,
+                                     not no_verify, PREFETCH if prefetch is None else prefetch,
+                                     WRITERS if writers is None else writers, profile)
     except Exception as err:  # noqa: BLE001 -- re-raised below, after the other ranks have heard of it
         failure = err
+    seconds = time.perf_counter() - t0
     if dist is not None:
         # Instead of a barrier: a rank that failed must not leave the others waiting for it.
         failed = torch.tensor([int(failure is not None)], device=device if device.startswith("cuda") else "cpu")
@@ -466,9 +494,20 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
     if failure is not None:
         raise failure
     if rank == 0:
-        finish(spec, in_dir, out_dir, names)
+        for s, o in zip(specs, outs):
+            finish(s, in_dir, o, names)
+    if profile_path is not None:
+        stages = profile.as_dict()
+        report = {"rank": rank, "world": world, "device": device, "wall_s": round(seconds, 4), "summary": summary,
+                  "slices": len(specs), "stages": stages["seconds"], "bytes": stages["bytes"], "counts": stages["counts"]}
+        if world > 1:
+            profile_path = profile_path.with_name(f"{profile_path.stem}.rank{rank}{profile_path.suffix}")
+        profile_path.write_text(json.dumps(report, indent=1))
+    read = profile.bytes.get("read_bytes", 0)
+    rate = f", {read / seconds / 1e9:.2f} GB/s read" if read and seconds > 0 else ""
     click.echo(f"rank {rank}: {summary['written_shards']} shard(s) written, {summary['skipped_shards']} already done, "
-               f"{summary['converted_layers']} MoE layer(s) converted, {summary['verified_layers']} verified", err=True)
+               f"{summary['converted_layers']} MoE layer(s) converted, {summary['verified_layers']} verified "
+               f"({seconds:.1f} s{rate})", err=True)
     return 0
 
 

@@ -7,8 +7,9 @@ The module a spec compiles to exposes::
     SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, DIMS, INPUTS, OUTPUTS, INVERTIBLE
     LayoutError                                         raised for tensors that break the contract
 
-The functions it calls are copied from :mod:`layoutc.ops.torch_impl` (the
-primitives) and :mod:`layoutc.lower.runtime` (the contract checks), so the
+The functions it calls are copied from the ops' eager implementations
+(:mod:`layoutc.ops.torch_impl`, or an op's own module) and :mod:`layoutc.lower.runtime`
+(the contract checks), so the
 module runs where layoutc is not installed. ``layoutc.compile_file`` loads the
 same text in memory: the Python API and the generated file are one code path.
 """
@@ -20,12 +21,11 @@ import inspect
 import textwrap
 from typing import Any, Callable, Iterable
 
-from . import __version__
+from ._version import __version__
 from . import expr as ex
 from .compiler import Chain, Compiled, Constraint, Variant
 from .ir import TensorSpec
 from .lower import eager, fused, guard_rt, runtime
-from .ops import torch_impl
 from .text import comment
 from .versions import distribution
 
@@ -39,6 +39,7 @@ RUNTIME_NAMES = (
     "_fmt_dims",
     "_fmt_shape",
     "_check_outputs",
+    "_widened",
     "_bind_dims",
     "_check_tensors",
     "_check_divisibility",
@@ -64,23 +65,35 @@ def _source_of(obj: Any) -> str:
     return textwrap.dedent(inspect.getsource(obj)).rstrip() + "\n"
 
 
+#: Module-level values an eager function may read besides functions: copied as literals.
+_LITERALS = (int, float, str, bool, tuple, frozenset, type(None))
+
+
 def _impl_closure(functions: Iterable[Callable[..., Any]]) -> list[str]:
-    """Sources of the torch_impl functions used, plus the module-level names they refer to."""
+    """Sources of the eager functions used (each op's ``impl``: in :mod:`layoutc.ops.torch_impl` or
+    in the op's own module), plus the module-level functions and constants they read."""
     chunks: dict[str, str] = {}
+    origin: dict[str, Callable[..., Any]] = {}
     pending = list(functions)
     while pending:
         fn = pending.pop()
         if fn.__name__ in chunks:
+            if origin[fn.__name__] is not fn:  # two modules' functions of one name would overwrite
+                raise AssertionError(f"two eager functions are named {fn.__name__}: "
+                                     f"{origin[fn.__name__].__module__} and {fn.__module__}")
             continue
-        chunks[fn.__name__] = _source_of(fn)
+        chunks[fn.__name__], origin[fn.__name__] = _source_of(fn), fn
         for name in _globals_read(fn):
-            value = getattr(torch_impl, name, None)
-            if value is None or name in chunks or name == "torch":
+            if name == "torch" or name in chunks or name not in fn.__globals__:
                 continue
-            if callable(value):
+            value = fn.__globals__[name]
+            if inspect.isfunction(value):
                 pending.append(value)
-            else:
+            elif isinstance(value, _LITERALS):
                 chunks[name] = f"{name} = {value!r}\n"
+            else:  # a module, a class: a converter depends on torch alone
+                raise AssertionError(f"eager function {fn.__module__}.{fn.__name__} reads {name}, "
+                                     "which cannot be copied into a converter (torch, functions and literals only)")
     constants = [c for n, c in chunks.items() if not c.startswith("def ")]
     defs = [c for n, c in sorted(chunks.items()) if c.startswith("def ")]
     return constants + defs
@@ -117,8 +130,9 @@ def _contract(specs: Iterable[TensorSpec]) -> str:
         shape = ", ".join(repr(t) for t in s.shape_text)
         shape = f"({shape},)" if len(s.shape_text) == 1 else f"({shape})"
         accepts = tuple(n for n in s.elem.accepts)
+        widens = tuple(t.canonical for t in getattr(s, "accepts", ()))
         lines.append(
-            f"    {s.name!r}: {{'dtype': {s.elem.name!r}, 'torch_dtypes': {accepts!r}, "
+            f"    {s.name!r}: {{'dtype': {s.elem.name!r}, 'torch_dtypes': {accepts!r}, 'widens': {widens!r}, "
             f"'shape': {shape}, 'optional': {s.optional!r}}},"
         )
     lines.append("}")
@@ -202,6 +216,7 @@ def _emit_direction(
             '    """',
             "    _check_requires(REQUIRES, SPEC_NAME)",
             f"    d, present = _check_tensors(tensors, {contract}, {shapes}, {axes}, dims, DIMS, 'convert')",
+            f"    tensors = _widened(tensors, {contract})  # inputs declared 'accepts T': exact conversion first",
             "    present = present | _holding(_CONDITIONS, d)  # size conditions ('if I > 128') choose branches too",
             f"    _check_divisibility({checks}, d, {{k for k in tensors if tensors[k] is not None}}, present)",
             "    how = _choose_lowering(lowering, tensors)",
@@ -351,7 +366,7 @@ def generate(compiled: Compiled) -> str:
     for name in GUARD_NAMES:
         lines.append("")
         lines.append(_source_of(getattr(guard_rt, name)))
-    lines += ["", "# -- primitives (layoutc.ops.torch_impl) " + "-" * 43, ""]
+    lines += ["", "# -- primitives (eager implementations of layoutc.ops) " + "-" * 28, ""]
     for chunk in _impl_closure(eager.functions_used(chains)):
         lines.append("")
         lines.append(chunk)

@@ -107,7 +107,7 @@ def coverage(compiled: Compiled) -> tuple[list[TensorCoverage], list[Diagnostic]
             report.warning(f"{t.name}: {st.text if st else gate_up[0].op.name} treats its rows as gate and up, but "
                            f"{'the input' if rows_in is None else 'the output'} declares no row order: the order the "
                            f"kernel gets is not checked", (st.pos if st else t.pos),
-                           f"declare rows on the input (rows [w1; w3]) and the output (rows [w3; w1])", [t.name])
+                           "declare rows on the input (rows [w1; w3]) and the output (rows [w3; w1])", [t.name])
         if chain is not None and target is not None:
             applied = chain.packings()
             if applied:
@@ -117,7 +117,7 @@ def coverage(compiled: Compiled) -> tuple[list[TensorCoverage], list[Diagnostic]
                 unchecked.append("what the kernel expects of this arrangement")
                 report.warning(f"output {t.name} declares neither a row order nor a packing, but its chain moves data: "
                                f"only its type and shape are checked", target.pos,
-                               f"declare what the kernel reads: rows [...] and/or packing FAMILY", [t.name])
+                               "declare what the kernel reads: rows [...] and/or packing FAMILY", [t.name])
             loose = _physical_unpacked(chain)
             if loose:
                 st = loose[0].statement

@@ -72,6 +72,21 @@ ELEMENT_TYPES: dict[str, ElemType] = {
 }
 
 
+#: (narrow, wide): every value of ``narrow`` is a value of ``wide``, so ``x.to(wide)`` loses nothing
+#: (FP8 and bf16/f16 into wider floats, small integers into wider integers). An input declared
+#: ``f32[...] accepts bf16`` is widened this way before its transforms.
+EXACT_WIDENINGS: frozenset[tuple[str, str]] = frozenset({
+    ("bf16", "f32"), ("f16", "f32"),
+    ("e4m3", "f16"), ("e4m3", "bf16"), ("e4m3", "f32"),
+    ("e5m2", "f16"), ("e5m2", "bf16"), ("e5m2", "f32"),
+    ("u8", "i16"), ("u8", "i32"), ("i8", "i16"), ("i8", "i32"), ("i16", "i32"),
+})
+
+
+def widens_exactly(narrow: ElemType, wide: ElemType) -> bool:
+    return (narrow.name, wide.name) in EXACT_WIDENINGS
+
+
 def elem_type(name: str) -> ElemType:
     return ELEMENT_TYPES[name]
 

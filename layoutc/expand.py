@@ -20,7 +20,7 @@ from .args import ArgValue
 from .errors import suggest
 from .families import Family, Role
 from .ir import Program, Statement
-from .ops import FAMILY_STATEMENTS, Op, OpTypeError, TensorType
+from .ops import FAMILY_STATEMENTS, Op, TensorType
 from .ops.binder import BindError, bind
 
 

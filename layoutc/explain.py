@@ -98,6 +98,16 @@ def explain(spec: CompiledSpec, tensor: str | None = None) -> dict[str, Any]:
     p = spec.program
     variant = spec.compiled.variants[-1]  # every optional tensor present
     chains = [c for c in variant.chains if tensor is None or c.tensor == tensor]
+    covered, _ = spec.coverage
+    by_tensor = {c.tensor: c for c in covered}
+    reports = []
+    for c in chains:
+        entry = tensor_report(spec, c)
+        cov = by_tensor.get(c.tensor)
+        entry["proved"] = list(cov.proved) if cov else []
+        entry["unchecked"] = list(cov.unchecked) if cov else []
+        reports.append(entry)
+    unchecked = sum(len(t["unchecked"]) for t in reports)
     return {
         "spec": p.name,
         "file": p.filename,
@@ -106,8 +116,10 @@ def explain(spec: CompiledSpec, tensor: str | None = None) -> dict[str, Any]:
         "requires": [str(r) for r in p.requires],
         "dims": list(p.dims),
         "assume": [f"{a.dim} % {a.multiple} == 0" for a in p.assumptions],
-        "verdict": "verified: types and sizes, sync along ties, kernel contract",
-        "tensors": [tensor_report(spec, c) for c in chains],
+        "verdict": "verified: types and sizes, sync along ties, kernel contract" + (
+            f"; {unchecked} claim{'s' if unchecked != 1 else ''} not checked (see 'not checked' below; "
+            "check --strict refuses them)" if unchecked else ""),
+        "tensors": reports,
     }
 
 
@@ -138,6 +150,10 @@ def as_text(r: dict[str, Any]) -> str:
         for i, n in enumerate(t["needs"]):
             where = f"line {n['line']}" if n["line"] else "shape"
             lines.append(f"  {'needs' if i == 0 else '':<8} {n['text']}  ({where}, {n['status']})")
+        for i, what in enumerate(t.get("proved", ())):
+            lines.append(f"  {'proved' if i == 0 else '':<8} {what}")
+        for i, what in enumerate(t.get("unchecked", ())):
+            lines.append(f"  {'not checked' if i == 0 else '':<8} {what}")
     return "\n".join(lines) + "\n"
 
 
@@ -169,6 +185,10 @@ def as_markdown(r: dict[str, Any]) -> str:
         lines += ["", f"Map: `{t['map']}`"]
         if t["needs"]:
             lines += ["", "Needs: " + "; ".join(f"`{n['text']}` ({n['status']})" for n in t["needs"])]
+        if t.get("proved"):
+            lines += ["", "Proved: " + "; ".join(t["proved"]) + "."]
+        if t.get("unchecked"):
+            lines += ["", "**Not checked**: " + "; ".join(t["unchecked"]) + "."]
     return "\n".join(lines) + "\n"
 
 

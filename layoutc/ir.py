@@ -16,7 +16,7 @@ import attrs
 from . import ast
 from . import expr as ex
 from . import families
-from .dtypes import ELEMENT_TYPES, ElemType
+from .dtypes import ELEMENT_TYPES, EXACT_WIDENINGS, ElemType, widens_exactly
 from .errors import Reporter, SpecError
 from .limits import MAX_DIMS, MAX_INT, MAX_OPTIONAL_INPUTS, MAX_STATEMENTS, MAX_STRING
 from .names import identifier_problem
@@ -65,6 +65,7 @@ class TensorSpec:
     pos: ast.Pos
     divisions: tuple[tuple[ex.Expr, ex.Expr, ast.Pos], ...] = ()
     packing_args: tuple[tuple[str, str, int, ast.Pos], ...] = ()  # trtllm(epilogue_tile=64): the kernel's parameters
+    accepts: tuple[ElemType, ...] = ()  # narrower input types widened exactly to elem before the transforms
 
     @property
     def role(self) -> str:
@@ -133,7 +134,9 @@ class Statement:
 
 
 @attrs.frozen
-class Requirement:
+class VersionPin:
+    """A `requires LIBRARY OP VERSION` line: the library versions the layout was checked against."""
+
     library: str
     op: str
     version: str
@@ -161,7 +164,7 @@ class Program:
     params: tuple[tuple[str, Any], ...]
     dims: tuple[str, ...]
     assumptions: tuple[Assumption, ...]
-    requires: tuple[Requirement, ...]
+    requires: tuple[VersionPin, ...]
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     statements: tuple[Statement, ...]
@@ -268,7 +271,7 @@ class _Resolver:
         self.dims: list[str] = []
         self.dim_pos: dict[str, ast.Pos] = {}
         self.assumptions: list[Assumption] = []
-        self.requires: list[Requirement] = []
+        self.requires: list[VersionPin] = []
         self.inputs: dict[str, TensorSpec] = {}
         self.outputs: dict[str, TensorSpec] = {}
         self.statements: list[Statement] = []
@@ -409,7 +412,7 @@ class _Resolver:
                 else:
                     self.name = item.name.text
             elif isinstance(item, ast.Requires):
-                self.requires.append(Requirement(item.library.text, item.op, item.version, item.pos))
+                self.requires.append(VersionPin(item.library.text, item.op, item.version, item.pos))
             elif isinstance(item, ast.Dims):
                 for n in item.names:
                     problem = identifier_problem(n.text)
@@ -589,11 +592,33 @@ class _Resolver:
                                f"parameters of {fam}: {', '.join(known.param_names) or 'none'}")
         packing_args = tuple((fam, key.text, value, key.pos) for fam, key, value in d.packing.args) if d.packing else ()
         divisions = tuple((num, den, v.pos) for v in shape for num, den in v.divisions)
+        accepts = self.accepted_types(d, elem)
         table[name] = TensorSpec(
             name, d.direction, elem, tuple(v.expr for v in shape),
             tuple(v.text if v is w else ex.to_str(v.expr, slash=True) for v, w in zip(shape, d.shape)),
-            d.optional, tie, rows, packing, d.pos, divisions, packing_args,
+            d.optional, tie, rows, packing, d.pos, divisions, packing_args, accepts,
         )
+
+    def accepted_types(self, d: ast.TensorDecl, elem: ElemType) -> tuple[ElemType, ...]:
+        """`accepts T`: T must widen exactly into the declared type, and be told apart from it."""
+        out: list[ElemType] = []
+        for name in d.accepts:
+            other = ELEMENT_TYPES.get(name.text)
+            exact = sorted(n for n, w in EXACT_WIDENINGS if w == elem.name)
+            if d.direction == "output":
+                self.error("'accepts' is said of inputs: converters produce the declared type", name.pos)
+            elif other is None:
+                self.error(f"unknown element type {name.text!r}", name.pos,
+                           suggest(name.text, list(ELEMENT_TYPES)) or f"types: {', '.join(ELEMENT_TYPES)}")
+            elif other == elem or other in out:
+                self.error(f"{d.name.text} accepts {other.name} twice", name.pos)
+            elif not widens_exactly(other, elem):
+                self.error(f"{d.name.text}: {other.name} does not convert exactly to {elem.name}", name.pos,
+                           f"{elem.name} accepts {', '.join(exact)}" if exact else
+                           f"no narrower type converts exactly to {elem.name}; declare the type the engine hands over")
+            else:
+                out.append(other)
+        return tuple(out)
 
     def statement(self, t: ast.Transform, guards: tuple[Guard, ...]) -> None:
         if not t.args or t.args[0].name is not None:

@@ -53,6 +53,13 @@ def _integer(tok: Token) -> int:
     return int(text)
 
 
+class _Accepts:
+    """The `accepts T, ...` attribute while a declaration is being assembled."""
+
+    def __init__(self, names: tuple[ast.Name, ...], pos: ast.Pos):
+        self.names, self.pos = names, pos
+
+
 @v_args(meta=True)
 class _ToAst(Transformer):
     def __init__(self, source: str):
@@ -226,11 +233,19 @@ class _ToAst(Transformer):
         args = tuple((fam.text, key, value) for fam, fam_args in children for key, value in fam_args)
         return ast.Packing(families[0], _pos(meta), tuple(families[1:]), args)
 
+    def accepts_attr(self, meta, children):
+        return _Accepts(tuple(self._name(c) for c in children), _pos(meta))
+
     def _decl(self, direction, meta, children):
         name, optional, elem, *rest = children
-        shape, tie, rows, packing = [], None, None, None
+        shape, tie, rows, packing, accepts = [], None, None, None, None
         for item in rest:
             if item is None:
+                continue
+            if isinstance(item, _Accepts):
+                if accepts is not None:
+                    raise _Fail(f"{name} declares what it accepts twice", item.pos)
+                accepts = item
                 continue
             if isinstance(item, ast.ExprValue):
                 shape.append(item)
@@ -247,7 +262,8 @@ class _ToAst(Transformer):
                     raise _Fail(f"{name} declares its packing twice", item.pos)
                 packing = item
         return ast.TensorDecl(
-            direction, self._name(name), optional is not None, self._name(elem), tuple(shape), tie, rows, packing, _pos(meta)
+            direction, self._name(name), optional is not None, self._name(elem), tuple(shape), tie, rows, packing, _pos(meta),
+            accepts.names if accepts is not None else (),
         )
 
     def input_decl(self, meta, children):

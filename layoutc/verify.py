@@ -343,6 +343,12 @@ class Verifier:
         """What usually causes a wrong row order, read from the steps' facts and the order obtained."""
         ra = row_axis(chain.source)
         gate_up = [s for s in chain.steps if s.tag is None and s.op.facts.gate_up and s.op.axis(s.in_type) == ra]
+        moved = [s for s in chain.steps if s.tag is None and s.op.facts.gate_up and s.op.axis(s.in_type) != ra]
+        if moved and chain.source.tie is None:  # e.g. an untied bias [E, rows]: its rows were taken as axis 0
+            st = moved[0].statement
+            return (f"{chain.tensor} declares no tie, so its rows are taken to be axis {ra}, but "
+                    f"{st.op if st else moved[0].op.name} moves axis {moved[0].op.axis(moved[0].in_type)}: "
+                    f"if it is a bias, declare it (bias of WEIGHT); a scale: scales WEIGHT block N")
         if src.kind == "interleaved" and gate_up and all(s.op.inverse(s.in_type) == s.op for s in gate_up):
             return ("the checkpoint rows are interleaved (gpt-oss); a transform written for stacked [w1; w3] rows "
                     "moves the wrong rows. Deinterleave first, or swap pairs for an interleaved output")

@@ -83,8 +83,9 @@ def test_non_tensor_values(bf16, synthetic_inputs, value):
 @pytest.mark.parametrize(
     "name, dtype, expected",
     [
-        ("w13_bias", torch.float64, "w13_bias: expected f32 (torch.float32), got torch.float64"),
-        ("w13_bias", torch.bfloat16, "w13_bias: expected f32 (torch.float32), got torch.bfloat16"),
+        ("w13_bias", torch.float64, "w13_bias: expected f32 (torch.float32 or torch.bfloat16), got torch.float64"),
+        # bf16 is accepted (the spec says `accepts bf16`), f16 is not: the message names both accepted types
+        ("w13_bias", torch.float16, "w13_bias: expected f32 (torch.float32 or torch.bfloat16), got torch.float16"),
         ("w2_weight", torch.int8, "w2_weight: expected fp4x2 (torch.uint8 or torch.float4_e2m1fn_x2), got torch.int8"),
         ("w13_weight_scale", torch.float8_e4m3fn,
          "w13_weight_scale: expected e8m0 (torch.uint8 or torch.float8_e8m0fnu), got torch.float8_e4m3fn"),

@@ -329,6 +329,11 @@ def affine_strides(m: IndexMap) -> tuple[tuple[ex.Expr, ...], ex.Expr] | None:
         unit = dict(zero)
         unit[f"o{k}"] = 1
         strides.append(ex.add(ex.substitute(linear, unit), ex.mul(-1, offset)))
+    # torch views have no negative strides (a reversed axis): such a map is a gather
+    for sample in (64 * 3, 64 * 5):
+        dims = {d: sample + 7 * i for i, d in enumerate(sorted(set().union(*(ex.free_vars(s) for s in m.in_shape))))}
+        if any(ex.evaluate(st, dims) < 0 for st in strides):
+            return None
     return tuple(strides), offset
 
 

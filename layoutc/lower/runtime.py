@@ -82,8 +82,8 @@ def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
         c = contract[name]
         if not isinstance(t, torch.Tensor):
             raise LayoutError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if str(t.dtype).removeprefix("torch.") not in c["torch_dtypes"]:
-            allowed = " or ".join("torch." + n for n in c["torch_dtypes"])
+        if str(t.dtype).removeprefix("torch.") not in c["torch_dtypes"] + c.get("widens", ()):
+            allowed = " or ".join("torch." + n for n in c["torch_dtypes"] + c.get("widens", ()))
             raise LayoutError(f"{name}: expected {c['dtype']} ({allowed}), got {t.dtype}")
         if first is None:
             first = (name, t.device)
@@ -104,6 +104,16 @@ def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
             )
     present = frozenset(k for k in given if contract[k]["optional"])
     return d, present
+
+
+def _widened(tensors, contract):
+    # An input declared `f32[...] accepts bf16` may arrive as bf16: converted exactly (the compiler
+    # allows only widenings that lose nothing) before the transforms, which see the declared type.
+    out = dict(tensors)
+    for name, t in tensors.items():
+        if t is not None and str(t.dtype).removeprefix("torch.") in contract[name].get("widens", ()):
+            out[name] = t.to(getattr(torch, contract[name]["torch_dtypes"][0]))
+    return out
 
 
 def _check_outputs(out, shapes, d, what):

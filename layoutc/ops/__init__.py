@@ -9,10 +9,18 @@ below, ``layoutc ops``, the docs and the editor grammar read the classes; the ve
 
 from __future__ import annotations
 
-from . import permute, rearrange, rows, shape, value
+import importlib
+import pkgutil
+
 from .base import BinderArg, Category, Facts, Inferred, Op, OpTypeError, Requirement, TensorType
 
-MODULES = (rows, shape, rearrange, permute, value)
+#: The package's own machinery; every other module defines ``OPS``.
+_INFRASTRUCTURE = frozenset({"base", "binder", "torch_impl"})
+#: The modules of primitives, found rather than listed (a new primitive is one new module), sorted by
+#: name so that the registry's order does not depend on the file system.
+MODULES = tuple(importlib.import_module(f"{__name__}.{info.name}")
+                for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name)
+                if info.name not in _INFRASTRUCTURE)
 REGISTRY: dict[str, type[Op]] = {cls.name: cls for module in MODULES for cls in module.OPS}
 #: The ops a spec can name (the others are reached as inverses or specialisations).
 PUBLIC: dict[str, type[Op]] = {n: c for n, c in REGISTRY.items() if c.public}

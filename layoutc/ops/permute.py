@@ -226,7 +226,7 @@ class PermuteBits(Op):
             raise OpTypeError(f"permute_bits needs an axis of bytes, got {t}")
         if t.elem.bits != 8:
             raise OpTypeError(f"permute_bits moves the bits of one-byte elements (packed FP4, bytes); got "
-                              f"{t.elem.name} ({t.elem.bits} bits)", hint=f"view it as bytes first: view(t, u8)")
+                              f"{t.elem.name} ({t.elem.bits} bits)", hint="view it as bytes first: view(t, u8)")
         reqs = (Requirement(t.shape[-1], self.word_bytes, "bytes in the last axis"),) if self.word_bytes > 1 else ()
         return Inferred(t, reqs)
 

@@ -97,6 +97,10 @@ class Rearrange(Op):
     facts: ClassVar[Facts] = Facts(Category.SHAPE)
     summary: ClassVar[str] = "reshape, reorder and regroup axes: \"... (a b) c -> ... b (a c)\", a=2"
 
+    def args_str(self) -> str:
+        # as a spec writes it: rearrange(t, "... (a b) c -> ...", a=2)
+        return ", ".join([repr(self.pattern).replace("'", '"')] + [f"{k}={ex.to_str(v)}" for k, v in self.sizes])
+
     def __attrs_post_init__(self):
         left, _ = parse_pattern(self.pattern)
         unknown = sorted({k for k, _ in self.sizes} - set(left.names))

@@ -29,7 +29,7 @@ from layoutc.args import ArgValue
 from layoutc.expand import family_chain
 from layoutc.ops import REGISTRY, OpTypeError, TensorType
 from layoutc.ops import permute, rearrange, rows, shape, value
-from layoutc.ops.base import Category, Facts
+from layoutc.ops.base import Category
 from layoutc.ops.binder import BindError, bind
 
 from .conftest import (

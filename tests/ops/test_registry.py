@@ -1,0 +1,36 @@
+"""The op registry: every primitive declares what the verifier needs, in its own class body."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from click.testing import CliRunner
+
+from layoutc.cli import main
+from layoutc.ops import MODULES, PUBLIC, REGISTRY
+from layoutc.ops.base import Category, Facts, Op
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_registered_op_declares_its_facts(name):
+    cls = REGISTRY[name]
+    assert issubclass(cls, Op) and attrs.has(cls) and cls.name == name
+    # declared on the class itself, not inherited by accident from another op
+    assert "facts" in vars(cls) and isinstance(cls.facts, Facts) and isinstance(cls.facts.category, Category)
+    assert cls.summary and "\n" not in cls.summary
+    if cls.facts.gate_up or cls.facts.slice:
+        assert cls.facts.on_axis, "a gate/up or slice op acts along one axis"
+        assert "dim" in attrs.fields_dict(cls)
+
+
+def test_the_registry_is_every_ops_module_and_nothing_else():
+    names = [cls.name for module in MODULES for cls in module.OPS]
+    assert len(names) == len(set(names)) == len(REGISTRY)
+
+
+def test_layoutc_ops_lists_every_public_op_with_its_facts():
+    out = CliRunner().invoke(main, ["ops"]).output
+    for name, cls in PUBLIC.items():
+        line = next((ln for ln in out.splitlines() if ln.strip().startswith(name + "(")), None)
+        assert line is not None, name
+        assert cls.facts.category.value in line, line

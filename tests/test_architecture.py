@@ -1,0 +1,144 @@
+"""The import graph: no cycle, and no import from a lower layer to a higher one.
+
+The graph is read from the source (every ``import`` and ``from ... import``, including the lazy
+ones inside functions), so a cycle hidden behind a function-level import is found too. Modules
+not listed in LAYERS belong to the top layer (tools): nothing below may import them.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "layoutc"
+
+#: Lowest first. A module may import modules of its own layer or of a lower one.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # foundations: no layoutc imports, or only each other
+    ("_version", "text", "limits", "names", "expr", "dtypes", "args", "lower.runtime", "lower.guard_rt",
+     "lower.dimsolve", "dimsolve", "ops.torch_impl", "shardfile", "quant", "lower"),
+    # the algebra and the syntax tree
+    ("ast", "indexmap", "instances"),
+    # one error type, one reading of text
+    ("errors", "source"),
+    # the grammar and the ops
+    ("parse", "ops", "ops.*"),
+    # the language: families, the checked program, expansion of statements into ops
+    ("families", "ir", "expand", "versions"),
+    # typed chains per variant
+    ("compiler",),
+    # verification and lowering
+    ("rowmap", "verify", "coverage", "lower.*"),
+    # the generated module
+    ("codegen",),
+    # the public API
+    ("api", "guard"),
+)
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the layoutc modules it imports (names relative to the package; "" is the package)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".") if package else []
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                elif (node.module or "").startswith("layoutc"):
+                    target = node.module.removeprefix("layoutc").lstrip(".")
+                else:
+                    continue
+                for alias in node.names:  # `from . import expr` imports the module expr
+                    sub = f"{target}.{alias.name}" if target else alias.name
+                    targets.append(sub if sub in mods else target)
+            elif isinstance(node, ast.Import):
+                targets = [a.name.removeprefix("layoutc").lstrip(".") for a in node.names
+                           if a.name == "layoutc" or a.name.startswith("layoutc.")]
+            graph[name].update(t for t in targets if t in mods and t != name)
+    return graph
+
+
+def layer_of(module: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        for pattern in layer:
+            if module == pattern or (pattern.endswith(".*") and module.startswith(pattern[:-1])):
+                return i
+    return len(LAYERS)  # tools: cli, explain, diff, draw, review, probe, bench, checkpoint, ...
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_has_no_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_no_module_imports_from_a_higher_layer():
+    graph = import_graph()
+    upward = [f"{m or 'layoutc'} (layer {layer_of(m)}) imports {t} (layer {layer_of(t)})"
+              for m, targets in graph.items() if m for t in targets if layer_of(t) > layer_of(m)]
+    assert upward == []
+
+
+def test_the_checker_sees_a_cycle_and_an_upward_import():
+    # the two checks above can fail: a made-up graph with both faults
+    graph = {"expr": {"compiler"}, "compiler": {"expr"}, "ast": set()}
+    assert cycles(graph) == [["compiler", "expr"]]
+    assert layer_of("expr") < layer_of("compiler") < layer_of("cli")
+
+
+def test_every_module_imports_on_its_own_in_layer_order():
+    # a fresh interpreter per check would be slow; one interpreter importing bottom-up finds a module
+    # that only imports because something above happened to be imported first
+    order = sorted((m for m in _modules() if m), key=lambda m: (layer_of(m), m))
+    code = "import importlib\nfor m in %r:\n    importlib.import_module('layoutc.' + m)\n" % (order,)
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120)
