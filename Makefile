@@ -30,3 +30,8 @@ check: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# README samples and docs/*.png regenerated from the tools (tests/test_docs.py fails when they are stale)
+.PHONY: docs
+docs: $(STAMP)
+	$(PY) tools/make_docs.py

@@ -6,6 +6,9 @@
 ``one`` (one GPU): writes a synthetic vLLM-layout checkpoint (gpt-oss-120b MoE dims, MXFP4,
 bf16 attention/embeddings copied through; ``layoutc.synthckpt``) to the local disk, then
   * reads it: ``cat > /dev/null`` and a Python read loop (1 and 4 threads), warm (page cache);
+  * copies it (``copy``): every shard read and written to a new folder on the same disk, fsynced
+    and renamed, by as many reader and writer threads as the converter's defaults: the I/O a
+    conversion cannot avoid, next to which the convert's GB/s is judged (summary ``ratio_*_copy``);
   * converts it with ``layoutc convert --device cuda`` (the pipeline, default knobs), warm, with
     ``--profile`` for the stage breakdown; checks the output (every file's sha256 against the
     sequential loop's, a CPU conversion of 2 experts of 2 layers, the GPU eager reference);
@@ -42,7 +45,7 @@ import torch  # noqa: E402
 
 import layoutc  # noqa: E402
 from layoutc import shardio  # noqa: E402
-from layoutc.checkpoint import convert_checkpoint  # noqa: E402
+from layoutc.checkpoint import PREFETCH, WRITERS, convert_checkpoint  # noqa: E402
 from layoutc.dtypes import bit_view  # noqa: E402
 from layoutc.synthckpt import PREFIX, moe_layer_bytes, sized, write_checkpoint  # noqa: E402
 
@@ -174,6 +177,61 @@ class Bench:
             self.log(f"  read {name} {how}: {s:.2f} s, {res[how]['gbps']:.2f} GB/s")
         return res
 
+    def copy(self, files: list[Path], dest: Path) -> dict:
+        """Read every file and write it into ``dest`` (same disk) as the converter's I/O does:
+        ``PREFETCH`` reader threads, ``WRITERS`` writer threads, each file written to a temporary
+        name, fsynced by its writer, renamed, the folder fsynced at the end. At most
+        ``PREFETCH + WRITERS`` files in memory, like the converter's shards in flight."""
+        self.remove(dest)
+        dest.mkdir(parents=True)
+
+        def read(path: Path) -> tuple[Path, bytearray]:
+            buf = bytearray(path.stat().st_size)
+            view, got = memoryview(buf), 0
+            with open(path, "rb", buffering=0) as f:
+                while got < len(buf):
+                    n = f.readinto(view[got:got + CHUNK])
+                    if not n:
+                        raise OSError(f"{path}: ended early")
+                    got += n
+            return path, buf
+
+        def write(item: tuple[Path, bytearray]) -> int:
+            path, buf = item
+            tmp = dest / f".{path.name}.tmp"
+            view = memoryview(buf)
+            with open(tmp, "wb", buffering=0) as f:
+                for a in range(0, len(buf), CHUNK):
+                    f.write(view[a:a + CHUNK])
+                os.fsync(f.fileno())
+            os.replace(tmp, dest / path.name)
+            return len(buf)
+
+        t = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(PREFETCH) as readers, \
+                concurrent.futures.ThreadPoolExecutor(WRITERS) as writers:
+            reads = [readers.submit(read, p) for p in files[:PREFETCH + WRITERS]]
+            writes, nxt = [], len(reads)
+            for r in reads:  # bounded: a new read starts only when a read is handed to a writer
+                writes.append(writers.submit(write, r.result()))
+                if nxt < len(files):
+                    reads.append(readers.submit(read, files[nxt]))
+                    nxt += 1
+                if len(writes) > WRITERS:
+                    writes[-WRITERS - 1].result()
+            total = sum(w.result() for w in writes)
+        fd = os.open(dest, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        s = time.perf_counter() - t
+        assert total == self.in_bytes, (total, self.in_bytes)
+        self.remove(dest)
+        res = {"s": round(s, 3), "gbps": round(self.in_bytes / s / 1e9, 3), "readers": PREFETCH, "writers": WRITERS}
+        self.log(f"  copy (read, write, fsync; {PREFETCH} readers, {WRITERS} writers): {s:.2f} s, {res['gbps']:.2f} GB/s")
+        return res
+
     def drop(self, folder: Path) -> bool:
         ok = all([shardio.drop_cache(p) for p in sorted(folder.rglob("*")) if p.is_file()])
         return ok
@@ -227,12 +285,21 @@ class Bench:
         self.step("environment", info)
 
     def micro(self) -> None:
-        """Ceilings of the pieces: sha256, pinned allocation, host<->device copies."""
+        """Ceilings of the pieces: sha256 (one stream, and the tree digest on the default hashing
+        pool), pinned allocation, host<->device copies."""
         res = {}
         buf = bytearray(512 << 20)
         t = time.perf_counter()
         hashlib.sha256(buf).digest()
         res["sha256_gbps"] = round(len(buf) / (time.perf_counter() - t) / 1e9, 3)
+        # the stamps' tree digest on the default pool: the ceiling of hashing in convert
+        with shardio.hash_pool() as pool:
+            t = time.perf_counter()
+            tree = shardio.TreeHash(pool)
+            tree.update(buf)
+            tree.hexdigest()
+            res["sha256_tree_gbps"] = round(len(buf) / (time.perf_counter() - t) / 1e9, 3)
+        res["hash_threads"] = shardio.HASH_THREADS
         if self.args.device.startswith("cuda"):
             n = 1 << 30
             t = time.perf_counter()
@@ -352,6 +419,14 @@ class Bench:
         dev = ["--device", a.device]
         self.step("warm_read", self.reads("warm", self.files))
         read_best = max(v["gbps"] for v in self.results["steps"]["warm_read"].values())
+        copy = None
+        if self.fits("warm_copy", self.in_bytes / 1e9 / 0.5 + 10):  # pessimistic: 0.5 GB/s
+            try:
+                copy = self.copy(self.files, a.dir / "copy")
+                self.step("warm_copy", copy)
+            except Exception as err:  # noqa: BLE001 -- recorded, the run goes on
+                self.error("warm_copy", repr(err))
+                self.remove(a.dir / "copy")
         est = self.in_bytes / 1e9 / 0.5 + 30  # pessimistic: 0.5 GB/s
         pipe = a.dir / "out-pipe"
         if not self.fits("convert_pipelined_warm", est):
@@ -371,6 +446,10 @@ class Bench:
                                    "convert_gbps_in_convert": r["gbps_convert"],
                                    "ratio_wall": round(r["gbps_wall"] / read_best, 3),
                                    "ratio_in_convert": round(r["gbps_convert"] / read_best, 3)}
+        if copy:
+            self.results["summary"].update({"copy_gbps_warm": copy["gbps"],
+                                            "ratio_wall_copy": round(r["gbps_wall"] / copy["gbps"], 3),
+                                            "ratio_in_convert_copy": round(r["gbps_convert"] / copy["gbps"], 3)})
         self.save()
         if self.fits("convert_sequential_warm", 4 * t_pipe + 20):
             out = a.dir / "out-seq"
@@ -479,7 +558,8 @@ class Bench:
                  f"{len(self.files)} shards, dims {self.dims}, {self.layers} MoE layers =="]
         for k in ("warm_read",):
             if k in s:
-                lines.append("read warm:  " + ", ".join(f"{h} {v['gbps']:.2f} GB/s" for h, v in s[k].items()))
+                lines.append("read warm:  " + ", ".join(f"{h} {v['gbps']:.2f} GB/s" for h, v in s[k].items())
+                             + (f" | copy (read+write+fsync) {s['warm_copy']['gbps']:.2f} GB/s" if "warm_copy" in s else ""))
         for k, v in s.items():
             runs = []
             if isinstance(v, dict) and "wall_s" in v:

@@ -120,26 +120,48 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def rate(bytes_per_s: float) -> str:
+    """A bandwidth with a unit that shows its digits: ``1.31 TB/s``, ``742 GB/s``, ``86.4 MB/s``."""
+    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_s >= scale:
+            v = bytes_per_s / scale
+            return f"{v:.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return f"{bytes_per_s:.3g} B/s"
+
+
+def times(ratio: float) -> str:
+    """``4.7x``, ``38x``, ``1968x``: a ratio with as many digits as mean something."""
+    return f"{ratio:.2g}x" if ratio < 10 else f"{ratio:.0f}x"
+
+
 def report(r: Mapping[str, Any]) -> str:
     ms = lambda s: f"{s * 1e3:9.3f} ms"  # noqa: E731
     dims = ",".join(f"{k}={v}" for k, v in r["dims"].items())
+    moved = r["bytes_read"] + r["bytes_written"]
     lines = [
         f"{r['spec']} {dims} on {r['device']} ({r['device_name']}), torch {r['torch']}, "
         f"flashinfer {r['flashinfer']}, triton {r['triton']}, {r['date']}",
-        f"  bytes read + written   {(r['bytes_read'] + r['bytes_written']) / 1e9:.3f} GB",
-        f"  device copy            {ms(r['copy_s'])}  {r['copy_GBps']:7.0f} GB/s",
-        f"  clone of the inputs    {ms(r['clone_s'])}  (converter / clone: {r['convert_vs_clone']:.1f}x)",
-        f"  layoutc ({r['lowering']:<6})       {ms(r['convert_s'])}  {r['convert_GBps']:7.0f} GB/s  "
-        f"{r['fraction_of_copy']:.0%} of copy" + (f"  {r['speedup']:.1f}x vs anchor" if "speedup" in r else ""),
+        f"  bytes read + written   {moved / 1e6:.3f} MB" if moved < 1e9 else
+        f"  bytes read + written   {moved / 1e9:.3f} GB",
+        f"  device copy            {ms(r['copy_s'])}  {rate(r['copy_GBps'] * 1e9):>10}",
+        f"  clone of the inputs    {ms(r['clone_s'])}",
+        f"  layoutc ({r['lowering']:<6})       {ms(r['convert_s'])}  {rate(r['convert_GBps'] * 1e9):>10}  "
+        f"{r['fraction_of_copy']:.1%} of copy, {times(r['convert_vs_clone'])} the time of a clone"
+        + (f", {times(r['speedup'])} faster than the anchor" if r.get("speedup", 0) >= 1 else
+           f", {times(1 / r['speedup'])} slower than the anchor" if "speedup" in r else ""),
     ]
     if "peak_extra_vs_outputs" in r:
         lines.append(f"  peak extra memory      {r['peak_extra_vs_outputs']:.2f}x outputs (chunk=1: "
                      f"{r['peak_extra_vs_outputs_chunk1']:.2f}x, inplace: {r['peak_extra_vs_outputs_inplace']:.2f}x)")
     if "anchor_s" in r:
         extra = f"  peak extra {r['anchor_peak_extra_vs_outputs']:.2f}x" if "anchor_peak_extra_vs_outputs" in r else ""
-        lines.append(f"  anchor (vLLM-style)    {ms(r['anchor_s'])}  {r['anchor_GBps']:7.0f} GB/s{extra}  [{r['anchor']}]")
+        lines.append(f"  anchor (vLLM-style)    {ms(r['anchor_s'])}  {rate(r['anchor_GBps'] * 1e9):>10}{extra}  "
+                     f"[{r['anchor']}]")
     if "eager_s" in r:
-        lines.append(f"  eager lowering         {ms(r['eager_s'])}  {r['eager_GBps']:7.0f} GB/s")
+        lines.append(f"  eager lowering         {ms(r['eager_s'])}  {rate(r['eager_GBps'] * 1e9):>10}")
+    if not r["device"].startswith("cuda"):
+        lines.append("  note: on the CPU the converter runs torch ops (no generated kernels) and the anchor runs CPU "
+                     "ports of FlashInfer's CUDA helpers: a check that everything runs, not a speed measurement")
     return "\n".join(lines)
 
 

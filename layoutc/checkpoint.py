@@ -10,9 +10,12 @@
   copied), an index, and metadata (spec name, sha256, parameters, library versions) in every
   shard's safetensors header and in ``layoutc_manifest.json``.
 * Resumes: a finished shard is written atomically and marked done with a stamp (the input shard's
-  sha256, the spec's sha256, parameters, name mapping); a rerun skips shards whose stamp matches
-  and redoes the others. A folder holding a conversion with another spec, other parameters or
-  another name mapping is refused, not mixed into.
+  digest, the spec's sha256, parameters, name mapping); a rerun skips shards whose stamp matches
+  and redoes the others. The input digest is :data:`layoutc.shardio.DIGEST` (a sha256 tree over
+  16 MiB leaves, hashed on several threads; named in the stamp): a shard changed in place, size
+  and mtime kept, is converted again, and so is one whose stamp holds another kind of digest
+  (an older layoutc's plain sha256). A folder holding a conversion with another spec, other
+  parameters or another name mapping is refused, not mixed into.
 * Verifies a sample: for the first layer of every shard, ``convert(inverse(out)) == out`` bit for bit
   (for a tensor-parallel slice, which has no inverse: the eager reference lowering agrees).
 * Files named by the checkpoint's index stay inside ``--in`` (plain file names only) and outputs
@@ -23,9 +26,10 @@
 * Tensor-parallel slices: given one spec per slice and one folder each, every input shard is read
   once and converted for every slice.
 * Pipelined (``prefetch`` > 0, the default): reader threads load the next shards onto the device
-  while hashing them (the stamp's sha256 is of the bytes converted), the calling thread converts,
-  writer threads copy the results back and write them, and one finisher thread fsyncs, renames and
-  stamps the shards in order. Memory: about ``prefetch + writers + 2`` shards (inputs and outputs)
+  while a shared pool of ``hash_threads`` hashes them (the stamp's digest is of the bytes
+  converted), the calling thread converts, writer threads copy the results back, write and fsync
+  them (the fsyncs of several shards run at once), and one finisher thread renames, fsyncs the
+  folder and stamps the shards in order. Memory: about ``prefetch + writers + 2`` shards (inputs and outputs)
   on the device, a few 16 MiB pinned chunks per thread on the host. The output bytes are the
   sequential loop's (``prefetch=0``), which stays as the reference.
 """
@@ -35,7 +39,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import queue
@@ -284,12 +287,6 @@ def _verify_sample(spec: CompiledSpec, inputs: Mapping[str, torch.Tensor], out: 
             raise LayoutError(f"verification failed for layer {layer!r}: {k} differs from {how}")
 
 
-def _file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes (hashlib releases the GIL: this runs beside the conversion)."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _write_atomically(path: Path, text: str) -> None:
     """Write ``text`` so ``path`` is either absent, the old content or the whole new content, even if
     the process is killed or the disk fills: a temporary file, fsync, rename, fsync of the folder."""
@@ -376,7 +373,8 @@ class _Target:
     identity: dict[str, Any]
     meta: dict[str, str]
     done_dir: Path
-    created: bool = False
+    created: bool = False  # this run made the folder
+    fresh: bool = False  # a lone run found no record of an earlier one in it: its bookkeeping is its own
 
 
 def assign_shards(sizes: Mapping[str, int], world: int) -> list[list[str]]:
@@ -396,7 +394,7 @@ def convert_checkpoint(
     names: str | Path = "vllm", device: str = "cpu", rank: int = 0, world: int = 1,
     progress: Callable[[Iterable], Iterable] | None = None, lowering: str = "auto", verify: bool = True,
     prefetch: int = PREFETCH, writers: int = WRITERS, profile: shardio.Profile | None = None,
-    io_options: Mapping[str, Any] | None = None,
+    io_options: Mapping[str, Any] | None = None, hash_threads: int | None = None,
 ) -> dict[str, Any]:
     """Convert the shards this rank owns; returns a summary. See the module docstring.
 
@@ -405,7 +403,8 @@ def convert_checkpoint(
     ``prefetch``: shards read ahead of the one being converted (0: the plain sequential loop, one
     shard at a time in one thread); ``writers``: shards written at once. ``profile`` collects the
     seconds each stage took; ``io_options`` go to :class:`layoutc.shardio.ShardIO` (chunk size,
-    ``staged=True`` to run the CUDA code path's chunk ring on the CPU in tests)."""
+    ``staged=True`` to run the CUDA code path's chunk ring on the CPU in tests); ``hash_threads``:
+    threads hashing the input for the stamps (default :data:`layoutc.shardio.HASH_THREADS`)."""
     specs = [spec] if isinstance(spec, CompiledSpec) else list(spec)
     outs = [out_dir] if isinstance(out_dir, (str, Path)) else list(out_dir)
     if not specs or len(specs) != len(outs):
@@ -421,6 +420,8 @@ def convert_checkpoint(
         raise LayoutError("two slices would be written into one folder")
     if prefetch < 0 or writers < 1:
         raise LayoutError(f"--prefetch must be >= 0 and --writers >= 1 (got {prefetch}, {writers})")
+    if hash_threads is not None and hash_threads < 1:
+        raise LayoutError(f"--hash-threads must be >= 1 (got {hash_threads})")
     rules = name_rules(specs[0], names)
     weight_map = _shard_map(in_dir)
     groups = _groups(weight_map, rules, specs[0])  # fails before anything is written when no layer matches
@@ -429,18 +430,19 @@ def convert_checkpoint(
     locks = []
     try:
         for s, o in zip(specs, outs):
-            created = not o.exists() and world == 1  # other ranks share the folder: only a lone run cleans up
+            # What a failed run may remove: only what it made. Other ranks share the folder (only a
+            # lone run cleans up); a folder that already holds a run's record is a resume, kept as it is.
+            created = not o.exists()
+            fresh = world == 1 and not (o / RUN).exists() and not (o / DONE).exists()
             o.mkdir(parents=True, exist_ok=True)
             identity = run_identity(s, names)
-            t = _Target(s, o, identity, metadata(s), o / DONE, created)
+            t = _Target(s, o, identity, metadata(s), o / DONE, created, fresh)
             targets.append(t)
             locks.append(claim_folder(o, identity, rank, world))
     except BaseException:
         for lock in locks:
             lock.close()
-        for t in targets:
-            if t.created:
-                _remove_if_empty(t.out_dir)
+        _clean_up(targets, summary)
         raise
     prof = profile if profile is not None else shardio.Profile()
     try:
@@ -448,7 +450,7 @@ def convert_checkpoint(
             for lock in locks:
                 stack.enter_context(lock)
             run = _Run(in_dir, targets, rules, weight_map, groups, device, lowering, verify, summary, prof,
-                       dict(io_options or {}))
+                       dict(io_options or {}), hash_threads)
             sizes = {s: (in_dir / s).stat().st_size for s in sorted(set(weight_map.values()))}
             mine = assign_shards(sizes, world)[rank]
             t0 = time.perf_counter()
@@ -458,36 +460,44 @@ def convert_checkpoint(
                 run.pipelined(mine, progress, prefetch, writers)
             prof.add("wall", time.perf_counter() - t0)
     except BaseException:
-        for t in targets:
-            if t.created and summary["written_shards"] == 0:
-                _remove_if_empty(t.out_dir)  # a failed first run leaves no folder of bookkeeping behind
+        _clean_up(targets, summary)
         raise
     return summary
 
 
-def _remove_if_empty(out_dir: Path) -> None:
-    """Remove what layoutc put in a folder it created, if it holds no converted shard."""
-    if any(out_dir.glob("*.safetensors")):
-        return
-    for p in (out_dir / DONE).glob("*") if (out_dir / DONE).is_dir() else ():
+def _clean_up(targets: Sequence[_Target], summary: Mapping[str, int]) -> None:
+    """After a failed first run: no folder of bookkeeping behind, nor bookkeeping in the user's folder."""
+    if summary["written_shards"] == 0:
+        for t in targets:
+            if t.fresh:
+                _remove_bookkeeping(t.out_dir, remove_folder=t.created)
+
+
+def _remove_bookkeeping(out_dir: Path, remove_folder: bool) -> None:
+    """Remove the files layoutc writes beside the shards (never a file of the user's), and the folder
+    when it was created by this run and is empty then."""
+    done = out_dir / DONE
+    for p in done.glob("*.json") if done.is_dir() else ():
         with contextlib.suppress(OSError):
             p.unlink()
-    for p in [out_dir / DONE, *out_dir.glob(f"{LOCK}*"), out_dir / RUN, *out_dir.glob(".*.tmp")]:
+    for p in [done, *out_dir.glob(f"{LOCK}*"), out_dir / RUN, *out_dir.glob(".*.safetensors.tmp")]:
         with contextlib.suppress(OSError):
             p.rmdir() if p.is_dir() else p.unlink()
-    with contextlib.suppress(OSError):
-        out_dir.rmdir()
+    if remove_folder:
+        with contextlib.suppress(OSError):
+            out_dir.rmdir()  # fails, and keeps the folder, if anything else is in it
 
 
 @attrs.define
 class _Job:
     """One input shard, read: its tensors (on the device; None when safetensors reads it), its
-    sha256, and the targets that still need it (empty: every stamp matched)."""
+    digest (:data:`layoutc.shardio.DIGEST`), and the targets that still need it (empty: every
+    stamp matched)."""
 
     shard: str
     source: Path
     size: int
-    sha256: str
+    digest: str
     tensors: dict[str, torch.Tensor] | None
     todo: list[_Target]
 
@@ -552,8 +562,9 @@ class _Run:
     """One rank's conversion: the shards it owns, for every target."""
 
     def __init__(self, in_dir, targets, rules, weight_map, groups, device, lowering, verify, summary, prof,
-                 io_options):
+                 io_options, hash_threads=None):
         self.io_options = io_options
+        self.hash_threads = hash_threads
         self.in_dir, self.targets, self.rules = in_dir, targets, rules
         self.weight_map, self.groups = weight_map, groups
         self.device, self.lowering, self.verify = device, lowering, verify
@@ -568,14 +579,17 @@ class _Run:
     # -- shared by both loops -----------------------------------------------------------------
 
     def stamped(self, target: _Target, shard: str, source: Path, size: int) -> bool:
-        """The stamp matches, apart from the input's sha256 (the caller compares that)."""
+        """The stamp matches, apart from the input's digest (the caller compares that)."""
         stamp = _read_json(target.done_dir / f"{shard}.json")
         out = target.out_dir / shard
         return (isinstance(stamp, dict) and out.is_file() and stamp.get("run") == target.identity
                 and stamp.get("input_size") == size and stamp.get("output_size") == out.stat().st_size)
 
-    def stamp_sha(self, target: _Target, shard: str) -> Any:
-        return (_read_json(target.done_dir / f"{shard}.json") or {}).get("input_sha256")
+    def stamp_digest(self, target: _Target, shard: str) -> Any:
+        """The input digest the stamp holds; None for a stamp without one (an older layoutc wrote
+        "input_sha256", a plain sha256): never equal to a digest, so that shard is redone."""
+        stamp = _read_json(target.done_dir / f"{shard}.json")
+        return stamp.get("input_digest") if isinstance(stamp, dict) else None
 
     def layers_of(self, shard: str) -> tuple[list[str], list[str]]:
         """The MoE layers with a tensor in ``shard`` (in index order) and its other tensors."""
@@ -635,21 +649,24 @@ class _Run:
 
     def sequential(self, mine: list[str], progress) -> None:
         device_ctx = torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext()
-        with device_ctx, concurrent.futures.ThreadPoolExecutor(1) as hasher:
+        # the pool outlives the thread that feeds it (exits run in reverse)
+        with device_ctx, shardio.hash_pool(self.hash_threads) as pool, \
+                concurrent.futures.ThreadPoolExecutor(1) as hasher:
             for shard in (progress(mine) if progress else mine):
                 source = self.in_dir / shard
                 size = source.stat().st_size
                 todo = list(self.targets)
                 if all(self.stamped(t, shard, source, size) for t in todo):
-                    sha = _file_sha256(source)
-                    todo = [t for t in todo if self.stamp_sha(t, shard) != sha]
+                    with self.prof.span("hash_resume", size):
+                        digest = shardio.file_digest(source, pool)
+                    todo = [t for t in todo if self.stamp_digest(t, shard) != digest]
                     if not todo:
                         self.summary["skipped_shards"] += 1
                         continue
                 for t in todo:
                     with contextlib.suppress(FileNotFoundError):
                         (t.done_dir / f"{shard}.json").unlink()  # redone from here: never trust an old stamp
-                digest = hasher.submit(_file_sha256, source)  # read beside the conversion
+                digest = hasher.submit(shardio.file_digest, source, pool)  # read beside the conversion
                 self.prof.add("read_bytes", 0.0, size)
                 layers, copied = self.layers_of(shard)
                 base = {name: self.reader.get(name) for name in copied}
@@ -672,13 +689,14 @@ class _Run:
                     finally:
                         with contextlib.suppress(FileNotFoundError):
                             tmp.unlink()
+                    _fsync_dir(t.out_dir)  # the rename is durable before the stamp says so
                     self.stamp(t, shard, digest.result(), size)
         self._device_times()
 
-    def stamp(self, target: _Target, shard: str, sha: str, size: int) -> None:
+    def stamp(self, target: _Target, shard: str, digest: str, size: int) -> None:
         with self.prof.span("marker"):
             _write_atomically(target.done_dir / f"{shard}.json", json.dumps({
-                "run": target.identity, "input_sha256": sha, "input_size": size,
+                "run": target.identity, "input_digest": digest, "input_size": size,
                 "output_size": (target.out_dir / shard).stat().st_size,
             }, sort_keys=True))
         self.summary["written_shards"] += 1
@@ -693,24 +711,23 @@ class _Run:
             todo = list(self.targets)
             if all(self.stamped(t, shard, source, size) for t in todo):
                 with self.prof.span("hash_resume", size):
-                    sha = _file_sha256(source)
-                todo = [t for t in todo if self.stamp_sha(t, shard) != sha]
+                    digest = io.digest(source)
+                todo = [t for t in todo if self.stamp_digest(t, shard) != digest]
                 if not todo:
-                    return _Job(shard, source, size, sha, None, [])
+                    return _Job(shard, source, size, digest, None, [])
             try:
-                tensors, sha, size = io.read(source)
+                tensors, digest, size = io.read(source)
             except shardio.Fallback:
-                with self.prof.span("hash", size):
-                    sha, tensors = _file_sha256(source), None
+                digest, tensors = io.digest(source), None  # its "hash" seconds are added up inside
                 self.prof.add("read_bytes", 0.0, size)
-            return _Job(shard, source, size, sha, tensors, todo)
+            return _Job(shard, source, size, digest, tensors, todo)
         except LayoutError:
             raise
         except Exception as err:  # noqa: BLE001 -- any failure to read names the shard
             raise LayoutError(f"{source}: cannot read ({err})") from None
 
     def pipelined(self, mine: list[str], progress, prefetch: int, writers: int) -> None:
-        io = shardio.ShardIO(self.device, self.prof, **self.io_options)
+        io = shardio.ShardIO(self.device, self.prof, hash_threads=self.hash_threads, **self.io_options)
         readers = concurrent.futures.ThreadPoolExecutor(prefetch, thread_name_prefix="layoutc-read")
         write_pool = concurrent.futures.ThreadPoolExecutor(writers, thread_name_prefix="layoutc-write")
         finisher = _Finisher(self, depth=writers)
@@ -783,27 +800,32 @@ class _Run:
                 finisher.put(_Write(job, t, tmp, future))
 
     def write_tmp(self, io: shardio.ShardIO, tmp: Path, tensors, meta, ready) -> int:
-        """(Writer thread.) The shard's bytes into its temporary file."""
+        """(Writer thread.) The shard's bytes into its temporary file, fsynced: here rather than in
+        the finisher, so the fsyncs of shards written at once overlap (one ordered finisher did them
+        one after the other); the rename and the stamp stay in order, after this."""
         try:
-            return io.write(tmp, tensors, meta, ready)
+            n = io.write(tmp, tensors, meta, ready)
+            with self.prof.span("fsync"):
+                shardio.fsync_file(tmp)
+            return n
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
 
     def finish_shard(self, item: _Write) -> None:
-        """(Finisher thread.) Make a written shard durable, put it in place, stamp it."""
-        item.future.result()
+        """(Finisher thread.) Put a written, fsynced shard in place, make that durable, stamp it."""
+        item.future.result()  # written and fsynced by its writer thread
         t, shard = item.target, item.job.shard
         try:
-            with self.prof.span("fsync"):
-                shardio.fsync_file(item.tmp)
             os.chmod(item.tmp, 0o644)
             os.replace(item.tmp, t.out_dir / shard)  # atomic: a shard is either absent or complete
         finally:
             with contextlib.suppress(FileNotFoundError):
                 item.tmp.unlink()
-        self.stamp(t, shard, item.job.sha256, item.job.size)
+        with self.prof.span("fsync_dir"):
+            _fsync_dir(t.out_dir)  # the rename is durable before the stamp says so
+        self.stamp(t, shard, item.job.digest, item.job.size)
         self.prof.add("written_bytes", 0.0, (t.out_dir / shard).stat().st_size)
 
 

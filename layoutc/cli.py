@@ -1,6 +1,7 @@
 """The ``layoutc`` command line.
 
     layoutc check specs/*.lyt                 parse and verify (every parameter combination)
+    layoutc check flashinfer_cutlass_bf16     a shipped spec, by name (also for compile, demo, ...)
     layoutc compile SPEC -o converter.py      write a standalone converter module
     layoutc demo [SPEC]                       convert a deterministic synthetic layer and report
     layoutc ops                               the primitives and their signatures
@@ -21,6 +22,7 @@ from typing import Any, Callable
 import click
 
 from ._version import __version__
+from .cli_common import parse_defines as _parse_defines
 from .errors import Diagnostic, SpecError
 from .limits import MAX_PARAM_COMBINATIONS
 from .text import display
@@ -30,22 +32,6 @@ EXTRAS = {"matplotlib": "review", "flashinfer": "flashinfer", "triton": "gpu"}
 
 EXIT_SPEC_ERROR = 2
 EXIT_INTERNAL = 3
-
-
-def _parse_defines(defines: tuple[str, ...]) -> dict[str, Any]:
-    from .ir import check_param_name, parse_param_value
-
-    out = {}
-    for item in defines:
-        if "=" not in item:
-            raise click.BadParameter(f"expected NAME=VALUE, got {display(item)!r}", param_hint="-D")
-        name, value = item.split("=", 1)
-        try:
-            check_param_name(name.strip())
-            out[name.strip()] = parse_param_value(value)
-        except ValueError as err:
-            raise click.BadParameter(f"{display(name.strip())}: {err}", param_hint="-D") from None
-    return out
 
 
 def _print_diagnostics(diags, filename: str, source: str | None) -> None:
@@ -143,6 +129,29 @@ def _check_device(ctx, param, value: str | None) -> str | None:
     return value
 
 
+class SpecFile(click.ParamType):
+    """A spec file, or the name of a shipped spec (``flashinfer_cutlass_bf16``) when no such file exists."""
+
+    name = "spec"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, Path):
+            return value
+        path = Path(value)
+        if path.is_file():
+            return path
+        from .shipped import find, names
+
+        shipped = find(value) if not path.exists() else None
+        if shipped is not None:
+            return shipped
+        what = "is a folder" if path.is_dir() else "no such file"
+        self.fail(f"{display(value)!r}: {what}, and no shipped spec has that name (shipped: {', '.join(names())})",
+                  param, ctx)
+
+
+SPEC = SpecFile()
+
 define_option = click.option(
     "-D", "--define", "defines", multiple=True, metavar="NAME=VALUE", help="Set a spec parameter (repeatable)."
 )
@@ -185,7 +194,7 @@ def _param_domains(spec_path: Path, fixed: dict[str, Any]) -> list[dict[str, Any
 
 
 @command()
-@click.argument("specs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("specs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @define_option
 @click.option("--quiet", "-q", is_flag=True, help="Print only problems.")
 @click.option("--probe", is_flag=True, help="Also verify dynamically: run the converter on self-describing inputs.")
@@ -203,9 +212,13 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
 
     fixed = _parse_defines(defines)
     failed = 0
+    from .shipped import find
+
     for path in specs:
-        if not path.exists():
-            click.echo(f"{path}: error: no such file", err=True)
+        if not path.is_file() and not path.exists() and find(str(path)) is not None:
+            path = find(str(path))  # a shipped spec's name
+        if not path.is_file():
+            click.echo(f"{display(str(path))}: error: {'is a folder' if path.is_dir() else 'no such file'}", err=True)
             failed += 1
             continue
         try:
@@ -238,7 +251,7 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
 
 
 @command(name="compile")
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("spec", type=SPEC)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Where to write the module.")
 @define_option
 def compile_cmd(spec: Path, output: Path | None, defines: tuple[str, ...]) -> int:
@@ -257,7 +270,7 @@ def compile_cmd(spec: Path, output: Path | None, defines: tuple[str, ...]) -> in
 
 @command()
 @click.argument(
-    "spec", required=False, default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+    "spec", required=False, default=None, type=SPEC
 )
 @click.option("--shape", default="E=8,I=256,H=512", show_default=True, help="Dims of the synthetic layer.")
 @click.option("--seed", default=0, show_default=True)
@@ -284,7 +297,7 @@ def _parse_shape(shape: str) -> dict[str, int]:
 
 
 @command()
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("spec", type=SPEC)
 @click.option("--shape", default="E=128,I=2944,H=2944", show_default=True, help="Dims of the synthetic layer.")
 @click.option("--device", default="cpu", show_default=True, callback=_check_device, help="cpu, cuda or cuda:N")
 @click.option("--lowering", default="auto", show_default=True, type=click.Choice(["auto", "fused", "compiled", "gather", "eager"]))
@@ -310,7 +323,7 @@ def bench(spec: Path, shape: str, device: str, lowering: str, reps: int, eager: 
 
 
 @command()
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("spec", type=SPEC)
 @click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(["text", "markdown", "json"]))
 @click.option("--tensor", default=None, help="Only this tensor.")
 @define_option
@@ -359,7 +372,7 @@ def diff_cmd(paths: tuple[str, ...], revs: tuple[str, str] | None, fmt: str, def
 
 
 @command()
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("spec", type=SPEC)
 @click.option("--tensor", default=None, help="The tensor to draw (with its tied tensors).")
 @click.option("--graph", is_flag=True, help="Draw the transform graph of the whole spec instead.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="file.png or file.svg")
@@ -402,8 +415,9 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
 
     try:
         text, ok = run_review(rev_range, images, report_dir=output.parent if output else None)
-    except ValueError as err:
-        raise click.UsageError(str(err)) from None
+    except ValueError as err:  # not a git clone, a revision git does not know: one line, not the usage text
+        click.echo(f"error: {display(str(err))}", err=True)
+        sys.exit(EXIT_SPEC_ERROR)
     if output is None:
         click.echo(text, nl=False)
     else:
@@ -413,7 +427,7 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
 
 
 @command(name="convert")
-@click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--spec", "spec_path", required=True, type=SPEC)
 @click.option("--in", "in_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--names", default="vllm", show_default=True, help="Name mapping: vllm, gpt-oss or a JSON file.")
@@ -425,12 +439,14 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
               help="Shards read ahead of the one being converted (default 2; 0: one shard at a time, no threads).")
 @click.option("--writers", default=None, type=click.IntRange(1, 64), metavar="N",
               help="Shards written at once (default 2).")
+@click.option("--hash-threads", default=None, type=click.IntRange(1, 64), metavar="N",
+              help="Threads hashing the input for the resume stamps (default: the CPU count, at most 8).")
 @click.option("--profile", "profile_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Write seconds and bytes per stage (read, hash, convert, write, fsync, ...) as JSON.")
 @define_option
 def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device: str | None, lowering: str,
-                no_verify: bool, prefetch: int | None, writers: int | None, profile_path: Path | None,
-                defines: tuple[str, ...]) -> int:
+                no_verify: bool, prefetch: int | None, writers: int | None, hash_threads: int | None,
+                profile_path: Path | None, defines: tuple[str, ...]) -> int:
     """Convert a safetensors checkpoint (single file or sharded) into SPEC's kernel layout.
 
     With -D tp_size=N and no tp_rank, every slice is converted, rank r's into OUT/tp<r>, reading
@@ -480,7 +496,8 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
     try:
         summary = convert_checkpoint(specs, in_dir, outs, names, device, rank, world, progress, lowering,
                                      not no_verify, PREFETCH if prefetch is None else prefetch,
-                                     WRITERS if writers is None else writers, profile)
+                                     WRITERS if writers is None else writers, profile,
+                                     hash_threads=hash_threads)
     except Exception as err:  # noqa: BLE001 -- re-raised below, after the other ranks have heard of it
         failure = err
     seconds = time.perf_counter() - t0
@@ -532,6 +549,9 @@ def ops() -> None:
         params = ", ".join(f"{k}={v}" for k, v in fam.params)
         click.echo(f"  {fam.name + (f'({params})' if params else ''):<{width}}  packs {', '.join(fam.role_names)}")
 
+
+from .cli_equiv import register as _register_equiv  # noqa: E402 -- the equiv and infer commands
+_register_equiv(command)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -26,10 +26,41 @@ from .instances import classify, sample_dims
 from .limits import MAX_STEPS_PER_TENSOR
 from .ir import Program, Statement, TensorSpec
 from .expand import ExpandError, PackingTag, statement_ops
-from .ops import Op, OpTypeError, TensorType
+from .ops import FAMILY_STATEMENTS, Op, OpTypeError, TensorType
 
 #: Sizes from which output shapes are also compared (above any realistic padding multiple).
 LARGE_SIZE = 1 << 14
+
+
+def looks_like_scales_of(t: TensorSpec, program: Program) -> tuple[TensorSpec, str] | None:
+    """(weight, block) when ``t`` has a weight's leading sizes and rows (or whole row blocks of them) and
+    a whole fraction of its K values: the shape of block scales. Sizes are compared on large instances."""
+    if t.tie is not None:
+        return None
+    samples = [{d: 1 << (12 + 3 * i) for i, d in enumerate(program.dims)},  # dims of different sizes, so
+               {d: 1 << (22 - 2 * i) for i, d in enumerate(program.dims)}]  # that only true ratios are constant
+
+    def ratio(big, small):
+        values = set()
+        for env in samples:
+            a, b = int(ex.evaluate(big, env)), int(ex.evaluate(small, env))
+            if b <= 0 or a % b:
+                return None
+            values.add(a // b)
+        return values.pop() if len(values) == 1 else None
+
+    for w in program.inputs:
+        if w is t or w.tie is not None or len(w.shape) != len(t.shape) or len(t.shape) < 2:
+            continue
+        if not all(ex.same_value(a, b) for a, b in zip(w.shape[:-2], t.shape[:-2])):
+            continue
+        per_byte = 2 if w.elem.name == "fp4x2" else 1
+        k = ratio(ex.mul(w.shape[-1], per_byte), t.shape[-1])
+        rows = ratio(w.shape[-2], t.shape[-2])
+        if k is None or rows is None or k < 2 or rows not in (1, k):
+            continue
+        return w, f"{rows}x{k}" if rows > 1 else str(k)
+    return None
 
 
 @attrs.frozen
@@ -158,6 +189,27 @@ class _Builder:
             self.error(f"{c.message()}, which can never hold ({ex.to_str(value)} is fixed)", pos, tensors=[tensor])
         return c
 
+    def untied_scale(self, spec: TensorSpec, st: Statement) -> tuple | None:
+        """``interleave(s, F)`` on a tensor that declares no tie but is shaped like a weight's scales, with a
+        family that packs scales: the tie was forgotten (a tensor without one is packed as a weight). Say
+        that, rather than what follows from packing it as a weight. (message, pos, hint, related) or None."""
+        if st.op not in FAMILY_STATEMENTS or spec.tie is not None or spec.role != "weight" or not st.positional:
+            return None
+        arg = st.positional[0][0]
+        family = self.program.family(arg.value.name) if arg.kind == "expr" and isinstance(arg.value, ex.Var) else None
+        if family is None or family.role("scale") is None:
+            return None
+        guess = looks_like_scales_of(spec, self.program)
+        if guess is None:
+            return None
+        weight, block = guess
+        return (f"{spec.name} declares no tie, so interleave(..., {family.name}) packs it as a weight; it is shaped "
+                f"like the scales of {weight.name} (one per {block} values)",
+                next(pos for name, pos in st.tensors if name == spec.name),
+                f"declare the tie: input {spec.name} : {spec.elem.name}{spec.shape_str()} scales {weight.name} "
+                f"block {block}",
+                (("declared here without a tie", spec.pos),))
+
     def input_constraints(self, spec: TensorSpec) -> list[Constraint]:
         out = []
         for num, den, pos in spec.divisions:
@@ -175,6 +227,11 @@ class _Builder:
             if not st.applies(present) or spec.name not in {n for n, _ in st.tensors}:
                 continue
             current = [t]
+            untied = self.untied_scale(spec, st)
+            if untied is not None:
+                message, pos, hint, related = untied
+                self.error(message, pos, hint, tensors=[spec.name], related=related)
+                return None
             try:
                 for op, tag in statement_ops(st, lambda: current[0], spec.role, self.dims, self.program):
                     inferred = op.infer(current[0])

@@ -11,8 +11,9 @@ import torch
 from . import expr as ex
 from .api import CompiledSpec, compile_file
 from .dtypes import bit_view
+from .shipped import SPECS
 
-DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "specs" / "flashinfer_cutlass_bf16.lyt"
+DEFAULT_SPEC = SPECS / "flashinfer_cutlass_bf16.lyt"
 
 
 def synthetic_inputs(spec: CompiledSpec, dims: Mapping[str, int], seed: int, device: str = "cpu") -> dict:

@@ -41,6 +41,7 @@ class SpecDiff:
     changes: tuple[TensorChange, ...]
     verdict: str  # the new spec's verifier verdict
     findings: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()  # parameters added, removed or with another value: the diff holds at these values
 
     @property
     def changed(self) -> bool:
@@ -183,7 +184,18 @@ def diff(old: CompiledSpec, new: CompiledSpec) -> SpecDiff:
     findings = verify(new.compiled)
     verdict = "sync and contract hold" if not findings else f"the new spec breaks {len(findings)} rule(s)"
     return SpecDiff(old.program.filename, new.program.filename, tuple(changes), verdict,
-                    tuple(f"line {d.pos.line}: {d.message}" if d.pos else d.message for d in findings))
+                    tuple(f"line {d.pos.line}: {d.message}" if d.pos else d.message for d in findings),
+                    _param_changes(old, new))
+
+
+def _param_changes(old: CompiledSpec, new: CompiledSpec) -> tuple[str, ...]:
+    """Parameters one spec has and the other not, or with other values: the maps are compared at the values
+    shown, so a new parameter's other values are not part of the comparison, and the diff says so."""
+    a, b = old.program.param_values, new.program.param_values
+    out = [f"added {k} (compared at {k}={b[k]})" for k in b if k not in a]
+    out += [f"removed {k} (was {k}={a[k]})" for k in a if k not in b]
+    out += [f"{k}: {a[k]} -> {b[k]}" for k in a if k in b and a[k] != b[k]]
+    return tuple(out)
 
 
 def load_pair(old_text: str, old_name: str, new_text: str, new_name: str,
@@ -201,7 +213,8 @@ def _diag(message: str):
 
 def as_text(d: SpecDiff) -> str:
     if not d.changes:
-        lines = [f"{d.old} -> {d.new}: no layout change (every composed map, conversion and contract is identical)"]
+        at = " at the parameter values below" if d.params else ""
+        lines = [f"{d.old} -> {d.new}: no layout change{at} (every composed map, conversion and contract is identical)"]
     else:
         lines = [f"{d.old} -> {d.new}: {len(d.changes)} tensor(s) change layout"]
         for c in d.changes:
@@ -209,6 +222,8 @@ def as_text(d: SpecDiff) -> str:
             lines += [f"    - {x}" for x in c.details]
             if c.example:
                 lines.append(f"    e.g. {c.example}")
+    if d.params:
+        lines.append(f"  parameters: {'; '.join(d.params)}")
     lines.append(f"  verdict on {d.new}: {d.verdict}")
     lines += [f"    ! {f}" for f in d.findings]
     return "\n".join(lines) + "\n"
@@ -216,13 +231,17 @@ def as_text(d: SpecDiff) -> str:
 
 def as_markdown(d: SpecDiff) -> str:
     if not d.changes:
-        lines = [f"**No layout change** between `{d.old}` and `{d.new}`: every composed map, value conversion "
+        at = " at the parameter values below" if d.params else ""
+        lines = [f"**No layout change** between `{d.old}` and `{d.new}`{at}: every composed map, value conversion "
                  "and contract is identical."]
     else:
         lines = [f"**{len(d.changes)} tensor(s) change layout** between `{d.old}` and `{d.new}`:", "",
                  "| tensor | what | details | example |", "|---|---|---|---|"]
         for c in d.changes:
             lines.append(f"| `{c.tensor}` | {', '.join(c.kinds)} | {'<br>'.join(c.details)} | {c.example or ''} |")
+    if d.params:
+        lines += ["", "Parameters: " + "; ".join(f"`{p}`" for p in d.params) + (
+            " (the maps are compared at these values)." if not d.changes else ".")]
     lines += ["", f"Verdict on `{d.new}`: {d.verdict}."]
     lines += [f"- {f}" for f in d.findings]
     return "\n".join(lines) + "\n"

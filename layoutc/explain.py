@@ -27,14 +27,90 @@ def coordinate_names(rank: int, shape_text: tuple[str, ...] = ()) -> list[str]:
     return list(ROLE_NAMES.get(rank, ["e"] + [f"i{k}" for k in range(1, rank)]))
 
 
-def render_map(m: IndexMap, names: list[str]) -> str:
+#: A composed map longer than this is printed with named subexpressions (``with p = ...``).
+MAP_WIDTH = 110
+
+
+def render_map(m: IndexMap, names: list[str], width: int = MAP_WIDTH) -> str:
+    """``out[e, r, k] = in[...]``; a long map (a swizzled scale's runs to a kilobyte) on several lines,
+    with repeated subexpressions named once (:func:`name_repeats`)."""
     ranges = ex.coordinate_ranges(m.out_shape)
     tidy = lambda e: ex.rename(ex.simplify_symbolic(e, ranges), {f"o{k}": n for k, n in enumerate(names)})  # noqa: E731
-    src = ", ".join(ex.to_str(tidy(s)) for s in m.src)
-    text = f"out[{', '.join(names)}] = in[{src}]"
-    if not m.is_total():
-        text += f" where {ex.to_str(tidy(m.valid))}, else {ex.to_str(tidy(m.fill))}"
-    return text
+    exprs = [tidy(s) for s in m.src] + ([] if m.is_total() else [tidy(m.valid), tidy(m.fill)])
+
+    def line(es: list[ex.Expr]) -> str:
+        text = f"out[{', '.join(names)}] = in[{', '.join(ex.to_str(s) for s in es[:len(m.src)])}]"
+        if not m.is_total():
+            text += f" where {ex.to_str(es[-2])}, else {ex.to_str(es[-1])}"
+        return text
+
+    return name_repeats(exprs, line, set(names), width)
+
+
+def name_repeats(exprs: list[ex.Expr], line, coords: set[str], width: int = MAP_WIDTH) -> str:
+    """``line(exprs)``, with the definitions of :func:`factor` below it (``with A = round_up(I, 128)``)."""
+    exprs, order = factor(exprs, line, coords, width)
+    out = [line(exprs)]
+    for i, (name, value) in enumerate(order):
+        out.append(f"{'with' if i == 0 else '    '} {name} = {ex.to_str(value)}")
+    return "\n".join(out)
+
+
+def factor(exprs: list[ex.Expr], line, coords: set[str], width: int = MAP_WIDTH) -> tuple[list[ex.Expr], list]:
+    """While a line is longer than ``width``, the subexpression whose repeats are longest in all is
+    replaced by a name: sizes get capitals, expressions of the coordinates lower case. Returns the
+    expressions with the names in and [(name, definition)], each definition using only names before it."""
+    taken = set(coords) | {v for e in exprs for v in ex.free_vars(e)}
+    upper = iter([c for c in "ABCDFGJLMNPQRSTUVWXYZ" if c not in taken])
+    lower = iter([c for c in "pqstuvwxyzabdghjlmn" if c not in taken])
+    local = set(coords)  # names that depend on the coordinates
+    chosen: list[tuple[str, ex.Expr]] = []
+
+    def render() -> list[str]:
+        return [line(exprs)] + [f"{name} = {ex.to_str(value)}" for name, value in chosen]
+
+    while max(len(x) for x in render()) > width:
+        counts: dict[ex.Expr, int] = {}
+
+        def walk(e: ex.Expr) -> None:
+            if isinstance(e, (ex.Var, ex.Const)):
+                return
+            counts[e] = counts.get(e, 0) + 1
+            for k in ex.children(e):
+                walk(k)
+
+        for e in exprs + [d for _, d in chosen]:
+            walk(e)
+        scored = [(len(ex.to_str(e)) * (n - 1), e) for e, n in counts.items() if n > 1 and len(ex.to_str(e)) >= 9]
+        if not scored:
+            break
+        e = max(scored, key=lambda x: x[0])[1]
+        name = next(lower if ex.free_vars(e) & local else upper, None)
+        if name is None:
+            break
+        if ex.free_vars(e) & local:
+            local.add(name)
+        var = ex.Var(name)
+        exprs = [_replace(x, e, var) for x in exprs]
+        chosen = [(n, _replace(d, e, var)) for n, d in chosen] + [(name, e)]
+    # Definitions in dependency order: sizes first, then each after the names it uses.
+    order: list[tuple[str, ex.Expr]] = []
+    pending = sorted(chosen, key=lambda nd: (nd[0] in local, nd[0]))
+    while pending:
+        ready = next(i for i, (_, d) in enumerate(pending)
+                     if not (ex.free_vars(d) & {n for n, _ in pending}) or i == len(pending) - 1)
+        order.append(pending.pop(ready))
+    return exprs, order
+
+
+def _replace(e: ex.Expr, target: ex.Expr, by: ex.Expr) -> ex.Expr:
+    if e == target:
+        return by
+    kids = ex.children(e)
+    if not kids:
+        return e
+    new = tuple(_replace(k, target, by) for k in kids)
+    return e if new == kids else ex.rebuild(e, new)
 
 
 def render_words(chain: Chain) -> str | None:
@@ -43,12 +119,28 @@ def render_words(chain: Chain) -> str | None:
         return None
     names = coordinate_names(len(p.word_shape))[:-1] + ["w"]
     ren = {f"o{k}": n for k, n in enumerate(names)}
-    parts = []
-    for t, coords in enumerate(p.word_sources):
-        c = ", ".join(ex.to_str(ex.rename(x, ren)) for x in coords)
-        parts.append(f"in[{c}]" + (f" << {8 * t}" if t else ""))
-    return (f"word[{', '.join(names)}] (output bytes 4w..4w+3) = bits permuted by T of ("
-            + " | ".join(parts) + f"), T = {list(p.table)}")
+    coords = [ex.rename(x, ren) for c in p.word_sources for x in c]
+    sizes = [len(c) for c in p.word_sources]
+
+    def line(es: list[ex.Expr]) -> str:
+        parts, at = [], 0
+        for t, n in enumerate(sizes):
+            c = ", ".join(ex.to_str(x) for x in es[at:at + n])
+            at += n
+            parts.append(f"in[{c}]" + (f" << {8 * t}" if t else ""))
+        return (f"word[{', '.join(names)}] (output bytes 4w..4w+3) = bits permuted by T of ("
+                + " | ".join(parts) + ")")
+
+    return name_repeats(coords, line, set(names), 160) + f"\n     T = {list(p.table)}"
+
+
+def _need(k) -> str:
+    """A constraint without the statement's text (the chain shows it, on the same line number)."""
+    text = k.message().split(": ", 1)[1]
+    if k.context.startswith("the shape"):
+        return text
+    op = k.context.split("(", 1)[0]
+    return f"{op}: {text.split(' needs ', 1)[1] if ' needs ' in text else text}"
 
 
 def tensor_report(spec: CompiledSpec, chain: Chain) -> dict[str, Any]:
@@ -88,7 +180,7 @@ def tensor_report(spec: CompiledSpec, chain: Chain) -> dict[str, Any]:
     else:
         entry["map"] = render_map(m, coordinate_names(len(m.out_shape), dst.shape_text if dst else ()))
     entry["needs"] = [
-        {"text": k.message().split(": ", 1)[1], "line": k.pos.line if k.pos else None, "status": k.status}
+        {"text": _need(k), "line": k.pos.line if k.pos else None, "status": k.status}
         for k in dict.fromkeys(chain.constraints)
     ]
     return entry
@@ -146,7 +238,7 @@ def as_text(r: dict[str, Any]) -> str:
         width = max((len(s["statement"]) for s in t["chain"]), default=0)
         for s in t["chain"]:
             lines.append(f"    {s['line']:>4}  {s['statement']:<{width}}  {s['op']:<34} {s['kind']}")
-        lines.append(f"  map      {t['map']}")
+        lines.append("  map      " + t["map"].replace("\n", "\n" + " " * 11))
         for i, n in enumerate(t["needs"]):
             where = f"line {n['line']}" if n["line"] else "shape"
             lines.append(f"  {'needs' if i == 0 else '':<8} {n['text']}  ({where}, {n['status']})")
@@ -182,7 +274,10 @@ def as_markdown(r: dict[str, Any]) -> str:
             lines += [f"| {s['line']} | `{s['statement']}` | `{s['op']}` | {s['kind']} |" for s in t["chain"]]
         else:
             lines.append("Copied as is.")
-        lines += ["", f"Map: `{t['map']}`"]
+        if "\n" in t["map"]:
+            lines += ["", "Map:", "", "```", t["map"], "```"]
+        else:
+            lines += ["", f"Map: `{t['map']}`"]
         if t["needs"]:
             lines += ["", "Needs: " + "; ".join(f"`{n['text']}` ({n['status']})" for n in t["needs"])]
         if t.get("proved"):

@@ -741,6 +741,14 @@ def _fmt(e: Expr, py: bool, parent_prec: int = 0, slash: bool = False, dialect: 
         return str(e.value) if e.value >= 0 or parent_prec == 0 else f"({e.value})"
     if isinstance(e, Var):
         return e.name
+    if not py:  # sizes as specs write them: round_up(2*I, 128), ceil_div(H/16, 4)
+        rounded = _as_rounding(e)
+        if rounded is not None:
+            coef, fn, x, m = rounded
+            call = f"round_up({_f(x, 0)}, {m})" if fn == "round_up/" else f"{fn}({_f(x, 0)}, {m})"
+            if fn == "round_up/":  # 64*ceil_div(H, 128) is round_up(H, 128)/2
+                return wrap(f"{call}/{coef}", 2)
+            return call if coef == 1 else wrap(f"{coef}*{call}", 2)
     if isinstance(e, Add):
         parts: list[str] = []
         for i, t in enumerate(e.args):
@@ -773,6 +781,32 @@ def _fmt(e: Expr, py: bool, parent_prec: int = 0, slash: bool = False, dialect: 
     if isinstance(e, Table):
         return f"{list(e.values)}[{_f(e.index, 0)}]" if py else f"T[{_f(e.index, 0)}]"
     raise TypeError(f"unknown expression node {e!r}")
+
+
+def _ceil_div_of(e: Expr) -> tuple[Expr, int] | None:
+    """``(x + m - 1) // m`` -> (x, m): how ``ceil_div(x, m)`` is stored after simplification."""
+    if not (isinstance(e, FloorDiv) and isinstance(e.den, Const) and isinstance(e.num, Add)):
+        return None
+    m, last = e.den.value, e.num.args[-1]
+    if m < 2 or not isinstance(last, Const) or last.value != m - 1:
+        return None
+    return add(*e.num.args[:-1]), m
+
+
+def _as_rounding(e: Expr) -> tuple[int, str, Expr, int] | None:
+    """(k, "round_up" | "round_up/" | "ceil_div", x, m) when ``e`` is ``k*round_up(x, m)``,
+    ``round_up(x, m)/k`` or ``k*ceil_div(x, m)``: the readable form prints these as written, not as the
+    floor divisions they are stored as."""
+    coef, rest = _split_coef(e) if isinstance(e, Mul) else (1, e)
+    found = _ceil_div_of(rest)
+    if found is None:
+        return None
+    x, m = found
+    if coef % m == 0:
+        return coef // m, "round_up", x, m
+    if coef > 1 and m % coef == 0:
+        return m // coef, "round_up/", x, m
+    return coef, "ceil_div", x, m
 
 
 def to_str(e: Expr, slash: bool = False) -> str:

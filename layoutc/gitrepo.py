@@ -26,7 +26,8 @@ def git_error(out: subprocess.CompletedProcess) -> str:
 def toplevel(cwd: Path) -> Path:
     out = run_git("rev-parse", "--show-toplevel", cwd=cwd)
     if out.returncode != 0:
-        raise ValueError(f"{cwd.resolve()} is not inside a git repository ({git_error(out)})")
+        # git's own words ("fatal: not a git repository (or any of the parent directories)") add nothing
+        raise ValueError(f"{cwd.resolve()} is not inside a git repository")
     return Path(out.stdout.decode("utf-8", "surrogateescape").strip())
 
 

@@ -277,6 +277,8 @@ class _Resolver:
         self.statements: list[Statement] = []
         self.conditions: dict[str, SizeCondition] = {}
         self.families: dict[str, Any] = {}
+        self.undeclared: dict[str, list[ast.Pos]] = {}  # dims used but not declared -> where (one error each)
+        self.broken: set[str] = set()  # tensors whose declaration failed (no cascade of 'unknown tensor')
 
     def error(self, message: str, pos: ast.Pos | None, hint: str | None = None, tensors: Iterable[str] = ()) -> None:
         self.diags.error(message, pos, hint, tensors)
@@ -529,12 +531,21 @@ class _Resolver:
             return ArgValue("list", tuple(self.arg(i) for i in value.items), value.text)
         return _arg_value(value)
 
-    def check_dims_in(self, value: ast.ExprValue, what: str) -> bool:
-        unknown = sorted(ex.free_vars(value.expr) - set(self.dims))
-        for name in unknown:
-            self.error(f"{what} uses {name!r}, which is not a declared dim", value.pos,
-                       suggest(name, self.dims) or f"declare it: dims {', '.join(self.dims + [name])}")
-        return not unknown
+    def check_dims_in(self, value: ast.ExprValue, what: str) -> None:
+        """Names a shape uses that are not dims: reported once per name by :meth:`report_undeclared`
+        (a forgotten dim is one mistake, however many shapes use it)."""
+        for name in sorted(ex.free_vars(value.expr) - set(self.dims)):
+            self.undeclared.setdefault(name, []).append((value.pos, what))
+
+    def report_undeclared(self) -> None:
+        for name, uses in self.undeclared.items():
+            pos, what = uses[0]
+            lines = sorted({p.line for p, _ in uses if p is not None} - {pos.line if pos else None})
+            also = f"; also used on line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))}" if lines else ""
+            close = suggest(name, self.dims)
+            self.error(f"{what} uses {name!r}, which is not a declared dim{also}", pos,
+                       f"{close} (or declare it: dims {', '.join(self.dims + [name])})" if close
+                       else f"declare it: dims {', '.join(self.dims + [name])}")
 
     def declare(self, d: ast.TensorDecl) -> None:
         name = d.name.text
@@ -546,17 +557,18 @@ class _Resolver:
         if elem is None:
             self.error(f"unknown element type {d.elem.text!r}", d.elem.pos,
                        suggest(d.elem.text, list(ELEMENT_TYPES)) or f"types: {', '.join(ELEMENT_TYPES)}")
+            if d.direction == "input":
+                self.broken.add(name)
             return
         shape = [self.constants(v) for v in d.shape]
-        ok = all(self.check_dims_in(v, f"the shape of {name}") for v in shape)
-        if not ok:
-            return
+        for v in shape:
+            self.check_dims_in(v, f"the shape of {name}")
         tie = None
         if d.tie is not None:
             if d.direction == "output":
                 self.error("ties are declared on inputs (the checkpoint contract)", d.tie.pos)
             target = d.tie.weight.text
-            if target not in self.inputs:
+            if target not in self.inputs and target not in self.broken:
                 self.error(f"{name} is tied to {target!r}, which is not a declared input (declare it first)",
                            d.tie.weight.pos, suggest(target, list(self.inputs)), tensors=[name])
             if isinstance(d.tie, ast.ScaleTie):
@@ -634,7 +646,9 @@ class _Resolver:
             names.append((v.expr.name, v.pos))
         ok = True
         for n, pos in names:
-            if n not in self.inputs:
+            if n in self.broken:  # its declaration has an error already: this statement is not checked
+                ok = False
+            elif n not in self.inputs:
                 self.error(f"unknown tensor {n!r}", pos, suggest(n, list(self.inputs)) or "tensors are declared with 'input'")
                 ok = False
         if not ok:
@@ -657,6 +671,7 @@ class _Resolver:
         )
 
     def finish(self) -> Program:
+        self.report_undeclared()
         if not self.inputs and not self.outputs and not self.diags:
             self.error("this spec declares no tensors", ast.Pos(1, 1, 1, 2),
                        "declare the checkpoint tensors with 'input NAME : TYPE[shape]' and the kernel's with 'output'")

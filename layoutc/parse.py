@@ -11,7 +11,7 @@ from lark import Lark, Token, Transformer, v_args
 
 from . import ast
 from . import expr as ex
-from .errors import Diagnostic, SpecError
+from .errors import Diagnostic, SpecError, suggest
 from .limits import MAX_INT, MAX_INT_DIGITS, MAX_NESTING, MAX_STATEMENTS
 from .source import normalize, sha256
 
@@ -381,6 +381,31 @@ def _token_text(tok: Token) -> str:
     return repr(str(tok))
 
 
+#: The words a statement can start with (everything else is an operation call, ``op(...)``).
+KEYWORDS = ("spec", "requires", "dims", "assume", "param", "input", "output", "family", "import", "if")
+
+
+def _misspelt_keyword(tok: Token, expected: set[str], source: str) -> Diagnostic | None:
+    """``ouput w2_bias ...``: a word at the start of a statement, followed by something other than the
+    ``(`` of an operation call, is a statement keyword written wrong. Say so at the word, rather than
+    ``unexpected 'w2_bias'`` at what follows it."""
+    if tok.type == "$END" or "LPAR" not in expected or not tok.line:
+        return None
+    line = source.split("\n")[tok.line - 1]
+    before = line[: tok.column - 1]
+    m = re.fullmatch(r"(.*?)([A-Za-z_][A-Za-z0-9_]*)\s+", before)
+    if m is None or m.group(1).strip() not in ("", ";") and not m.group(1).rstrip().endswith((";", "{", "}")):
+        return None
+    word = m.group(2)
+    start = len(m.group(1)) + 1
+    pos = ast.Pos(tok.line, start, tok.line, start + len(word))
+    close = suggest(word, list(KEYWORDS))
+    if close is not None:
+        return Diagnostic("error", f"unknown statement {word!r}", pos, close)
+    return Diagnostic("error", f"{word!r} is not a statement: a statement starts with a keyword "
+                               f"({', '.join(KEYWORDS)}) or is an operation call, {word}(tensor, ...)", pos)
+
+
 def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str) -> Diagnostic:
     line = getattr(err, "line", None) or 1
     column = getattr(err, "column", None) or 1
@@ -396,6 +421,9 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str) -> Diagnost
         if tok.type != "$END" and tok.end_column:
             pos = ast.Pos(tok.line, tok.column, tok.end_line, tok.end_column)
         expected = _describe_expected(set(err.expected or ()))
+        misspelt = _misspelt_keyword(tok, set(err.expected or ()), source)
+        if misspelt is not None:
+            return misspelt
         return Diagnostic("error", f"unexpected {_token_text(tok)}", pos, f"expected {expected}")
     if isinstance(err, lark.exceptions.UnexpectedEOF):
         expected = _describe_expected(set(err.expected or ()))

@@ -21,9 +21,9 @@ from typing import Any, Iterable, Mapping, Union
 import torch
 
 from .api import CompiledSpec, compile_file
+from .shipped import SPECS
 
 Entry = Union[str, Path, tuple[Union[str, Path], Mapping[str, Any]]]
-SPECS = Path(__file__).resolve().parent.parent / "specs"
 
 
 class RegistryError(LookupError):

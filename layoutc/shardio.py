@@ -1,9 +1,10 @@
 """Shard I/O for the pipelined ``layoutc convert``: read a safetensors shard straight onto the
 conversion device while hashing it, and write a shard from device tensors.
 
-Reading streams the file once, in order, in chunks: each chunk is hashed (sha256 of the whole file,
-the resume stamp; by a second thread that follows the reads, so reading and hashing overlap) and
-copied into the tensors it overlaps. On CUDA the chunks go through a small
+Reading streams the file once, in order, in chunks: each chunk is hashed for the resume stamp
+(:class:`TreeHash`: the file cut into 16 MiB leaves, each leaf's sha256 computed in a shared pool of
+hashing threads as its bytes arrive, so reading and hashing overlap and one file is hashed on
+several cores) and copied into the tensors it overlaps. On CUDA the chunks go through a small
 ring of pinned host buffers per thread and are copied to the GPU asynchronously on the thread's
 own stream, so host memory stays a few chunks per thread however large the shard; on the CPU they
 are read straight into the tensors' memory. Every tensor gets its own allocation (aligned like
@@ -21,6 +22,7 @@ left to ``safetensors`` (:class:`Fallback`), whose own messages then name the pr
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import hashlib
@@ -41,7 +43,10 @@ from .lower.runtime import LayoutError
 #: safetensors dtype name -> torch dtype (the ones layoutc writes)
 TORCH_DTYPES = {code: dtype for dtype, code in shardfile.DTYPES.items()}
 CHUNK = 16 << 20  # bytes per read/write chunk
-SLOTS = 4  # pinned chunks per thread (CUDA)
+SLOTS = 4  # pinned chunks per writer thread (CUDA)
+# pinned chunks per reader thread (CUDA): a slot is refilled only once its bytes are hashed, so the
+# ring bounds how many leaves of one file are hashed at once (about READ_SLOTS - 1)
+READ_SLOTS = 8
 MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
 
 
@@ -80,6 +85,130 @@ class Profile:
 
 
 NULL_PROFILE = Profile()  # used when nobody asked; cheap enough to always add up
+
+# -- the resume stamp's digest ----------------------------------------------------------------
+
+#: leaf size of the tree digest. Fixed (not the read chunk, which is a tuning knob): the stamp must
+#: come out the same whatever chunk, thread count or code path (pipelined, sequential, resume) made it.
+TREE_LEAF = 16 << 20
+#: the digest's name, written into every stamp with it ("sha256-tree-16MiB:<hex>"): it is not the
+#: plain sha256 of the file, and a stamp made with another leaf size or an older layoutc (which held
+#: the plain sha256) never compares equal, so that shard is converted again.
+DIGEST = "sha256-tree-16MiB"
+_ROOT_TAG = b"layoutc sha256-tree\0"
+#: hashing threads per conversion, unless told: hashlib releases the GIL on large buffers, each
+#: thread does ~1.3 GB/s; past 8 the readers, writers and the conversion want the cores
+HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+def tree_root(leaves: list[bytes], size: int) -> str:
+    """The digest from the leaves' sha256 digests (in file order): sha256 over a tag, the leaf size,
+    the file size and the leaf digests. Collision resistance is sha256's: two files with one root
+    have one size and, leaf by leaf, one sha256."""
+    if len(leaves) != -(-size // TREE_LEAF):
+        raise ValueError(f"{len(leaves)} leaves for {size} bytes of {TREE_LEAF}-byte leaves")
+    root = hashlib.sha256(_ROOT_TAG + struct.pack("<QQ", TREE_LEAF, size))
+    for d in leaves:
+        root.update(d)
+    return f"{DIGEST}:{root.hexdigest()}"
+
+
+class _Leaf:
+    """One leaf's sha256, fed its pieces in order by at most one pool thread at a time."""
+
+    __slots__ = ("busy", "last", "queue", "sha")
+
+    def __init__(self):
+        self.sha = hashlib.sha256()
+        self.queue: collections.deque = collections.deque()
+        self.busy = False
+        self.last: concurrent.futures.Future | None = None
+
+
+class TreeHash:
+    """A file's :data:`DIGEST`, fed its bytes in order in pieces of any size (:meth:`update`).
+    Pieces of one leaf are hashed in order, leaves in parallel on ``pool``. A piece must stay
+    unchanged until its futures are done."""
+
+    def __init__(self, pool: concurrent.futures.Executor, profile: Profile | None = None):
+        self.pool = pool
+        self.profile = profile or NULL_PROFILE
+        self.size = 0
+        self.leaves: list[_Leaf] = []
+        self._lock = threading.Lock()
+
+    def update(self, data) -> list[concurrent.futures.Future]:
+        """Queue ``data`` (bytes-like); the futures are done when it is hashed."""
+        view = memoryview(data).cast("B")
+        futures = []
+        while len(view):
+            k, off = divmod(self.size, TREE_LEAF)
+            if k == len(self.leaves):
+                self.leaves.append(_Leaf())
+            part = view[:TREE_LEAF - off]
+            futures.append(self._feed(self.leaves[k], part))
+            view = view[len(part):]
+            self.size += len(part)
+        return futures
+
+    def _feed(self, leaf: _Leaf, part: memoryview) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            leaf.queue.append((part, fut))
+            leaf.last = fut
+            if leaf.busy:  # the thread draining this leaf takes it next, in order
+                return fut
+            leaf.busy = True
+        self.pool.submit(self._drain, leaf)
+        return fut
+
+    def _drain(self, leaf: _Leaf) -> None:
+        while True:
+            with self._lock:
+                if not leaf.queue:
+                    leaf.busy = False
+                    return
+                part, fut = leaf.queue.popleft()
+            try:
+                with self.profile.span("hash", len(part)):
+                    leaf.sha.update(part)
+            except BaseException as err:  # noqa: BLE001 -- handed to whoever waits on the piece
+                fut.set_exception(err)
+            else:
+                fut.set_result(None)
+
+    def wait(self) -> None:
+        """Every piece queued so far hashed (raises what hashing raised)."""
+        for leaf in self.leaves:
+            if leaf.last is not None:
+                leaf.last.result()  # a leaf's pieces finish in order: its last one is its end
+
+    def hexdigest(self) -> str:
+        self.wait()
+        return tree_root([leaf.sha.digest() for leaf in self.leaves], self.size)
+
+
+def file_digest(path: str | Path, pool: concurrent.futures.Executor, profile: Profile | None = None) -> str:
+    """:data:`DIGEST` of a file, read in leaf-sized buffers, up to two per pool thread in flight."""
+    th = TreeHash(pool, profile)
+    window = 2 * max(1, getattr(pool, "_max_workers", 1))
+    inflight: collections.deque = collections.deque()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            if len(inflight) >= window:
+                for fut in inflight.popleft():
+                    fut.result()
+            buf = bytearray(TREE_LEAF)
+            n = f.readinto(buf)
+            if not n:
+                break
+            # a fresh buffer per leaf: the pool reads it while the next one is filled
+            inflight.append(th.update(memoryview(buf)[:n]))
+    return th.hexdigest()
+
+
+def hash_pool(threads: int | None = None) -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max(1, threads or HASH_THREADS), thread_name_prefix="layoutc-hash")
 
 
 def _read_exact(f, view: memoryview, path: Path) -> None:
@@ -169,10 +298,12 @@ class _Ring:
 
 class ShardIO:
     """Reads and writes shards for one device; safe to use from several threads at once.
-    ``staged``: go through the chunk ring (always on CUDA; on the CPU only to test it)."""
+    ``staged``: go through the chunk ring (always on CUDA; on the CPU only to test it). ``slots``:
+    chunks per ring (default :data:`READ_SLOTS` for readers, :data:`SLOTS` for writers);
+    ``hash_threads``: the hashing pool shared by every reader (default :data:`HASH_THREADS`)."""
 
     def __init__(self, device: str | torch.device, profile: Profile | None = None, chunk: int = CHUNK,
-                 slots: int = SLOTS, staged: bool | None = None):
+                 slots: int | None = None, staged: bool | None = None, hash_threads: int | None = None):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         if self.cuda and self.device.index is None:
@@ -180,48 +311,35 @@ class ShardIO:
         self.staged = self.cuda if staged is None else (staged or self.cuda)
         self.profile = profile or NULL_PROFILE
         self.chunk = chunk
-        self.slots = slots
+        self.read_slots = slots or READ_SLOTS
+        self.write_slots = slots or SLOTS
         self._local = threading.local()
-        self._hashers: list[concurrent.futures.ThreadPoolExecutor] = []
-        self._hashers_lock = threading.Lock()
+        # one pool for every reader thread: whichever file has leaves waiting gets the cores
+        self.hash_pool = hash_pool(hash_threads)
 
-    def _hasher(self) -> concurrent.futures.ThreadPoolExecutor:
-        """This thread's hashing thread: it follows the reads chunk by chunk, in order."""
-        pool = getattr(self._local, "hasher", None)
-        if pool is None:
-            pool = self._local.hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="layoutc-hash")
-            with self._hashers_lock:
-                self._hashers.append(pool)
-        return pool
-
-    def _hash(self, digest, view: memoryview) -> concurrent.futures.Future:
-        def update():
-            with self.profile.span("hash", len(view)):
-                digest.update(view)
-
-        return self._hasher().submit(update)
+    def digest(self, path: Path) -> str:
+        """:data:`DIGEST` of ``path`` without reading it onto the device (resume, fallback)."""
+        return file_digest(path, self.hash_pool, self.profile)
 
     def close(self) -> None:
         """Stop the hashing threads (after the last read)."""
-        with self._hashers_lock:
-            pools, self._hashers = self._hashers, []
-        for pool in pools:
-            pool.shutdown(wait=True)
+        self.hash_pool.shutdown(wait=True)
 
-    def _ring(self) -> _Ring:
+    def _ring(self, slots: int) -> _Ring:
+        """This thread's ring (a thread only reads or only writes, so one ring each)."""
         ring = getattr(self._local, "ring", None)
         if ring is None:
             with self.profile.span("pin_alloc"):
-                ring = self._local.ring = _Ring(self.device, self.chunk, self.slots)
+                ring = self._local.ring = _Ring(self.device, self.chunk, slots)
         return ring
 
     # -- reading ------------------------------------------------------------------------------
 
     def read(self, path: Path) -> tuple[dict[str, torch.Tensor], str, int]:
-        """``path``'s tensors on the device, the file's sha256 and its size. Raises
+        """``path``'s tensors on the device, the file's :data:`DIGEST` and its size. Raises
         :class:`Fallback` before reading the data when safetensors should read this file."""
         prof = self.profile
-        digest = hashlib.sha256()
+        digest = TreeHash(self.hash_pool, prof)
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
             head = bytearray(8)
@@ -234,7 +352,7 @@ class ShardIO:
             raw = bytearray(n)
             _read_exact(f, memoryview(raw), path)
             entries, data = parse_header(bytes(raw), size - 8 - n, path)
-            digest.update(head)
+            digest.update(head)  # neither buffer is reused: no need to wait for these
             digest.update(raw)
             if self.staged:
                 tensors = self._read_staged(f, entries, data, digest, path)
@@ -259,21 +377,22 @@ class ShardIO:
                     piece = view[a:a + self.chunk]
                     with prof.span("read", len(piece)):
                         _read_exact(f, piece, path)
-                    hashed.append(self._hash(digest, piece))  # the piece is never overwritten
+                    hashed.extend(digest.update(piece))  # the piece is never overwritten
         finally:
             with prof.span("hash_wait"):
-                for fut in hashed:
-                    fut.result()
+                for fut in hashed:  # every future, even after a failure: no hash left running
+                    fut.exception()
+        digest.wait()
         return tensors
 
     def _read_staged(self, f, entries, data: int, digest, path: Path) -> dict[str, torch.Tensor]:
-        ring = self._ring()
-        hashed: list[concurrent.futures.Future | None] = [None] * len(ring.buffers)
+        ring = self._ring(self.read_slots)
+        hashed: list[list[concurrent.futures.Future]] = [[] for _ in ring.buffers]
         try:
             return self._stream_staged(f, entries, data, digest, path, ring, hashed)
         finally:
-            for fut in hashed:  # never leave a hash running over a slot the next read refills
-                if fut is not None:
+            for futs in hashed:  # never leave a hash running over a slot the next read refills
+                for fut in futs:
                     fut.exception()
 
     def _stream_staged(self, f, entries, data, digest, path, ring, hashed) -> dict[str, torch.Tensor]:
@@ -289,13 +408,14 @@ class ShardIO:
                 ring.next = (slot + 1) % len(ring.buffers)
                 with prof.span("h2d_wait"):
                     ring.wait(slot)  # its last copy to the device is done
-                if hashed[slot] is not None:
+                if hashed[slot]:
                     with prof.span("hash_wait"):
-                        hashed[slot].result()  # and its bytes are hashed
+                        for fut in hashed[slot]:
+                            fut.result()  # and its bytes are hashed
                 view = ring.views[slot][:n]
                 with prof.span("read", n):
                     _read_exact(f, view, path)
-                hashed[slot] = self._hash(digest, view)
+                hashed[slot] = digest.update(view)
                 buf = ring.buffers[slot]
                 while k < len(entries) and entries[k][4] <= pos:
                     k += 1
@@ -312,9 +432,7 @@ class ShardIO:
             with prof.span("h2d_wait"):
                 ring.synchronize()
             with prof.span("hash_wait"):
-                for fut in hashed:
-                    if fut is not None:
-                        fut.result()
+                digest.wait()
         return tensors
 
     # -- writing ------------------------------------------------------------------------------
@@ -338,7 +456,7 @@ class ShardIO:
                             f.write(raw)
                         total += len(raw)
                 return total
-            ring = self._ring()
+            ring = self._ring(self.write_slots)
             pending: list[tuple[int, int]] = []  # (slot, bytes) in file order
 
             def flush_one():

@@ -37,7 +37,7 @@ import attrs
 
 from . import expr as ex
 from .ast import Pos
-from .compiler import Chain, Compiled, Step, Variant
+from .compiler import Chain, Compiled, Step, Variant, looks_like_scales_of
 from .errors import Diagnostic, Reporter
 from .instances import sample_dims
 from .ir import Program, RowLayout
@@ -234,11 +234,24 @@ class Verifier:
         if amap.consistent:
             return True
         steps = [s for s in chain.steps if s.op.category is Category.LOGICAL]
+        shape = "[E, rows]" if chain.source.role == "bias" else "[E, rows, K]"
+        hint = f"check the dim= of the transforms: rows are dim {row_axis(chain.source)} of {shape}"
+        # The step that acts along an axis that is neither the rows nor K (a dim=0 on a row op): point at it.
+        culprit = next((s for s in steps if s.op.facts.on_axis and s.statement is not None
+                        and s.op.axis(s.in_type) not in (row_axis(chain.source, s.in_type.rank), s.in_type.rank - 1)),
+                       None)
+        if culprit is not None:
+            st, axis = culprit.statement, culprit.op.axis(culprit.in_type)
+            pos = next((p for k, _, p in st.keywords if k == "dim"), st.pos)
+            what = "the expert axis" if axis == 0 else f"neither the rows nor K of {shape}"
+            self.error(f"{st.op}(..., dim={axis}) acts on dim {axis}, {what}: it moves data across experts, which "
+                       f"no MoE kernel layout does", pos, [chain.tensor], hint)  # one finding for all its tensors
+            return False
         pos = steps[0].statement.pos if steps and steps[0].statement else chain.source.pos
         self.error(
             f"{chain.tensor}: the logical transforms move data across experts (or move rows differently "
             f"per column), which no MoE kernel layout does",
-            pos, [chain.tensor], "check the dim= of the transforms: rows are dim 1 of [E, rows, K]",
+            pos, [chain.tensor], hint,
         )
         return False
 
@@ -308,9 +321,14 @@ class Verifier:
         if dst_layout is None:
             return
         if src_layout is None:
+            hint = f"declare the checkpoint order, e.g. input {chain.tensor} : ... rows [...]"
+            guess = looks_like_scales_of(chain.source, self.program) if chain.source.tie is None else None
+            if guess is not None:  # a scale's rows are its weight's: the forgotten thing is the tie
+                hint = (f"{chain.tensor} is shaped like the scales of {guess[0].name} but declares no tie; declare "
+                        f"it: input {chain.tensor} : ... scales {guess[0].name} block {guess[1]} (its rows are then "
+                        f"{guess[0].name}'s)")
             self.error(f"{chain.tensor}: the output declares rows {dst_layout} but the input declares no row order",
-                       chain.target.rows.pos if chain.target.rows else chain.target.pos, [chain.tensor],
-                       f"declare the checkpoint order, e.g. input {chain.tensor} : ... rows [...]")
+                       chain.target.rows.pos if chain.target.rows else chain.target.pos, [chain.tensor], hint)
             return
         ra = row_axis(chain.source)
         slices = [s for s in chain.steps if s.op.facts.slice and s.op.axis(s.in_type) == ra]

@@ -107,7 +107,7 @@ def synthetic_inputs():
 def run_cli():
     def _run(*args: str, cwd: Path | str = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
         env = dict(os.environ)
-        env.pop("PYTHONPATH", None)
+        env["PYTHONPATH"] = str(ROOT)  # this checkout's layoutc, whatever else the interpreter has installed
         return subprocess.run(
             layoutc_command() + [str(a) for a in args],
             cwd=str(cwd), capture_output=True, text=True, timeout=timeout, env=env,

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,16 @@ def layer_inputs(tensors: dict, layer: int) -> dict:
 def folder_digest(folder: Path) -> dict:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def reference_digest(data: bytes, leaf: int = 16 << 20) -> str:
+    """The stamp's digest, written out plainly, one leaf after the other (layoutc hashes the leaves
+    on several threads as the bytes arrive): sha256 over a tag, the leaf size, the file size and
+    each 16 MiB leaf's sha256."""
+    root = hashlib.sha256(b"layoutc sha256-tree\0" + struct.pack("<QQ", leaf, len(data)))
+    for i in range(0, len(data), leaf):
+        root.update(hashlib.sha256(data[i:i + leaf]).digest())
+    return "sha256-tree-16MiB:" + root.hexdigest()
 
 
 def load_all(folder: Path) -> dict:

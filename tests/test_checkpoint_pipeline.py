@@ -4,7 +4,6 @@ and failures in any thread surface as clear errors naming the shard, never as a 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -22,7 +21,7 @@ from layoutc import shardfile, shardio
 from layoutc.checkpoint import DONE, INDEX, assign_shards, convert_checkpoint, finish
 from layoutc.synthckpt import write_checkpoint
 from tests.helpers import ROOT, SPECS
-from tests.test_checkpoint import folder_digest, make_checkpoint
+from tests.test_checkpoint import folder_digest, make_checkpoint, reference_digest
 
 DIMS = {"E": 2, "I": 256, "H": 256}
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
@@ -75,13 +74,23 @@ def test_pipelined_output_is_byte_identical_to_the_sequential_loop(tmp_path, bf1
     assert outputs(tmp_path / "out") == outputs(seq_out)
 
 
+@pytest.mark.parametrize("hash_threads, io_options", [(1, {}), (7, {"staged": True, "chunk": 4099, "slots": 3})])
+def test_the_number_of_hashing_threads_changes_no_byte_and_no_stamp(tmp_path, bf16, split_ckpt, sequential,
+                                                                   hash_threads, io_options):
+    seq_out, seq_summary = sequential
+    summary = run_pipelined(bf16, split_ckpt, tmp_path / "out", prefetch=2, writers=2, hash_threads=hash_threads,
+                            io_options=io_options)
+    assert summary == seq_summary
+    assert outputs(tmp_path / "out") == outputs(seq_out)  # the stamps' digests included
+
+
 def test_staged_reads_and_writes_match_safetensors_and_shardfile(tmp_path, split_ckpt):
     prof = shardio.Profile()
     for chunk in (7, 4096, 1 << 22):
         io = shardio.ShardIO("cpu", prof, chunk=chunk, slots=3, staged=True)
         for f in sorted(split_ckpt.glob("*.safetensors"))[:3]:
             tensors, sha, size = io.read(f)
-            assert sha == hashlib.sha256(f.read_bytes()).hexdigest() and size == f.stat().st_size
+            assert sha == reference_digest(f.read_bytes()) and size == f.stat().st_size
             want = load_file(str(f))
             assert tensors.keys() == want.keys()
             for k, v in want.items():
@@ -277,7 +286,7 @@ def test_cli_prefetch_profile_and_tp_slices(tmp_path, bf16):
     base = ["convert", "--spec", spec, "--in", str(tmp_path / "in")]
     proc = _cli(*base, "--out", str(tmp_path / "seq"), "--prefetch", "0")
     assert proc.returncode == 0, proc.stderr
-    proc = _cli(*base, "--out", str(tmp_path / "pipe"), "--prefetch", "2", "--writers", "2",
+    proc = _cli(*base, "--out", str(tmp_path / "pipe"), "--prefetch", "2", "--writers", "2", "--hash-threads", "3",
                 "--profile", str(tmp_path / "profile.json"))
     assert proc.returncode == 0, proc.stderr
     assert "GB/s read" in proc.stderr

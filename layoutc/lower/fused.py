@@ -75,8 +75,19 @@ def _tidy(e: ex.Expr, shape: Sequence[ex.Expr], dims: Sequence[str]) -> ex.Expr:
     return ex.simplify_symbolic(ex.simplify(e, ranges), ex.coordinate_ranges(shape))
 
 
+def _has_table(e: ex.Expr) -> bool:
+    return isinstance(e, ex.Table) or any(_has_table(c) for c in ex.children(e))
+
+
 def plan(chain: Chain) -> FusedPlan:
     raw = _tidy_plan(chain)
+    # A lookup table in the index arithmetic (permute(table=...), as layoutc infer writes for a row
+    # order no op gives) has no Triton form: such a tensor is converted by the eager lowering.
+    exprs = [x for w in raw.word_sources for x in w] + list(raw.word_valid)
+    if raw.map is not None:
+        exprs += [*raw.map.src, raw.map.valid]
+    if raw.is_fused and any(_has_table(x) for x in exprs):
+        return attrs.evolve(raw, kind="eager", reason="a lookup table in the index map (not lowered to Triton)")
     samples = _samples(chain)
     if raw.kind == "words":
         bases = _words4_bases(raw, samples)

@@ -37,13 +37,15 @@ def sm90_interleave_fp4(weight: torch.Tensor) -> torch.Tensor:
     dst_col_id = part * 32 + interleaved_lane_id
     first = (row_id * cols // 2 + col_id).reshape(-1)
     second = ((row_id + 8) * cols // 2 + col_id).reshape(-1)
-    raw = w[:, first] | (w[:, second] << 8) | (w[:, first + 4] << 16) | (w[:, second + 4] << 24)
+    # index_select / index_copy_ rather than w[:, idx]: the same gather, much faster on CPU builds of torch
+    pick = lambda idx: w.index_select(1, idx)  # noqa: E731
+    raw = pick(first) | (pick(second) << 8) | (pick(first + 4) << 16) | (pick(second + 4) << 24)
     word = torch.zeros_like(raw)
     for mask, shift in SM90_FP4_MASK_SHIFTS:
         word |= ((raw & mask) << shift) if shift > 0 else ((raw & mask) >> -shift)
     dst = (dst_row_id * cols // 2 + dst_col_id).reshape(-1)
     for byte in range(4):
-        out[:, dst + byte] = (word >> (8 * byte)) & 0xFF
+        out.index_copy_(1, dst + byte, (word >> (8 * byte)) & 0xFF)
     return out.to(torch.uint8).reshape(weight.shape)
 
 

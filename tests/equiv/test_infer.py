@@ -1,0 +1,106 @@
+"""``layoutc infer``: the nine shipped specs' reference recipes are recovered as registered ops and
+families and the written specs are equivalent to them; a row order no op gives is a flagged table;
+the command writes the spec and reports usage errors with exit status 2."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from layoutc.cli import main
+from layoutc.equiv import EquivError, equivalent
+from layoutc.infer import infer
+from tests.equiv import fns
+
+TINY = Path(__file__).resolve().parent / "tiny.lyt"
+# the checkpoint side of tiny.lyt: what --inputs gives infer
+CONTRACT = "\n".join(line for line in TINY.read_text().splitlines() if line.startswith(("dims", "input")))
+DIMS = {"E": 2, "I": 32, "H": 64}
+
+# spec -> (--quant, --rows, --bias, --dims) of its checkpoint
+SHIPPED = {
+    "flashinfer_cutedsl_nvfp4": ("nvfp4", "contiguous", False, {"E": 2, "I": 128, "H": 64}),
+    "flashinfer_cutlass_bf16": ("mxfp4", "contiguous", True, {"E": 2, "I": 256, "H": 256}),
+    "flashinfer_cutlass_mxfp4_padded": ("mxfp4", "contiguous", True, {"E": 2, "I": 64, "H": 64}),
+    "flashinfer_cutlass_mxfp8": ("mxfp4", "contiguous", True, {"E": 2, "I": 128, "H": 128}),
+    "flashinfer_cutlass_nvfp4": ("nvfp4", "contiguous", False, {"E": 2, "I": 32, "H": 32}),
+    "flashinfer_trtllm_bf16": ("bf16", "contiguous", False, {"E": 2, "I": 64, "H": 128}),
+    "flashinfer_trtllm_fp8_block": ("fp8_block", "contiguous", False, {"E": 2, "I": 256, "H": 256}),
+    "flashinfer_trtllm_mxfp4": ("mxfp4", "gpt_oss", True, {"E": 2, "I": 64, "H": 64}),
+    "flashinfer_trtllm_nvfp4": ("nvfp4", "contiguous", False, {"E": 2, "I": 32, "H": 32}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_recipe_is_recovered_as_named_ops(name):
+    pytest.importorskip("flashinfer")
+    from layoutc.reference import cpu
+
+    quant, rows, bias, dims = SHIPPED[name]
+    result = infer(getattr(cpu, name), dims, quant=quant, rows=rows, bias=bias, spec_name=f"{name}_inferred")
+    assert not result.verify_errors, "\n".join(result.verify_errors) + "\n" + result.text
+    assert result.named and "table=" not in result.text, result.text
+    assert result.verdict is not None and result.verdict.ok, result.verdict.report() if result.verdict else result.text
+    assert result.verdict.verdict().startswith("equivalent at 4 shapes")
+
+
+def test_the_small_swap_is_recovered_and_equivalent():
+    result = infer(fns.good, DIMS, names=None, inputs=CONTRACT, spec_name="tiny_inferred")
+    assert result.ok and result.named, result.text
+    assert "swap_halves([w13_weight, w13_weight_scale, w13_bias], dim=1)" in result.text
+    assert "cast(w13_bias, bf16)" in result.text
+    # the written text is a spec equiv accepts on its own
+    assert equivalent(result.text, fns.good, DIMS).ok
+
+
+def test_a_row_order_no_op_gives_is_a_flagged_table():
+    result = infer(fns.shuffled_eights, DIMS, names=None, inputs=CONTRACT, spec_name="fours")
+    assert not result.named
+    assert f"table={fns.EIGHTS}" in result.text, result.text
+    assert "review" in result.text.lower()
+    assert any("written as a table" in n for n in result.notes)
+    assert result.verdict is not None and result.verdict.ok, result.verdict.report()
+
+
+def test_a_function_that_raises_is_a_usage_error():
+    with pytest.raises(EquivError, match="raised ValueError"):
+        infer(fns.raises, DIMS, names=None, inputs=CONTRACT)
+
+
+def test_the_command_writes_an_equivalent_spec(tmp_path):
+    contract = tmp_path / "contract.lyt"
+    contract.write_text(CONTRACT + "\n")
+    out = tmp_path / "inferred.lyt"
+    result = CliRunner().invoke(main, ["infer", "tests.equiv.fns:good", "--dims", "E=2,I=32,H=64",
+                                       "--inputs", str(contract), "-o", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "swap_halves" in out.read_text()
+    check = CliRunner().invoke(main, ["equiv", str(out), "--against", "tests.equiv.fns:good",
+                                      "--dims", "E=2,I=32,H=64"], catch_exceptions=False)
+    assert check.exit_code == 0 and "equivalent at 4 shapes" in check.output, check.output
+
+
+@pytest.mark.parametrize("function,message", [
+    ("no_such_module_xyz:convert", "cannot import no_such_module_xyz"),
+    ("tests.equiv.fns", "expected MODULE:FUNCTION"),
+])
+def test_command_usage_errors_exit_2(tmp_path, function, message):
+    contract = tmp_path / "contract.lyt"
+    contract.write_text(CONTRACT + "\n")
+    result = CliRunner().invoke(main, ["infer", function, "--dims", "E=2,I=32,H=64", "--inputs", str(contract)],
+                                catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_ties_missing_from_the_contract_are_proposed():
+    untied = "\n".join(re.sub(r"\s+(scales|bias of) .*$", "", line) for line in CONTRACT.splitlines())
+    assert "scales" not in untied and "bias of" not in untied
+    result = infer(fns.good, DIMS, names=None, inputs=untied, spec_name="tiny_ties")
+    assert "proposed tie: scales w13_weight block 32" in result.notes
+    assert "proposed tie: bias of w13_weight" in result.notes
+    assert "scales w13_weight block 32" in result.text and result.ok, result.text
