@@ -256,7 +256,11 @@ def gather(m: IndexMap, x: torch.Tensor, dims: Mapping[str, int] | None = None,
         picked = flat[torch.where(valid, linear, torch.zeros_like(linear))]
     if m.is_total():
         return picked
-    return torch.where(valid, picked, fill.to(x.dtype))
+    # the fill is a bit pattern (pad's value=): written through a same-width integer view
+    same_width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    width = 8 * x.element_size()
+    fill = torch.where(fill >= 1 << (width - 1), fill - (1 << width), fill) if 8 < width < 64 else fill
+    return torch.where(valid, picked.view(same_width), fill.to(same_width)).view(x.dtype)
 
 
 # ---------------------------------------------------------------------------

@@ -435,7 +435,8 @@ class _Resolver:
                 pass  # handled in collect_params
             elif isinstance(item, ast.TensorDecl):
                 if guards:
-                    self.error("tensors cannot be declared under a condition on an optional tensor", item.pos)
+                    what = "an optional tensor" if guards[-1].key in self.inputs else f"a size ({guards[-1].key})"
+                    self.error(f"tensors cannot be declared under a condition on {what}", item.pos)
                 else:
                     self.declare(item)
             elif isinstance(item, ast.Transform):

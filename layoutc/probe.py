@@ -30,12 +30,43 @@ from .errors import Diagnostic
 from .indexmap import bits_to_bytes, bytes_to_bits, concrete_shape
 from .ir import Program
 from .lower.eager import run as run_op
+from .ops.base import Category
+from .ops.value import Cast, ExtractBits
 from .rowmap import AxisMap, prefix_length, reduce_to_axes, static_sources
 from .verify import Verifier, verification_dims
 
 
 def _numel(shape) -> int:
     return math.prod(shape) if shape else 1
+
+
+_CARRIER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """Each element's bits as a non-negative integer."""
+    size = t.element_size()
+    raw = t.contiguous().view(_CARRIER[size]).to(torch.int64)
+    return raw & ((1 << (8 * size)) - 1) if size < 8 else raw
+
+
+def _bit_field(chain: Chain) -> tuple[int, int, int] | None:
+    """(step, shift, width) when the chain's first value step keeps a bit field of the source's
+    elements (``extract_bits`` of fp32 scales): the probe's digits must then live in that field,
+    where a digit stored as a value (its exponent and mantissa) would not survive."""
+    for i, step in enumerate(chain.steps):
+        if isinstance(step.op, ExtractBits):
+            ok = step.in_type.elem == chain.source.elem and step.op.width >= 8
+            return (i, step.op.shift, step.op.width) if ok else None
+        if step.op.facts.category is Category.VALUE and step.op.name != "view":
+            return None
+    return None
+
+
+def _lossy(chain: Chain) -> bool:
+    """Whether a value step drops bits of the elements (a narrowing cast, a bit field)."""
+    return any(isinstance(s.op, ExtractBits) or (isinstance(s.op, Cast) and not s.op.is_exact(s.in_type))
+               for s in chain.steps)
 
 
 class ProbeRun:
@@ -48,6 +79,8 @@ class ProbeRun:
         self.dims = dims
         self.shapes = {c.tensor: concrete_shape(c.source.shape, dims) for c in variant.chains}
         self.bitwise = {c.tensor: c.source.elem.bits == 8 for c in variant.chains}
+        self.field = {c.tensor: None if self.bitwise[c.tensor] else _bit_field(c) for c in variant.chains}
+        self.lossy = {c.tensor: _lossy(c) for c in variant.chains}
         digits = []
         for c in variant.chains:
             n = _numel(self.shapes[c.tensor])
@@ -76,6 +109,14 @@ class ProbeRun:
             if self.bitwise[c.tensor]:
                 raw = bits_to_bytes(v) if isinstance(v, torch.Tensor) else torch.full((n,), 0xFF * v, dtype=torch.uint8)
                 t = raw.reshape(shape).view(elem.torch_dtype)
+            elif self.field[c.tensor] is not None:  # the digit as the bits the chain keeps
+                _, shift, _ = self.field[c.tensor]
+                values = v if isinstance(v, torch.Tensor) else torch.full((n,), v, dtype=torch.int64)
+                size = torch.empty((), dtype=elem.torch_dtype).element_size()
+                raw = values << shift
+                if size < 8 and size > 1:
+                    raw = torch.where(raw >= 1 << (8 * size - 1), raw - (1 << (8 * size)), raw)
+                t = raw.to(_CARRIER[size]).view(elem.torch_dtype).reshape(shape)
             else:
                 values = v if isinstance(v, torch.Tensor) else torch.full((n,), v, dtype=torch.int64)
                 t = values.to(elem.torch_dtype).reshape(shape)
@@ -104,10 +145,24 @@ class ProbeRun:
             src_bit = sum(as_bits(r) << d for d, r in enumerate(runs))
             # a logical element is a whole byte read from one source byte, bit for bit
             byte = src_bit // 8
+            if self.lossy[name]:
+                # a value step drops bits (the sign in e4m3 -> f16 -> a bit field): the bits that
+                # survive must still come from one source byte, each from its own position
+                lo = torch.where(real, byte, torch.iinfo(torch.int64).max).amin(dim=-1)
+                hi = torch.where(real, byte, -1).amax(dim=-1)
+                same = (lo == hi) & torch.all(~real | (src_bit % 8 == torch.arange(8)), dim=-1)
+                valid = torch.any(real, dim=-1)
+                return torch.where(valid, lo, 0), valid & same, shape
             same = torch.all(byte == byte[..., :1], dim=-1) & torch.all(src_bit % 8 == torch.arange(8), dim=-1)
             valid = torch.all(real, dim=-1)
             return torch.where(valid, byte[..., 0], 0), valid & same, shape
-        values = lambda t: t.to(torch.float64).round().to(torch.int64)  # noqa: E731
+        field = self.field[name]
+        if field is not None:
+            step, shift, width = field
+            mask = (1 << width) - 1
+            values = (lambda t: (_raw(t) >> shift) & mask) if upto <= step else (lambda t: _raw(t) & mask)  # noqa: E731
+        else:
+            values = lambda t: t.to(torch.float64).round().to(torch.int64)  # noqa: E731
         valid = values(zero) != values(one)
         src = sum((values(r) & 255) << (8 * d) for d, r in enumerate(runs))
         return torch.where(valid, src, 0), valid, shape

@@ -45,13 +45,17 @@ def swap_pairs(x, dim):
 
 def pad(x, dim, multiple, parts, value):
     # Split dim into `parts` equal parts and extend each with `value` to a multiple of `multiple`.
+    # `value` is the fill's bit pattern (0x38 is E4M3 1.0), as in the fused lowerings.
     dim = dim % x.dim()
     n = x.shape[dim] // parts
     size = -(-n // multiple) * multiple
     chunks = x.unflatten(dim, (parts, n))
     shape = list(chunks.shape)
     shape[dim + 1] = size
-    out = torch.full(shape, value, dtype=x.dtype, device=x.device)
+    width = x.element_size()
+    same_width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
+    fill = value - (1 << 8 * width) if 1 < width < 8 and value >= 1 << (8 * width - 1) else value
+    out = torch.full(shape, fill, dtype=same_width, device=x.device).view(x.dtype)
     out.narrow(dim + 1, 0, n).copy_(chunks)
     return out.flatten(dim, dim + 1)
 

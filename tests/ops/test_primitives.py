@@ -314,8 +314,9 @@ NAIVE = {
 
 
 def _fill_bits(v, x):
-    # the pad value as an element of x's dtype, as same-width bits
-    return int(bits(torch.tensor([v]).to(x.dtype))[0])
+    # the pad value is the fill's bit pattern, whatever x's dtype (as same-width signed bits)
+    width = 8 * x.element_size()
+    return v - (1 << width) if width > 8 and v >= 1 << (width - 1) else v
 
 
 # ---------------------------------------------------------------------------
@@ -1053,3 +1054,38 @@ def test_reshape_with_floor_divisions_is_guarded():
 def test_crop_larger_than_the_part_is_a_type_error():
     with pytest.raises(OpTypeError):
         shape.Crop(1, size=Const(5)).infer(TT("u8", 2, 4))
+
+
+# pad's value= is the fill's bit pattern in every lowering (E4M3 1.0 is 56 = 0x38: FlashInfer's
+# pad_trtllm_moe_weights pads NVFP4 block scales with it). The eager lowering used to write the
+# number 56.0 instead, so a spec gave other bytes on small layers (eager) than on large ones.
+PAD_FILLS = [("e4m3", 0x38), ("f32", 0x3F800000), ("bf16", 0x3F80), ("i8", 200), ("e8m0", 127)]
+
+
+@pytest.mark.parametrize("elem,fill", PAD_FILLS, ids=[c[0] for c in PAD_FILLS])
+def test_pad_value_is_a_bit_pattern_in_every_lowering(elem, fill):
+    import layoutc
+
+    spec = layoutc.compile_source(f"dims E, N\ninput x : {elem}[E, N]\npad(x, dim=1, multiple=4, value={fill})\n"
+                                  f"output x : {elem}[E, round_up(N, 4)]\n", "pad_fill.lyt")
+    x = torch.zeros(2, 3, dtype=ET[elem].torch_dtype)
+    want = fill
+    for lowering in ("eager", "gather"):
+        out = bits(spec.convert({"x": x}, lowering=lowering)["x"])
+        width = 8 * out.element_size()
+        assert int(out[0, 3]) % (1 << width) == want, lowering
+        assert int(out[0, 2]) == 0, lowering
+    op = shape.Pad(1, multiple=4, value=fill)
+    t = TT(elem, 2, 3)
+    assert int(bits(run_map(op, t, x, {}))[1, 3]) % (1 << 8 * x.element_size()) == want
+
+
+@pytest.mark.xfail(strict=True, reason="lower/ (gather plan): a 16/32-bit fill with the high bit set overflows "
+                                       "torch.as_tensor(fill, dtype=int16) in the generated code")
+def test_pad_fill_with_the_sign_bit_set_in_the_gather_lowering():
+    import layoutc
+
+    spec = layoutc.compile_source("dims E, N\ninput x : bf16[E, N]\npad(x, dim=1, multiple=4, value=49024)\n"
+                                  "output x : bf16[E, round_up(N, 4)]\n", "pad_fill_sign.lyt")
+    out = spec.convert({"x": torch.zeros(1, 3, dtype=torch.bfloat16)}, lowering="gather")["x"]
+    assert out[0, 3].item() == -1.0  # 0xBF80

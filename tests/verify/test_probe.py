@@ -91,3 +91,70 @@ def test_static_sources_equal_gathering_the_composed_map():
     from layoutc.indexmap import gather
     out = gather(m, x, dims)
     assert torch.equal(out[valid], x.reshape(-1)[linear[valid]])
+
+
+# Chains with a value step that drops bits: fp32 scales reduced to their exponent field (DeepGEMM's
+# UE8M0), E4M3 scales re-encoded through fp16 with the sign dropped (CuTe-DSL S0E5M3). The probe
+# carries its digits where they survive (in the field; in the bits that remain) instead of calling
+# the layout wrong.
+LOSSY = """
+spec lossy_probe
+dims E, N, K
+input w  : e4m3[E, N, K]            rows [w1; w3]
+input sf : f32[E, N, K/128]         scales w block 128
+input w2  : fp4x2[E, N, K/2]
+input sf2 : e4m3[E, N, K/16]        scales w2 block 16
+family exp_t {
+  scale(t[..., mn, k]) {
+    extract_bits(t, shift=23, width=8, to=e8m0)
+    transpose(t, -1, -2)
+  }
+}
+family s0e5m3_t {
+  scale(t[..., mn, k]) {
+    transpose(t, -1, -2)
+    cast(t, f16)
+    extract_bits(t, shift=7, width=8, to=u8)
+  }
+}
+SWAP
+interleave(sf, exp_t)
+interleave(sf2, s0e5m3_t)
+output w   : e4m3[E, N, K]          rows ROWS
+output sf  : e8m0[E, K/128, N]      rows [w1; w3] packing exp_t
+output w2  : fp4x2[E, N, K/2]
+output sf2 : u8[E, K/16, N]         packing s0e5m3_t
+"""
+
+
+def _lossy(swap: bool) -> str:
+    return (LOSSY.replace("SWAP", "swap_halves(w, dim=1)" if swap else "")
+            .replace("ROWS", "[w3; w1]" if swap else "[w1; w3]"))
+
+
+def test_probe_follows_digits_through_lossy_value_steps():
+    spec = layoutc.compile_source(_lossy(False), "lossy_probe.lyt")
+    assert probe(spec) == []
+    variant = spec.compiled.variant(())
+    run = ProbeRun(spec, variant, {"E": 2, "N": 8, "K": 256})
+    for name in ("sf", "sf2"):
+        src, valid, _ = run.sources(variant.chain(name), 0)  # every element decoded back to itself
+        assert bool(valid.all()) and torch.equal(src.reshape(-1), torch.arange(src.numel())), name
+
+
+def test_probe_still_catches_a_broken_implementation_on_a_lossy_chain(monkeypatch):
+    def transpose(x, dim0, dim1):  # broken on purpose: the rows come out reversed
+        return x.transpose(dim0, dim1).flip(-1).contiguous()
+
+    monkeypatch.setattr(torch_impl, "transpose", transpose)
+    spec = layoutc.compile_source(_lossy(False) + "# broken transpose\n", "lossy_broken.lyt")
+    findings = probe(spec, lowerings=("eager",))
+    bad = {t for d in findings if "static and dynamic verification disagree" in d.message for t in d.tensors}
+    assert {"sf", "sf2"} <= bad
+
+
+def test_probe_finds_a_desync_through_a_lossy_scale_chain(monkeypatch):
+    monkeypatch.setattr(api, "verify", lambda compiled: [])  # the probe alone
+    spec = layoutc.compile_source(_lossy(True), "lossy_desync.lyt")
+    messages = " | ".join(d.message for d in probe(spec, lowerings=("eager",)))
+    assert "w rows are [w3; w1] but sf rows are [w1; w3]" in messages

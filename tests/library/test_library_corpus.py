@@ -1,0 +1,367 @@
+"""A corpus of real layouts from other installed libraries, written as specs (issue 11).
+
+Each ``NAME.lyt`` in this folder states one library's weight/scale/bias preparation (header: the
+library, the function, the version, the facts from its source); kernel packings are families of
+``families.lyt``. For each:
+
+* the library's own function, called here on CPU, and the compiled spec give the same bits
+  (and ``inverse`` undoes the spec where it is invertible);
+* ``check --strict`` passes (no coverage warning: the ties are declared);
+* ``NAME_mistake.lyt`` applies the layout wrongly and is rejected with the message and line its
+  header states (``# expect:``, ``# expect-line:``);
+* the dynamic verification (``check --probe``) runs without an internal error.
+
+``*_gap.lyt`` are correct layouts the language or the verifier cannot accept yet: strict xfails.
+A library function missing from the installed FlashInfer skips its test.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import layoutc
+from layoutc.probe import probe
+from tests.helpers import ROOT, SPECS, bits
+
+HERE = Path(__file__).parent
+LAYOUTS = sorted(p for p in HERE.glob("*.lyt") if p.stem != "families" and not p.stem.endswith(("_mistake", "_gap")))
+MISTAKES = sorted(HERE.glob("*_mistake.lyt"))
+GAPS = sorted(HERE.glob("*_gap.lyt"))
+
+#: Every parameter combination of each corpus spec.
+PARAMS = {
+    "trtllm_moe_padding": [{"format": f, "gated": g} for f in ("nvfp4", "mxfp4") for g in (True, False)],
+    "gate_up_interleaves": [{"kernel": k} for k in ("sm90_cute_dsl", "monomoe")],
+}
+
+
+def library(module: str, name: str):
+    """The installed library's function, or skip the test saying what is missing."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        pytest.skip(f"{module}.{name} is not available here: {type(err).__name__}: {err}")
+
+
+def spec(name: str, **params) -> layoutc.CompiledSpec:
+    return layoutc.compile_file(HERE / f"{name}.lyt", params)
+
+
+def codes(*shape, dtype=torch.uint8, seed=0, high=256) -> torch.Tensor:
+    """Deterministic bytes: every value 0..high-1 occurs (a run of them, then random ones)."""
+    g = torch.Generator().manual_seed(seed)
+    n = 1
+    for s in shape:
+        n *= s
+    flat = torch.randint(0, high, (n,), dtype=torch.int64, generator=g)
+    flat[: min(n, high)] = torch.arange(min(n, high))
+    return flat.to(torch.uint8).reshape(shape).view(dtype)
+
+
+def same_bits(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> None:
+    """Bit for bit; byte-identical dtypes (E4M3 scales handed over as uint8) count as the same."""
+    assert tuple(ours.shape) == tuple(theirs.shape), f"{what}: shape {tuple(ours.shape)} != {tuple(theirs.shape)}"
+    assert ours.element_size() == theirs.element_size(), f"{what}: {ours.dtype} vs {theirs.dtype}"
+    a, b = bits(ours.contiguous()), bits(theirs.contiguous())
+    if not torch.equal(a, b):
+        diff = (a != b).nonzero()
+        raise AssertionError(f"{what}: {diff.shape[0]} of {a.numel()} elements differ, first at {diff[0].tolist()}")
+
+
+def round_trip(compiled: layoutc.CompiledSpec, inputs: dict, out: dict, dims: dict) -> None:
+    assert compiled.invertible
+    back = compiled.inverse(out, dims=dims)
+    for name, x in inputs.items():
+        same_bits(back[name], x, f"inverse: {name}")
+
+
+def test_the_corpus_has_six_layouts_each_with_a_mistake():
+    assert len(LAYOUTS) >= 6
+    assert {p.stem for p in MISTAKES} == {f"{p.stem}_mistake" for p in LAYOUTS}
+
+
+# ---------------------------------------------------------------------------------------------
+# bit for bit against the library
+
+
+def test_alphamoe_nvfp4_panels():
+    fm = "flashinfer.fused_moe"
+    w1_data, w1_scales = library(fm, "prepare_nvfp4_w1_data"), library(fm, "prepare_nvfp4_w1_scales")
+    w2_data, w2_scales = library(fm, "prepare_nvfp4_w2_data"), library(fm, "prepare_nvfp4_w2_scales")
+    compiled = spec("alphamoe_nvfp4_panels")
+    for E, I, H in [(1, 128, 256), (2, 256, 512)]:
+        x = {"w13": codes(E, 2 * I, H // 2, seed=1), "w13_scale": codes(E, 2 * I, H // 16, dtype=torch.float8_e4m3fn, seed=2),
+             "w2": codes(E, H, I // 2, seed=3), "w2_scale": codes(E, H, I // 16, dtype=torch.float8_e4m3fn, seed=4)}
+        out = compiled.convert(x)
+        same_bits(out["w13"], w1_data(x["w13"]), "prepare_nvfp4_w1_data")
+        same_bits(out["w13_scale"], w1_scales(x["w13_scale"]), "prepare_nvfp4_w1_scales")
+        same_bits(out["w2"], w2_data(x["w2"]), "prepare_nvfp4_w2_data")
+        same_bits(out["w2_scale"], w2_scales(x["w2_scale"]), "prepare_nvfp4_w2_scales")
+        round_trip(compiled, x, out, {"E": E, "I": I, "H": H})
+
+
+def test_sm12x_w4a16_repack():
+    mod = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_w4a16_prepare"
+    repack, pack_scales = library(mod, "_repack_weight"), library(mod, "_pack_e8m0_k32_scales")
+    compiled = spec("sm12x_w4a16")
+    for E, I, H in [(1, 64, 64), (2, 96, 128)]:
+        # E8M0 bytes up to 247: the library clamps larger ones (a value change the spec does not make)
+        x = {"w13": codes(E, 2 * I, H // 2, seed=1), "w13_scale": codes(E, 2 * I, H // 32, seed=2, high=248),
+             "w2": codes(E, H, I // 2, seed=3), "w2_scale": codes(E, H, I // 32, seed=4, high=248)}
+        out = compiled.convert(x)
+        same_bits(out["w13"], repack(x["w13"], size_k=H, size_n=2 * I, row_rotation=I), "_repack_weight w13")
+        same_bits(out["w13_scale"], pack_scales(x["w13_scale"], size_k=H, size_n=2 * I, row_rotation=I),
+                  "_pack_e8m0_k32_scales w13")
+        same_bits(out["w2"], repack(x["w2"], size_k=I, size_n=H), "_repack_weight w2")
+        same_bits(out["w2_scale"], pack_scales(x["w2_scale"], size_k=I, size_n=H), "_pack_e8m0_k32_scales w2")
+        round_trip(compiled, x, out, {"E": E, "I": I, "H": H})
+
+
+def test_deepgemm_packed_ue8m0():
+    pack = library("flashinfer.deep_gemm", "get_col_major_tma_aligned_packed_tensor")
+    compiled = spec("deepgemm_packed_ue8m0")
+    for E, N, K in [(2, 6, 9 * 128), (3, 128, 512), (1, 5, 128)]:
+        # any fp32 bits, negative numbers and NaNs included: only the exponent field is kept
+        sf = codes(E, N, K // 128, 4, seed=N).view(torch.float32).reshape(E, N, K // 128)
+        w = torch.zeros(E, N, K, dtype=torch.float8_e4m3fn)
+        out = compiled.convert({"w": w, "sf": sf})["sf"]
+        view = pack(sf)  # a strided view [E, N, k4/4] of the MN-major storage
+        k4, n4 = -(-(K // 128) // 4) * 4, -(-N // 4) * 4
+        assert view.stride() == (k4 // 4 * n4, 1, n4)
+        same_bits(out, torch.as_strided(view, (E, k4 // 4, n4), (k4 // 4 * n4, n4, 1)), "storage")
+        same_bits(out.transpose(1, 2)[:, :N], view, "the returned view")
+    # extract_bits keeps 8 of 32 bits: inverse(convert(x)) == x holds for x = 2^e only
+    sf = torch.ldexp(torch.ones(2, 8, 3), torch.arange(-20, 28).reshape(2, 8, 3))
+    w = torch.zeros(2, 8, 384, dtype=torch.float8_e4m3fn)
+    round_trip(compiled, {"w": w, "sf": sf}, compiled.convert({"w": w, "sf": sf}), {"E": 2, "N": 8, "K": 384})
+
+
+def test_cute_dsl_bf16_fp4():
+    prepare = library("flashinfer.gemm.gemm_bf16_fp4_cute_dsl", "_prepare_cute_dsl_sm12x")
+    swizzle = library("flashinfer.batch_invariant.quantization.layout", "swizzle_sf")
+    compiled = spec("cute_dsl_bf16_fp4")
+    for N, K in [(64, 16), (128, 64), (192, 32)]:
+        b = codes(N, K // 2, seed=N)
+        s = codes(N, K // 16, seed=K)
+        s = torch.where((s == 0x7F) | (s == 0xFF), 0x38, s)  # finite scales (NaN: see the spec's header)
+        out = compiled.convert({"b": b, "b_scale": s.view(torch.float8_e4m3fn)})
+        # the function takes the scales 128x4-swizzled, as fp4_quantize writes them
+        packed, sf, _ = prepare(b, swizzle(s, N, K, 16, "128x4"), None, 16)
+        same_bits(out["b"], packed, "_cute_dsl_pack_fp4_weight")
+        same_bits(out["b_scale"], sf, "scales: unswizzle, transpose, _e4m3_to_s0e5m3")
+
+
+def test_cute_dsl_mma_sf_view():
+    to_mma = library("flashinfer.cute_dsl", "convert_sf_to_mma_layout")
+    from_mma = library("flashinfer.cute_dsl", "convert_sf_from_mma_layout")
+    swizzle = library("flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_w4a16_fp4_helpers", "swizzle_block_scale")
+    compiled = spec("cute_dsl_mma_sf")
+    for G, M, K in [(2, 128, 64), (3, 100, 80), (1, 256, 256)]:
+        sf = codes(G, M, K // 16, seed=M)
+        w = torch.zeros(G, M, K // 2, dtype=torch.uint8)
+        out = compiled.convert({"w": w, "sf": sf.view(torch.float8_e4m3fn)})["sf"]
+        swizzled = swizzle(sf)  # FlashInfer's pure-torch 128x4 swizzle, per expert
+        view = to_mma(swizzled, M, K, num_groups=G)
+        assert view.data_ptr() == swizzled.data_ptr()  # the kernel reads a view of the swizzled storage
+        same_bits(out, view, "convert_sf_to_mma_layout")
+        same_bits(from_mma(out.view(torch.uint8), M, K, num_groups=G), swizzled.reshape(-1, swizzled.shape[-1]),
+                  "convert_sf_from_mma_layout")
+        round_trip(compiled, {"w": w, "sf": sf.view(torch.float8_e4m3fn)}, {"w": w, "sf": out}, {"G": G, "M": M, "K": K})
+
+
+@pytest.mark.parametrize("params", PARAMS["trtllm_moe_padding"], ids=lambda p: f"{p['format']}-gated{p['gated']}")
+def test_trtllm_moe_padding(params):
+    pad = library("flashinfer.fused_moe", "pad_trtllm_moe_weights")
+    compiled = spec("trtllm_moe_padding", **params)
+    sfv = 16 if params["format"] == "nvfp4" else 32
+    sdt = torch.float8_e4m3fn if params["format"] == "nvfp4" else torch.uint8
+    f = 2 if params["gated"] else 1
+    for E, I, H in [(1, 96, 320), (2, 128, 512)]:
+        x = {"w13": codes(E, f * I, H // 2, seed=1), "w13_scale": codes(E, f * I, H // sfv, dtype=sdt, seed=2),
+             "w2": codes(E, H, I // 2, seed=3), "w2_scale": codes(E, H, I // sfv, dtype=sdt, seed=4)}
+        ref = pad(x["w13"], x["w13_scale"], x["w2"], x["w2_scale"], H, I, is_gated_act=params["gated"])
+        for lowering in ("eager", "gather"):  # the fill is a bit pattern in both (E4M3 1.0 = 0x38)
+            out = compiled.convert(x, lowering=lowering)
+            same_bits(out["w13"], ref.gemm1_weights, f"gemm1_weights ({lowering})")
+            same_bits(out["w13_scale"], ref.gemm1_weights_scale, f"gemm1_weights_scale ({lowering})")
+            same_bits(out["w2"], ref.gemm2_weights, f"gemm2_weights ({lowering})")
+            same_bits(out["w2_scale"], ref.gemm2_weights_scale, f"gemm2_weights_scale ({lowering})")
+        round_trip(compiled, x, out, {"E": E, "I": I, "H": H})
+
+
+def test_batch_invariant_sf_8x4():
+    swizzle = library("flashinfer.batch_invariant.quantization.layout", "swizzle_sf")
+    unswizzle = library("flashinfer.batch_invariant.quantization.layout", "unswizzle_sf")
+    compiled = spec("batch_invariant_sf_8x4")
+    for E, M, K in [(2, 8, 64), (3, 13, 96), (1, 1, 16), (2, 24, 48)]:
+        sf = codes(E, M, K // 16, seed=M)
+        w = torch.zeros(E, M, K // 2, dtype=torch.uint8)
+        out = compiled.convert({"w": w, "sf": sf.view(torch.float8_e4m3fn)})["sf"]
+        same_bits(out, torch.stack([swizzle(sf[e], M, K, 16, "8x4") for e in range(E)]), "swizzle_sf 8x4")
+        same_bits(torch.stack([unswizzle(out[e].view(torch.uint8), M, K, 16, "8x4") for e in range(E)]), sf,
+                  "unswizzle_sf 8x4")
+        round_trip(compiled, {"w": w, "sf": sf.view(torch.float8_e4m3fn)}, {"w": w, "sf": out}, {"E": E, "M": M, "K": K})
+
+
+@pytest.mark.parametrize("params", PARAMS["gate_up_interleaves"], ids=lambda p: p["kernel"])
+def test_gate_up_interleaves(params):
+    if params["kernel"] == "sm90_cute_dsl":
+        fn = library("flashinfer.fused_moe.cute_dsl.sm90_contiguous_gather_grouped_gemm_act_fusion",
+                     "interleave_up_gate_sm90")
+    else:
+        fn = library("flashinfer.fused_moe", "interleave_for_tma_wgmma_up")
+    compiled = spec("gate_up_interleaves", **params)
+    for E, I, H in [(1, 64, 16), (2, 192, 32)]:
+        # 2*I*H distinct codes per expert would not fit a byte: the rows are tagged by their index
+        w = (torch.arange(E * 2 * I, dtype=torch.int64).reshape(E, 2 * I, 1) * 7 + torch.arange(H)) % 251
+        w = w.to(torch.uint8).view(torch.float8_e4m3fn)
+        out = compiled.convert({"w13": w})["w13"]
+        same_bits(out, fn(w.clone()), params["kernel"])  # a clone: monoMoE caches its result on the input
+        round_trip(compiled, {"w13": w}, {"w13": out}, {"E": E, "I": I, "H": H})
+
+
+def test_prims_ts_shuffle_bias():
+    mod = "flashinfer.prims_ts.batched_gemm.batched_gemm_run"
+    gated, shuffle = library(mod, "reorder_rows_for_gated_act"), library(mod, "shuffle_matrix")
+    shuffle_bias = library(mod, "_shuffle_bias_m_storage")
+    compiled = spec("prims_ts_shuffle_bias")
+    for E, I, H in [(1, 16, 8), (2, 48, 16)]:
+        w = (torch.arange(E * 2 * I).reshape(E, 2 * I, 1) + 256 * torch.arange(H)).to(torch.int32)
+        w = (w % 251).to(torch.uint8).view(torch.float8_e4m3fn)
+        b = torch.randn(E, 2 * I, generator=torch.Generator().manual_seed(I))
+        out = compiled.convert({"w13": w, "w13_bias": b})
+        same_bits(out["w13"], shuffle(gated(w), 128), "shuffle_matrix(reorder_rows_for_gated_act(w))")
+        want = shuffle_bias(gated(b.unsqueeze(-1)).squeeze(-1), 128)
+        same_bits(out["w13_bias"], want, "_shuffle_bias_m_storage(gated bias)")
+        same_bits(compiled.convert({"w13": w})["w13"], out["w13"], "without the optional bias")
+        round_trip(compiled, {"w13": w, "w13_bias": b}, out, {"E": E, "I": I, "H": H})
+
+
+# ---------------------------------------------------------------------------------------------
+# check --strict, the mistakes, the probe
+
+
+def _combos(path: Path) -> list[dict]:
+    return PARAMS.get(path.stem, [{}])
+
+
+@pytest.mark.parametrize("path", LAYOUTS, ids=lambda p: p.stem)
+def test_corpus_spec_passes_strict_check(path):
+    for params in _combos(path):
+        compiled = layoutc.compile_file(path, params)
+        assert compiled.warnings == (), [d.message for d in compiled.warnings]
+        per_tensor, gaps = compiled.coverage
+        assert gaps == [], [d.message for d in gaps]
+        tied = [t for t in compiled.program.inputs if t.tie is not None]
+        for t in tied:  # the ties are declared and the verifier says what it proved about them
+            proved = next(c for c in per_tensor if c.tensor == t.name).proved
+            assert any(p.startswith("sync:") for p in proved), (t.name, proved)
+
+
+def test_cli_strict_check_accepts_the_corpus_and_rejects_the_mistakes():
+    run = subprocess.run([sys.executable, "-m", "layoutc.cli", "check", "--strict", *map(str, LAYOUTS + MISTAKES + GAPS)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
+    ok = {Path(line.split(":")[0]).stem for line in run.stdout.splitlines() if ": ok" in line}
+    assert ok == {p.stem for p in LAYOUTS}, run.stdout
+    assert run.stdout.count(": ok") == sum(len(_combos(p)) for p in LAYOUTS)
+    assert f"{len(MISTAKES) + len(GAPS)} specs failed" in run.stderr
+
+
+def expectations(path: Path) -> tuple[list[str], int]:
+    text = path.read_text()
+    return re.findall(r"^# expect: (.+)$", text, flags=re.M), int(re.search(r"^# expect-line: (\d+)$", text, flags=re.M).group(1))
+
+
+@pytest.mark.parametrize("path", MISTAKES, ids=lambda p: p.stem)
+def test_mistake_is_rejected_with_its_message(path):
+    expects, line = expectations(path)
+    assert expects
+    with pytest.raises(layoutc.SpecError) as info:
+        layoutc.compile_file(path)
+    text = info.value.render()
+    for fragment in expects:
+        assert fragment in text, f"missing {fragment!r} in:\n{text}"
+    assert any(d.pos is not None and d.pos.line == line for d in info.value.errors), text
+    assert path.read_text().splitlines()[line - 1] in text  # the offending line is quoted
+
+
+#: Probing these takes most of the time of this file: their whole probe runs with the slow tests.
+PROBE_SLOW = {"alphamoe_nvfp4_panels"}
+
+
+def _probe_case(path: Path):
+    marks = []
+    if path.stem in PROBE_SLOW:
+        marks.append(pytest.mark.slow)
+    return pytest.param(path, marks=marks, id=path.stem)
+
+
+@pytest.mark.parametrize("path", [_probe_case(p) for p in LAYOUTS])
+def test_probe_agrees_on_the_corpus_spec(path):
+    # one parameter combination, the eager lowering; the slow CLI test probes all of them
+    assert probe(layoutc.compile_file(path, _combos(path)[0]), lowerings=("eager",)) == []
+
+
+@pytest.mark.slow
+def test_cli_probe_runs_on_every_spec_of_the_repo_and_the_corpus():
+    specs = sorted(SPECS.glob("*.lyt")) + LAYOUTS
+    run = subprocess.run([sys.executable, "-m", "layoutc.cli", "check", "--probe", *map(str, specs)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
+    failed = {Path(line.split(":")[0]).stem for line in run.stderr.splitlines() if ": error: " in line}
+    assert failed == set(), run.stderr
+    assert run.returncode == 0, run.stderr
+    ok = {Path(line.split(":")[0]).stem for line in run.stdout.splitlines() if ": ok, static and probed" in line}
+    assert ok == {p.stem for p in specs}, run.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# known gaps: correct layouts rejected today
+
+
+@pytest.mark.xfail(strict=True, raises=layoutc.SpecError,
+                   reason="a family cannot relate its scale rows to its weight rows other than block for block: "
+                          "alphamoe's rep-8 weight / rep-1 block-scale interleave splits 128-row blocks")
+def test_gap_alphamoe_fp8_gated_interleave_is_accepted():
+    layoutc.compile_file(HERE / "alphamoe_fp8_gated_gap.lyt")
+
+
+def test_gap_alphamoe_fp8_gated_interleave_is_the_library_layout():
+    fn = library("flashinfer.fused_moe", "alphamoe_interleave_gated_weights")
+    path = HERE / "alphamoe_fp8_gated_gap.lyt"
+    unverified = layoutc.compile_source(path.read_text(), str(path), verify_spec=False)
+    E, I, H = 2, 256, 256
+    w = codes(E, 2 * I, H, dtype=torch.float8_e4m3fn)
+    s = torch.randn(E, 2 * I // 128, H // 128, generator=torch.Generator().manual_seed(0))
+    out = unverified.convert({"w13": w, "w13_scale": s})
+    ref_w, ref_s = fn(w, s)
+    same_bits(out["w13"], ref_w, "weights, 8-row chunks")
+    same_bits(out["w13_scale"], ref_s, "block scales, one row at a time")
+
+
+@pytest.mark.xfail(strict=True, raises=layoutc.SpecError,
+                   reason="a packing applied under a size condition cannot be declared on the output")
+def test_gap_prims_ts_small_matrices_are_left_unshuffled():
+    layoutc.compile_file(HERE / "prims_ts_small_shuffle_gap.lyt")
+
+
+def test_gap_prims_ts_small_matrices_are_the_library_layout():
+    # what the gap spec states: shuffle_matrix leaves fewer than 32 rows as they are; the corpus spec
+    # assumes 2*I >= 32 and refuses smaller layers at run time
+    mod = "flashinfer.prims_ts.batched_gemm.batched_gemm_run"
+    gated, shuffle = library(mod, "reorder_rows_for_gated_act"), library(mod, "shuffle_matrix")
+    compiled = spec("prims_ts_shuffle_bias")
+    for rows in (8, 16):
+        w = (torch.arange(2 * rows).reshape(2, rows, 1) % 251).to(torch.uint8).expand(2, rows, 4).contiguous()
+        same_bits(shuffle(gated(w), 128), gated(w), f"{rows} rows")
+        with pytest.raises(layoutc.LayoutError, match="I >= 16"):
+            compiled.convert({"w13": w})
