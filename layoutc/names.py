@@ -27,11 +27,11 @@ GENERATED = frozenset("""
     LayoutError SPEC_NAME SPEC_SHA256 PARAMS REQUIRES DIMS INVERTIBLE CHUNK_DIM INPUTS OUTPUTS
     swap_halves interleave_rows deinterleave_rows swap_pairs pad crop shard block_major_k unblock_major_k
     reshape transpose view_as cast rearrange permute_axis unpermute_axis permute_bits extract_bits insert_bits
-    view_width words halves high low runs src_words
+    view_width words halves high low runs src_words index
 """.split())
 
 #: Numbered locals: index-map coordinates o0, o1, ... and the kernels' byte and word temporaries.
-_NUMBERED = re.compile(r"[obp][0-9]+")
+_NUMBERED = re.compile(r"(?:[obp]|ok)[0-9]+")
 _SAFE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
