@@ -268,6 +268,7 @@ def _cli(*args, env=None):
                           cwd=ROOT, env=env, timeout=600)
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_cli_convert_and_its_errors(tmp_path, bf16):
     make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
     spec = str(SPECS / "flashinfer_cutlass_bf16.lyt")
@@ -287,6 +288,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_torchrun_ranks_convert_disjoint_shards(tmp_path, bf16):
     source = make_checkpoint(tmp_path / "in", bf16, layers=4, shards=4)
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -305,6 +307,7 @@ def test_torchrun_ranks_convert_disjoint_shards(tmp_path, bf16):
     assert (tmp_path / "out" / INDEX).is_file() and (tmp_path / "out" / MANIFEST).is_file()
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_torchrun_a_failing_rank_does_not_hang_the_others(tmp_path, bf16):
     make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
     (tmp_path / "in" / "model-00002-of-00002.safetensors").write_bytes(b"not a safetensors file")  # rank 1's shard

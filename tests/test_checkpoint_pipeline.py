@@ -84,6 +84,7 @@ def test_the_number_of_hashing_threads_changes_no_byte_and_no_stamp(tmp_path, bf
     assert outputs(tmp_path / "out") == outputs(seq_out)  # the stamps' digests included
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_staged_reads_and_writes_match_safetensors_and_shardfile(tmp_path, split_ckpt):
     prof = shardio.Profile()
     for chunk in (7, 4096, 1 << 22):

@@ -78,6 +78,7 @@ def _assert_caret(stderr: str, filename: str, line: int, column: int, text: str)
 # -- subprocess ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_check_shipped_specs(run_cli):
     proc = run_cli("check", *SPECS)
     assert proc.returncode == 0, proc.stderr
@@ -119,6 +120,7 @@ def test_bad_defines(run_cli, tmp_path):
     assert "2 specs failed" in proc.stderr
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_compile_writes_a_torch_only_module(run_cli, tmp_path):
     out = tmp_path / "X.py"
     proc = run_cli("compile", "specs/flashinfer_cutlass_bf16.lyt", "-o", out)
@@ -151,6 +153,7 @@ def test_compile_with_typed_defines(run_cli, tmp_path):
     assert out[0].tolist() == [1, 0, 3, 2, 5, 4, 7, 6]  # swap_pairs (n == 3), no swap_halves (gated false)
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_demo(run_cli):
     proc = run_cli("demo")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -160,6 +163,7 @@ def test_demo(run_cli):
     assert "inputs left unmodified: yes" in proc.stdout
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_demo_with_a_shape_the_spec_rejects(run_cli):
     proc = run_cli("demo", "specs/flashinfer_cutlass_mxfp8.lyt", "--shape", "E=2,I=64,H=256")
     assert proc.returncode not in (0, 3)

@@ -488,6 +488,7 @@ FUZZ = settings(max_examples=150, deadline=5000, derandomize=True, database=None
 
 @FUZZ
 @given(mutated_specs)
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_fuzz_mutated_specs_compile_or_raise_spec_error(text):
     _compile_or_spec_error(text)
 

@@ -73,6 +73,7 @@ def test_default_registry_covers_the_shipped_specs():
     assert {DEFAULT.spec(b).name for b in DEFAULT.backends} == {p.stem for p in SPECS.glob("*.lyt")}
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_engine_oracle_example_runs():
     proc = subprocess.run([sys.executable, "examples/engine_oracle.py"], capture_output=True, text=True, cwd=ROOT,
                           timeout=600)

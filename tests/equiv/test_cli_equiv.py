@@ -31,6 +31,7 @@ BF16 = SPECS / "flashinfer_cutlass_bf16.lyt"
 NVFP4 = SPECS / "flashinfer_cutlass_nvfp4.lyt"
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_the_reference_recipe_is_equivalent():
     code, out = run("equiv", BF16, "--against", "layoutc.reference.cpu:flashinfer_cutlass_bf16",
                     "--dims", "E=2,I=128,H=256", "--variants", "full")

@@ -265,6 +265,7 @@ def test_corpus_spec_passes_strict_check(path):
             assert any(p.startswith("sync:") for p in proved), (t.name, proved)
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_cli_strict_check_accepts_the_corpus_and_rejects_the_mistakes():
     run = subprocess.run([sys.executable, "-m", "layoutc.cli", "check", "--strict", *map(str, LAYOUTS + MISTAKES + GAPS)],
                          capture_output=True, text=True, cwd=ROOT)

@@ -47,6 +47,7 @@ def assert_all_same(out, ref):
 
 @pytest.mark.parametrize("name,params,dims", CASES, ids=IDS)
 @pytest.mark.parametrize("lowering", ["fused", "gather"])
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_lowering_equals_eager(name, params, dims, lowering):
     spec = layoutc.compile_file(SPECS / f"{name}.lyt", params)
     x = synthetic_inputs(spec, dims, seed=3)
@@ -54,6 +55,7 @@ def test_lowering_equals_eager(name, params, dims, lowering):
 
 
 @pytest.mark.parametrize("name,params,dims", CASES[:3], ids=IDS[:3])
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_compiled_lowering_equals_eager(name, params, dims):
     spec = layoutc.compile_file(SPECS / f"{name}.lyt", params)
     x = synthetic_inputs(spec, dims, seed=4)

@@ -54,6 +54,7 @@ def test_explain_states_the_composed_maps():
     assert rows["w13_weight_scale"] == {"input": "[w1; w3]", "output": "[w3; w1]"}  # inherited through the tie
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_explain_cli():
     proc = cli("explain", "specs/flashinfer_cutedsl_nvfp4.lyt", "-D", "activation=relu2", "--format", "markdown")
     assert proc.returncode == 0, proc.stderr
@@ -81,6 +82,7 @@ def refactored() -> str:
     return text
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_refactor_is_no_layout_change(tmp_path):
     old, new = load_pair(BF16, "old.lyt", refactored(), "new.lyt")
     d = diff(old, new)
@@ -97,6 +99,7 @@ def one_statement_per_tensor() -> str:
                         "swap_halves([w13_weight, w13_bias], dim=1)\nswap_halves(w13_weight_scale, dim=1)")
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_one_character_desyncs_a_scale(tmp_path):
     base = one_statement_per_tensor()
     broken = base.replace("swap_halves(w13_weight_scale, dim=1)", "swap_halves(w13_weight_scale, dim=2)")
@@ -151,6 +154,7 @@ def repo_with_history(tmp_path: Path) -> Path:
     return repo
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_diff_git_revisions(tmp_path):
     repo = repo_with_history(tmp_path)
     proc = subprocess.run(CLI + ["diff", "--git", "HEAD~1", "HEAD", "specs/fi.lyt"], capture_output=True, text=True,
@@ -192,6 +196,7 @@ def test_a_desync_is_visible_in_the_picture_data(tmp_path):
 # -- review -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_review_of_a_pull_request(tmp_path):
     repo = repo_with_history(tmp_path)
     proc = subprocess.run(CLI + ["review", "HEAD~1..HEAD", "-o", "review.md", "--images", "pics"],

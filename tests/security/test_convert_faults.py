@@ -57,6 +57,7 @@ def test_malformed_indexes_are_errors(tmp_path, bf16, index, message):
         convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_bad_dtype_in_a_name_mapping(tmp_path, bf16):
     make_checkpoint(tmp_path / "in", bf16, layers=1, shards=1)
     names = {n: {"name": "{layer}." + n, "dtype": "float99"} for n in bf16.input_names}
@@ -90,6 +91,7 @@ def test_other_parameters_and_concurrent_runs_are_refused(tmp_path, bf16):
     assert convert_checkpoint(bf16, tmp_path / "in", out)["written_shards"] == 2
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_two_processes_with_different_parameters_never_mix(tmp_path, bf16):
     make_checkpoint(tmp_path / "in", bf16, layers=4, shards=4)
     spec = str(SPECS / "flashinfer_cutlass_bf16.lyt")
@@ -109,6 +111,7 @@ def test_two_processes_with_different_parameters_never_mix(tmp_path, bf16):
     assert json.loads(manifest["layoutc_params"]) == held["params"]
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_an_empty_or_corrupt_marker_is_redone_not_a_crash(tmp_path, bf16):
     make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
     convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
@@ -151,6 +154,7 @@ KILL_AT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("point", ["after_shard", "in_marker"])
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_a_kill_at_any_point_resumes_to_the_same_bytes(tmp_path, bf16, point):
     make_checkpoint(tmp_path / "in", bf16, layers=3, shards=3)
     convert_checkpoint(bf16, tmp_path / "in", tmp_path / "clean")
@@ -174,6 +178,7 @@ def _mount_tmpfs(path: Path, options: str) -> bool:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 @pytest.mark.parametrize("options, message", [("size=300k", "No space left on device"), ("ro,size=1m", "Read-only")])
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_full_and_read_only_disks_are_clear_errors(tmp_path, bf16, options, message):
     make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
     before = folder_digest(tmp_path / "in")

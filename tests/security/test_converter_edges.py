@@ -73,6 +73,7 @@ def test_inputs_at_odd_storage_offsets(bf16, layer):
             assert_same_bits(got[k], want[k], f"{lowering} {k}")
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_fused_on_cpu_without_the_interpreter_says_what_to_do(tmp_path):
     code = (
         "import layoutc, torch\n"

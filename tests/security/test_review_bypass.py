@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import layoutc
@@ -50,6 +51,7 @@ def test_a_statement_after_a_carriage_return_is_a_statement():
     assert str(layoutc.compile_source(rows, "rows.lyt").program.output("w").rows) == "[w3; w1]"
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_review_sees_a_change_written_with_carriage_returns(tmp_path):
     _git(tmp_path, "init", "-q")
     (tmp_path / "s.lyt").write_text(BODY)
@@ -70,6 +72,7 @@ def test_review_sees_a_change_written_with_carriage_returns(tmp_path):
     assert proc.returncode == 1 and "rows" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_review_of_a_spec_with_a_non_ascii_name_and_outside_git(tmp_path):
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-m", "layoutc.cli", "review", "HEAD~1..HEAD"], capture_output=True,

@@ -97,6 +97,7 @@ def test_check_warns_and_strict_fails_with_exit_2(tmp_path):
     assert f"{path}:4:" in strict.output and "^" in strict.output
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_every_shipped_spec_passes_strict():
     out = CliRunner().invoke(main, ["check", "--strict", *map(str, sorted(SPECS.glob("*.lyt")))])
     assert out.exit_code == 0, out.output

@@ -63,6 +63,7 @@ def test_generated_statements_on_a_real_header_never_crash(body):
         pass
 
 
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_the_generator_reaches_the_compiler():
     # Guard against a vacuous fuzz test: generated specs must get past the parser and the
     # resolver often enough, and some must compile all the way.
@@ -123,6 +124,7 @@ def test_deep_nesting_never_crashes(depth, kind):
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+@pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_line_endings_do_not_change_a_shipped_spec(path):
     text = path.read_text()
     lf = layoutc.compile_source(text, path.name)
