@@ -6,7 +6,7 @@ run (issues 11 and 12: no shipped spec slower after the change).
 
 ``--root`` is a checkout (or `git archive` of one) holding layoutc/ and specs/; its layoutc is
 imported, its specs are compiled. Each line: the spec, its bytes read + written, the median of 20
-synchronized ``convert`` calls (default lowering on CUDA) and a device copy of the same bytes,
+``convert`` calls (``layoutc.bench.timeit``, CUDA events) (default lowering on CUDA) and a device copy of the same bytes,
 measured in the same process at the gpt-oss-120b layer (E=128, I=H=2944). No anchors: FlashInfer's
 JIT builds would dominate a short run.
 """
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 VARIANTS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
@@ -26,20 +24,6 @@ VARIANTS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
             ("flashinfer_trtllm_nvfp4", {"activation": "silu"}), ("flashinfer_cutlass_nvfp4", {"activation": "silu"}),
             ("flashinfer_trtllm_fp8_block", {}), ("flashinfer_trtllm_bf16", {"activation": "silu"})]
 DIMS = {"E": 128, "I": 2944, "H": 2944}
-
-
-def median_ms(torch, fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def main() -> int:
@@ -53,6 +37,7 @@ def main() -> int:
     import torch
 
     import layoutc
+    from layoutc.bench import timeit  # in the old checkout too: the same timing as gpu_bench
     from layoutc.demo import synthetic_inputs
 
     assert Path(layoutc.__file__).resolve().is_relative_to(root), layoutc.__file__
@@ -64,8 +49,8 @@ def main() -> int:
             moved = sum(t.numel() * t.element_size() for t in list(x.values()) + list(out.values()))
             flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in x.values()])
             buf = torch.empty_like(flat)
-            conv = median_ms(torch, lambda: spec.convert(x))
-            copy = median_ms(torch, lambda: buf.copy_(flat))
+            conv = timeit(lambda: spec.convert(x), "cuda") * 1e3
+            copy = timeit(lambda: buf.copy_(flat), "cuda") * 1e3
             row = {"tag": args.tag, "spec": name, "params": params, "dims": DIMS, "bytes": moved, "convert_ms": conv,
                    "copy_ms": copy, "fraction_of_copy": (moved / conv) / (2 * flat.numel() / copy)}
         except Exception as err:  # noqa: BLE001 -- recorded; the other specs still run

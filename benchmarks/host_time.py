@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 import layoutc  # noqa: E402
 import layoutc.guard as guard  # noqa: E402
+from layoutc.bench import timeit  # noqa: E402
 from layoutc.demo import synthetic_inputs  # noqa: E402
 
 from benchmarks.gpu_bench import MODELS, NEW_VARIANTS, VARIANTS  # noqa: E402
@@ -33,18 +34,18 @@ SHAPES = {"tiny": {"E": 2, "I": 256, "H": 256}, "gpt-oss-20b": MODELS["gpt-oss-2
 TARGET_HOST_US = 30.0
 
 
-def _median(fn, reps: int, sync: bool) -> float:
+def _host_median(fn, reps: int) -> float:
+    """Median seconds until ``fn`` returns, the device idle at each start: the host's share (what is
+    launched is not waited for). Device time is layoutc.bench.timeit's."""
     for _ in range(5):
         fn()
-    torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
-        if sync:
-            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
     return statistics.median(times)
 
 
@@ -70,7 +71,7 @@ def breakdown(args) -> None:
         "six torch.empty": lambda: [torch.empty(16, device=args.device) for _ in range(6)],
     }
     for what, fn in steps.items():
-        print(f"  host {what:48s} {_median(fn, args.reps, sync=False) * 1e6:7.1f} us", flush=True)
+        print(f"  host {what:48s} {_host_median(fn, args.reps) * 1e6:7.1f} us", flush=True)
 
 
 def main() -> int:
@@ -90,10 +91,10 @@ def main() -> int:
             flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in x.values()])
             buf = torch.empty_like(flat)
             reps = args.reps if shape == "tiny" else max(20, args.reps // 10)
-            host = _median(lambda: spec.convert(x), reps, sync=False)
-            total = _median(lambda: spec.convert(x), reps, sync=True)
-            copy = _median(lambda: buf.copy_(flat), reps, sync=True)
-            g = _median(lambda: guard.check(out, spec), reps, sync=False)
+            host = _host_median(lambda: spec.convert(x), reps)
+            total = timeit(lambda: spec.convert(x), args.device, reps=reps)
+            copy = timeit(lambda: buf.copy_(flat), args.device, reps=reps)
+            g = _host_median(lambda: guard.check(out, spec), reps)
             row = {"spec": name, "params": params, "shape": shape, "dims": dims, "host_us": host * 1e6,
                    "convert_us": total * 1e6, "copy_us": copy * 1e6, "guard_host_us": g * 1e6}
             rows.append(row)

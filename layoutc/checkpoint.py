@@ -304,11 +304,8 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Make a rename in ``folder`` durable: a folder is opened read-only and fsynced like a file."""
+    shardio.fsync_file(folder)
 
 
 def _read_json(path: Path) -> Any:

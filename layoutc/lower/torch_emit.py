@@ -62,13 +62,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
         part.append(f"    flat = x.contiguous().view(torch.{BIT_VIEWS[p.in_elem.bits]}).reshape(-1)  # move bits, whatever the type")
     else:
         part.append("    flat = x.contiguous().reshape(-1)")
-    view0 = ", ".join(["-1"] + ["1"] * (rank - 1))
-    part.append(f"    o0 = torch.arange(start, stop, device=_dev).view({view0})")
-    for k in range(1, rank):
-        view = ["1"] * rank
-        view[k] = "-1"
-        part.append(f"    o{k} = torch.arange({sizes[k]}, device=_dev).view({', '.join(view)})")
-    part.append("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the full range")
+    part += _coordinates(sizes)
     if p.pattern == "words":
         for b, (coords, valid) in enumerate(zip(p.word_sources, p.word_valid)):
             addr = f"({t(linear(coords, p.in_shape))}) + zero"
@@ -133,6 +127,20 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
     return "\n".join(part) + "\n\n\n" + "\n".join(drive) + "\n"
 
 
+def _coordinates(sizes: Sequence) -> list[str]:
+    """Lines binding the output coordinates of a part: ``o0`` over experts [start, stop), ``o1``..
+    over their whole axes, each shaped to broadcast along its own axis, and ``zero`` of the full
+    shape (added to an index so it covers every coordinate)."""
+    rank = len(sizes)
+    lines = [f"    o0 = torch.arange(start, stop, device=_dev).view({', '.join(['-1'] + ['1'] * (rank - 1))})"]
+    for k in range(1, rank):
+        view = ["1"] * rank
+        view[k] = "-1"
+        lines.append(f"    o{k} = torch.arange({sizes[k]}, device=_dev).view({', '.join(view)})")
+    lines.append("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the full range")
+    return lines
+
+
 def quads_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
     """``name(x, dims..., start, stop)``: the words of a quads plan (as int32) by whole-word moves.
 
@@ -154,12 +162,7 @@ def quads_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
     lines.append("    if flat.numel() % 4 or flat.data_ptr() % 4:  # int32 words need whole, aligned words")
     lines.append("        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % 4)])")
     lines.append("    src_words = flat.view(torch.int32)")
-    lines.append(f"    o0 = torch.arange(start, stop, device=_dev).view({', '.join(['-1'] + ['1'] * (rank - 1))})")
-    for k in range(1, rank):
-        view = ["1"] * rank
-        view[k] = "-1"
-        lines.append(f"    o{k} = torch.arange({qshape[k]}, device=_dev).view({', '.join(view)})")
-    lines.append("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the full range")
+    lines += _coordinates(qshape)
     if q.row_stride is not None:  # runs: one index per row and source word, not per quad
         lines[-2] = f"    o{rank - 1} = torch.zeros(1, dtype=torch.int64, device=_dev).view({', '.join(['1'] * rank)})"
         lines[-1] = "    zero = " + " + ".join(f"o{k} * 0" for k in range(rank - 1)) + f" + o{rank - 1}  # one quad per row"
@@ -202,19 +205,13 @@ def coarse_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
     wide = BIT_VIEWS[p.in_elem.bits * p.coarse]
     nbytes = p.in_elem.bits * p.coarse // 8
     shape = [ex.to_python(s) for s in p.out_shape[:-1]] + [ex.to_python(ex.div(p.out_shape[-1], p.coarse))]
-    rank = len(shape)
     args = ", ".join(["x"] + list(dims))
     lines = [f"def {name}({args}, start, stop):", "    _dev = x.device"]
     lines.append("    flat = x.contiguous().view(torch.uint8).reshape(-1)")
     lines.append(f"    if flat.numel() % {nbytes} or flat.data_ptr() % {nbytes}:  # whole, aligned words")
     lines.append(f"        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % {nbytes})])")
     lines.append(f"    words = flat.view(torch.{wide})")
-    lines.append(f"    o0 = torch.arange(start, stop, device=_dev).view({', '.join(['-1'] + ['1'] * (rank - 1))})")
-    for k in range(1, rank):
-        view = ["1"] * rank
-        view[k] = "-1"
-        lines.append(f"    o{k} = torch.arange({shape[k]}, device=_dev).view({', '.join(view)})")
-    lines.append("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the full range")
+    lines += _coordinates(shape)
     lines.append(f"    src = ({t(p.coarse_src)}) + zero")
     if p.coarse_valid == ex.TRUE:
         lines.append("    v = words[src]")
