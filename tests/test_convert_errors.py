@@ -141,6 +141,15 @@ def test_explicit_dims(bf16, synthetic_inputs):
     assert "I=64 from given" in msg
 
 
+def test_a_warm_call_checks_dims_of_another_type(bf16, synthetic_inputs):
+    # 2.0 and True hash equal to 2 and 1: a call that passed with ints must not let them through
+    x = synthetic_inputs(bf16, DIMS)
+    bf16.convert(x, dims={"E": 2})
+    assert "dim E must be a positive integer, got 2.0" in _convert_error(bf16, x, dims={"E": 2.0})
+    bf16.convert(x, dims={"E": 2, "I": 128})
+    assert "dim I must be a positive integer, got 128.0" in _convert_error(bf16, x, dims={"E": 2, "I": 128.0})
+
+
 # -- run-time divisibility ----------------------------------------------------------------------------
 
 

@@ -85,6 +85,9 @@ _REGISTRY: dict[str, Lowering] = {}
 def register(lowering: Lowering) -> Lowering:
     if not lowering.name.isidentifier() or lowering.name == "auto":
         raise ValueError(f"a lowering needs an identifier for a name other than 'auto', got {lowering.name!r}")
+    # The doc goes into every converter's docstring: one printable line that cannot end it.
+    if not lowering.doc.isprintable() or '"' in lowering.doc or "\\" in lowering.doc:
+        raise ValueError(f"a lowering's doc is one printable line without quotes or backslashes, got {lowering.doc!r}")
     _REGISTRY[lowering.name] = lowering
     return lowering
 

@@ -89,7 +89,9 @@ def _signature(tensors, dims, what):
     # and the given dims. None when the call is not a plain mapping of tensors (checked in full).
     try:
         parts = tuple((k, None) if t is None else (k, type(t), t.dtype, t.shape, t.device) for k, t in tensors.items())
-        given = None if dims is None else tuple(sorted(dims.items()))
+        # the value's type too: 3.0, True and numpy ints compare and hash equal to 3, and must not
+        # ride on the entry a plain int passed (the dims check refuses them)
+        given = None if dims is None else tuple(sorted((k, type(v), v) for k, v in dims.items()))
         key = (what, parts, given)
         hash(key)
     except Exception:  # noqa: BLE001 -- not a mapping of tensors: _check_tensors says what is wrong
