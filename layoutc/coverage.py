@@ -5,7 +5,8 @@ checked for little: drop every ``rows`` clause and forget a swap, and there is n
 contradict. This module says, per tensor, which guarantees hold and which were not checked
 because the spec does not state what they need, as warnings with the line to add it to:
 
-* a scale-typed tensor (E8M0 bytes) with no ``scales W block N`` tie: its sync with a weight;
+* a tensor shaped like a weight's block scales (its rows, a whole fraction of its K) with no
+  ``scales W block N`` tie: its sync with the weight;
 * a tensor shaped like a bias of a weight (its rows, no K) with no ``bias of W`` tie;
 * a weight the chain treats as gate and up (a ``gate_up`` step) with no declared row order;
 * an output that declares neither a row order nor a packing, while its chain moves data;
@@ -21,7 +22,7 @@ from __future__ import annotations
 import attrs
 
 from . import expr as ex
-from .compiler import Chain, Compiled
+from .compiler import Chain, Compiled, looks_like_scales_of
 from .errors import Diagnostic, Reporter
 from .ir import Program, TensorSpec
 from .ops.base import Category
@@ -85,11 +86,15 @@ def coverage(compiled: Compiled) -> tuple[list[TensorCoverage], list[Diagnostic]
         elif t.name in tied_to:
             partners = [x.name for x in program.inputs if x.tie is not None and x.tie.weight == t.name]
             proved.append(f"sync: {', '.join(partners)} follow its rows")
-        if t.elem.name == "e8m0" and t.tie is None:
+        # Scales are recognised by shape (a weight's rows, a whole fraction of its K), not by element type:
+        # E4M3 scales (NVFP4) go as untied as E8M0 ones (MXFP4), and a weight's partners are not its scales.
+        scales_of = looks_like_scales_of(t, program) if t.name not in tied_to else None
+        if scales_of is not None:
+            weight, block = scales_of
             unchecked.append("sync with a weight")
-            report.warning(f"{t.name} holds E8M0 scales but declares no tie: whether it follows a weight's rows and "
-                           f"K blocks is not checked", t.pos, f"declare it: input {t.name} : ... scales WEIGHT block 32",
-                           [t.name])
+            report.warning(f"{t.name} is shaped like the scales of {weight.name} (one per {block} values) but declares "
+                           f"no tie: whether it follows {weight.name}'s rows and K blocks is not checked", t.pos,
+                           f"declare it: input {t.name} : ... scales {weight.name} block {block}", [t.name])
         owner = _looks_like_bias_of(t, program) if t.elem.numeric and t.name not in tied_to else None
         if owner is not None:
             unchecked.append(f"sync with {owner.name}")

@@ -48,7 +48,8 @@ output w13_bias         : f32[E, 2*I]        rows [w3; w1]
 
 @pytest.mark.parametrize("edits, line, says", [
     # scales with no tie: their sync with the weight is not checked
-    ([(" scales w13_weight block 32", " rows [w1; w3]")], 4, "holds E8M0 scales but declares no tie"),
+    ([(" scales w13_weight block 32", " rows [w1; w3]")], 4,
+     "w13_weight_scale is shaped like the scales of w13_weight (one per 32 values) but declares no tie"),
     # a bias with no tie
     ([("        bias of w13_weight", ""), ("f32[E, 2*I]        rows [w3; w1]", "f32[E, 2*I]")], 5,
      "is shaped like a bias of w13_weight"),
@@ -84,6 +85,30 @@ transpose(w, 1, 2)
 output w : bf16[E, K, N]
 """
     assert any("declares neither a row order nor a packing" in w for w in _warnings(text))
+
+
+NVFP4 = """spec cov_nvfp4
+dims E, I, H
+input w13_weight : fp4x2[E, 2*I, H/2] rows [w1; w3]
+input w13_sf     : e4m3[E, 2*I, H/16] rows [w1; w3]
+swap_halves([w13_weight, w13_sf], dim=1)
+output w13_weight : fp4x2[E, 2*I, H/2] rows [w3; w1]
+output w13_sf     : e4m3[E, 2*I, H/16] rows [w3; w1]
+"""
+
+
+def test_untied_e4m3_scales_are_warned_like_e8m0_ones(tmp_path):
+    # Scales are recognised by their shape, not their element type: NVFP4's E4M3 scales with no tie
+    # are as unchecked as MXFP4's E8M0 ones, so the warning (and --strict's error) names them too.
+    assert any(w.startswith("4: ") and "w13_sf is shaped like the scales of w13_weight (one per 16 values)" in w
+               for w in _warnings(NVFP4)), _warnings(NVFP4)
+    path = tmp_path / "nvfp4.lyt"
+    path.write_text(NVFP4)
+    strict = CliRunner().invoke(main, ["check", "--strict", str(path)])
+    assert strict.exit_code == 2 and "w13_sf is shaped like the scales" in strict.output, strict.output
+    # tied, the same scales are checked and nothing is left to warn about
+    tied = NVFP4.replace("e4m3[E, 2*I, H/16] rows [w1; w3]", "e4m3[E, 2*I, H/16] scales w13_weight block 16")
+    assert _warnings(tied) == []
 
 
 def test_check_warns_and_strict_fails_with_exit_2(tmp_path):
