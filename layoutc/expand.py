@@ -124,7 +124,7 @@ def _body_ops(family: Family, body: Role, params: Mapping[str, int], local: Mapp
     consts = {k: ex.Const(v) for k, v in params.items()}
     consts.update({k: v for k, v in local.items() if k != "..."})
     for item in _walk(body.body, params, family):
-        if item.op in FAMILY_STATEMENTS:
+        if item.op.text in FAMILY_STATEMENTS:  # item.op is an ast.Name
             raise ExpandError(f"a family's body applies primitives, not another family ({family.where(item.pos)})")
         if not item.args or item.args[0].name is not None or item.args[0].value.text != body.tensor:
             raise ExpandError(f"{family.where(item.pos)}: the first argument of each statement of {family.name}'s "

@@ -330,3 +330,28 @@ def test_block_scale_ties():
     assert (tie.row_block, tie.block) == (128, 128)
     with pytest.raises(layoutc.SpecError, match="s has N/64 rows of 128-row scale blocks, but its weight w has N rows"):
         layoutc.compile_source(text.replace("N/128", "N/64"), "b.lyt")
+
+
+def test_a_family_body_that_calls_a_family_statement_says_so(spec_error):
+    # A family's body is primitives only. Calling interleave there must say that, not report
+    # interleave as an unknown operation (with "did you mean 'interleave'?" as the hint).
+    err = spec_error("""
+        spec nested
+        dims E, N, K
+        family inner {
+          weight(t[e, rows, k]) {
+            transpose(t, 1, 2)
+          }
+        }
+        family outer {
+          weight(t[e, rows, k]) {
+            interleave(t, inner)
+          }
+        }
+        input w : bf16[E, N, K]
+        interleave(w, outer)
+        output w : bf16[E, K, N] packing outer
+    """)
+    messages = [d.message for d in err.errors]
+    assert any("a family's body applies primitives, not another family (bad.lyt:10)" in m for m in messages), messages
+    assert not any("unknown operation" in m for m in messages), messages
