@@ -13,7 +13,7 @@ from typing import Any
 
 from .api import CompiledSpec
 from .compiler import Chain
-from .lower.maptext import coordinate_names, factor, map_text, name_repeats, render_map, render_words  # noqa: F401 - one notation (maptext)
+from .lower.maptext import map_text
 from .rowmap import declared_rows
 
 

@@ -449,6 +449,18 @@ def rebuild(e: Expr, kids: tuple[Expr, ...]) -> Expr:
     return e
 
 
+def replace_subexpr(e: Expr, old: Expr, new: Expr) -> Expr:
+    """``e`` with every occurrence of the subexpression ``old`` replaced by ``new`` (nodes above a
+    replacement rebuilt through the simplifying constructors; untouched subtrees kept as they are)."""
+    if e == old:
+        return new
+    kids = children(e)
+    if not kids:
+        return e
+    rebuilt = tuple(replace_subexpr(k, old, new) for k in kids)
+    return e if rebuilt == kids else rebuild(e, rebuilt)
+
+
 def free_vars(e: Expr) -> set[str]:
     if isinstance(e, Var):
         return {e.name}

@@ -2,7 +2,9 @@
 
 Dims are the only spec names that generated converters use as Python identifiers (locals and
 parameters holding sizes: ``2*I`` reads better than ``d['I']*2``); every other name from a
-spec (tensors, parameters, the spec's own name) reaches generated code as a ``repr()`` literal.
+spec (tensors, parameters, the spec's own name) reaches generated code as a ``repr()`` literal,
+except that tensor names also form the middle of generated function names (``_gather_<tensor>_3``,
+``_b_<tensor>_0``): a prefix and a numbered suffix make those unique and unable to shadow anything.
 The grammar already limits names to ``[A-Za-z_][A-Za-z0-9_]*``; a dim must also not shadow
 a Python keyword or builtin, a name the generated module or its kernels use, or the index-map
 coordinate variables ``o0, o1, ...``. ``tests/security`` generates converters for every shipped

@@ -113,7 +113,7 @@ def test_explain_prints_long_maps_with_named_parts(runner):
 
 
 def test_named_parts_of_a_map_mean_the_same_map(bf16):
-    from layoutc.explain import factor
+    from layoutc.lower.maptext import factor
 
     spec = layoutc.compile_file(ROOT / "specs/flashinfer_cutlass_nvfp4.lyt")
     chain = next(c for c in spec.compiled.variants[-1].chains if c.tensor == "w13_weight_scale")

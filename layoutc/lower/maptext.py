@@ -85,8 +85,8 @@ def factor(exprs: list[ex.Expr], line, coords: set[str], width: int = MAP_WIDTH)
         if ex.free_vars(e) & local:
             local.add(name)
         var = ex.Var(name)
-        exprs = [_replace(x, e, var) for x in exprs]
-        chosen = [(n, _replace(d, e, var)) for n, d in chosen] + [(name, e)]
+        exprs = [ex.replace_subexpr(x, e, var) for x in exprs]
+        chosen = [(n, ex.replace_subexpr(d, e, var)) for n, d in chosen] + [(name, e)]
     # Definitions in dependency order: sizes first, then each after the names it uses.
     order: list[tuple[str, ex.Expr]] = []
     pending = sorted(chosen, key=lambda nd: (nd[0] in local, nd[0]))
@@ -95,16 +95,6 @@ def factor(exprs: list[ex.Expr], line, coords: set[str], width: int = MAP_WIDTH)
                      if not (ex.free_vars(d) & {n for n, _ in pending}) or i == len(pending) - 1)
         order.append(pending.pop(ready))
     return exprs, order
-
-
-def _replace(e: ex.Expr, target: ex.Expr, by: ex.Expr) -> ex.Expr:
-    if e == target:
-        return by
-    kids = ex.children(e)
-    if not kids:
-        return e
-    new = tuple(_replace(k, target, by) for k in kids)
-    return e if new == kids else ex.rebuild(e, new)
 
 
 def render_words(p: Plan) -> str | None:

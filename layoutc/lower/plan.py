@@ -124,17 +124,10 @@ def tidy(e: ex.Expr, shape: Sequence[ex.Expr], dims: Sequence[str], valid: ex.Ex
         return e
     abstract = e
     for name, sub in names.items():
-        abstract = _replace(abstract, sub, ex.Var(name))
+        abstract = ex.replace_subexpr(abstract, sub, ex.Var(name))
     if abstract == e:
         return e
     return ex.simplify_symbolic(ex.substitute(ex.simplify_symbolic(abstract, bounded), names), sym)
-
-
-def _replace(e: ex.Expr, old: ex.Expr, new: ex.Expr) -> ex.Expr:
-    if e == old:
-        return new
-    kids = ex.children(e)
-    return ex.rebuild(e, tuple(_replace(k, old, new) for k in kids)) if kids else e
 
 
 def nonnegative(*es: ex.Expr) -> bool:

@@ -20,13 +20,13 @@ from ..compiler import Chain
 from ..text import comment
 from .maptext import map_text
 from .plan import Plan, bit_permutation_terms, linear, swar_terms
+from .torch_emit import BIT_VIEWS
 
 TRITON_DTYPES = {
     "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "float16": "tl.float16",
     "bfloat16": "tl.bfloat16", "float32": "tl.float32", "float8_e4m3fn": "tl.float8e4nv", "float8_e5m2": "tl.float8e5",
 }
 UINT = {8: "tl.uint8", 16: "tl.uint16", 32: "tl.uint32", 64: "tl.uint64"}
-BIT_VIEWS = {8: "uint8", 16: "int16", 32: "int32", 64: "int64"}
 
 #: Canonical quiet NaN of each float type, as bits (what torch.tensor(nan, dtype) holds).
 CANONICAL_NAN = {"bfloat16": ("tl.uint16", 0x7FC0), "float16": ("tl.uint16", 0x7E00),
