@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from .cli_common import parse_defines
 from .text import display
 
 EXIT_USAGE = 2
@@ -42,15 +43,15 @@ def _names(value: str | None) -> tuple[str, ...] | None:
     return tuple(n.strip() for n in value.split(",") if n.strip()) if value else None
 
 
+def _shown(report: str) -> str:
+    """A report for the terminal, each line through display(): it quotes the function's own exception
+    text, which may hold control characters (the lines themselves are kept)."""
+    return "\n".join(display(line) for line in report.split("\n"))
+
+
 def _fail(err: Exception) -> int:
     click.echo(f"error: {display(str(err))}", err=True)
     return EXIT_USAGE
-
-
-def _defines(defines):
-    from .cli_common import parse_defines
-
-    return parse_defines(defines)
 
 
 define_option = click.option(
@@ -82,14 +83,14 @@ def equiv(spec: Path, against: str, dims: str | None, shapes: int, args: str | N
 
     if draw_path is not None and draw_path.suffix.lower() not in (".png", ".svg"):
         raise click.BadParameter("the picture must end in .png or .svg", param_hint="--draw")
-    params = _defines(defines)
+    params = parse_defines(defines)
     progress = None if quiet else (lambda text: click.echo(f"  {text} ...", err=True))
     try:
         result = equivalent(spec, against, _dims(dims), params, shapes=shapes, args=_names(args),
                             returns=_names(returns), variants=variants, progress=progress)
     except EquivError as err:
         return _fail(err)
-    text = result.report()
+    text = _shown(result.report())
     if quiet and result.ok:
         text = result.verdict() + "\n"
     click.echo(text, nl=False)
@@ -130,11 +131,7 @@ def infer(function: str, dims: str, names: str, quant: str | None, rows: str, bi
     from .infer import infer as run_infer
     from .source import read_spec
 
-    import re
-
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", spec_name):
-        raise click.BadParameter("a spec name is an identifier", param_hint="--name")
-    params = _defines(defines)
+    params = parse_defines(defines)
     contract = read_spec(inputs_path) if inputs_path is not None else None
     try:
         result = run_infer(function, _dims(dims), names=names, quant=quant, rows=rows, bias=bias, inputs=contract,
@@ -157,7 +154,7 @@ def infer(function: str, dims: str, names: str, quant: str | None, rows: str, bi
         click.echo("the written spec does not verify: the function's conversion breaks a rule above", err=True)
         return 1
     if result.verdict is not None:
-        click.echo(result.verdict.report() if not result.verdict.ok else
+        click.echo(_shown(result.verdict.report()) if not result.verdict.ok else
                    f"equiv: {result.verdict.verdict()} against {result.verdict.function}", err=True)
         return 0 if result.verdict.ok else 1
     return 0

@@ -47,6 +47,7 @@ from .equiv import (UNEXPLAINED, EquivError, FunctionFailed, Plan, Result, Targe
                     observe)
 from .indexmap import compose_all, concrete_shape, drop_bit_axis, lift_to_bits, source_indices
 from .ops import REGISTRY, TensorType
+from .text import char_name, comment, display, forbidden
 
 # ---------------------------------------------------------------------------
 # the checkpoint contract
@@ -916,6 +917,11 @@ def infer(fn: Callable[..., Any] | str | Target, dims: Mapping[str, int], names:
     ``params`` are passed to the function (a ``params`` parameter) and written into the spec."""
     target = as_target(fn)
     params = dict(params or {})
+    # Both are written into the spec text: a name or value that is not one token could add statements.
+    _check_name("spec name", spec_name)
+    for k, v in params.items():
+        _check_name("parameter name", k)
+        _param_text(k, v)
     say = progress or (lambda text: None)
     with _threads(threads):
         contract = _choose_contract(target, dims, names, quant, rows, bias, inputs, params, say)
@@ -974,6 +980,35 @@ def infer(fn: Callable[..., Any] | str | Target, dims: Mapping[str, int], names:
         except EquivError as err:
             notes.append(f"equiv could not check the written spec: {err}")
     return Inferred(text or "", tuple(chains.values()), tuple(notes), tuple(envs), verdict, tuple(verify_errors))
+
+
+def _check_name(what: str, name: str) -> None:
+    """A spec or parameter name the written spec can hold as one NAME token (the -D check)."""
+    from .ir import check_param_name
+
+    try:
+        check_param_name(name)
+    except ValueError:
+        raise EquivError(f"{what} {display(name)!r} is not an identifier (letters, digits and '_', "
+                         f"not starting with a digit)") from None
+
+
+def _param_text(name: str, value: Any) -> str:
+    """``value`` as a spec literal: true/false and integers bare, anything else a quoted STRING. The
+    grammar's strings have no escapes, so a value that cannot sit between quotes as one line of
+    printable text (a quote, a newline, a control character, or ';', which ends a statement for the
+    reader even where the parser would not) is refused rather than written."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if not isinstance(value, str):
+        raise EquivError(f"parameter {name}: {type(value).__name__} values cannot be written into a spec")
+    bad = next((c for c in value if c in '";\n' or forbidden(c) or not c.isprintable()), None)
+    if bad is not None:
+        raise EquivError(f"parameter {name}: the value {display(value)!r} holds {char_name(bad)}, which a spec "
+                         f"string cannot hold (no quotes, ';', newlines or control characters)")
+    return f'"{value}"'
 
 
 def _choose_contract(target, dims, names, quant, rows, bias, inputs, params, say) -> str:
@@ -1090,15 +1125,17 @@ def _write(program, contract: str, chains: dict[str, TensorChain], assumes, para
 
     lines_in = contract.splitlines()
     shown = "; ".join(", ".join(f"{k}={v}" for k, v in e.items()) for e in envs)
-    head = [f"# Inferred by layoutc infer from {target.name}",
-            f"# (measured at {shown}{'; with ' + ', '.join(f'{k}={v}' for k, v in params.items()) if params else ''}).",
+    # comment(): a function's name (or a -D value) is shown on one line and cannot end the comment
+    with_params = "; with " + ", ".join(f"{k}={_param_text(k, v)}" for k, v in params.items()) if params else ""
+    head = [f"# {comment(f'Inferred by layoutc infer from {target.name}')}",
+            f"# {comment(f'(measured at {shown}{with_params}).')}",
             "# Review before use: every statement reproduces the function's element moves at those shapes and",
             "# equiv checked the whole spec at more; the names of the row orders are read off the maps.",
             f"spec {spec_name}", ""]
     body = [ln for ln in lines_in if ln.strip()]
     dims_lines = [ln for ln in body if ln.strip().startswith("dims ")]
     other = [ln for ln in body if not ln.strip().startswith("dims ")]
-    params_lines = [f"param {k} = {v}" for k, v in params.items()]
+    params_lines = [f"param {k} = {_param_text(k, v)}" for k, v in params.items()]
     statements = merge_statements(list(chains.values()))
     draft = "\n".join(head + dims_lines + assumes + params_lines + other + [""] + statements) + "\n"
     program2 = resolve(parse(draft, f"{spec_name}.lyt"), {})

@@ -89,3 +89,8 @@ def shuffled_eights(t):
     if t.get("w13_bias") is not None:
         out["w13_bias"] = _shuffle_eights(t["w13_bias"]).to(torch.bfloat16)
     return out
+
+
+def good_with_params(t, params=None):
+    """``good``, taking the spec's parameters (as an engine's recipe reads activation=...)."""
+    return good(t)

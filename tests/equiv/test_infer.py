@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from layoutc.cli import main
@@ -104,3 +105,95 @@ def test_ties_missing_from_the_contract_are_proposed():
     assert "proposed tie: scales w13_weight block 32" in result.notes
     assert "proposed tie: bias of w13_weight" in result.notes
     assert "scales w13_weight block 32" in result.text and result.ok, result.text
+
+
+def _agrees_on_random_inputs(text: str, fn, dims, seeds=(0, 1)) -> None:
+    """An independent check of a written spec (not equiv's decoding, which infer shares): the compiled
+    spec's eager conversion and the function, bit for bit, on the same random checkpoint tensors."""
+    import layoutc
+    from layoutc.demo import synthetic_inputs
+    from layoutc.dtypes import bit_view
+
+    spec = layoutc.compile_source(text, "inferred.lyt", check_versions=False)
+    for seed in seeds:
+        tensors = synthetic_inputs(spec, dims, seed)
+        ours = spec.convert({k: v.clone() for k, v in tensors.items()}, dims, lowering="eager")
+        theirs = fn({k: v.clone() for k, v in tensors.items()})
+        assert set(ours) == set(theirs), (sorted(ours), sorted(theirs))
+        for name in ours:
+            assert ours[name].dtype == theirs[name].dtype and ours[name].shape == theirs[name].shape, name
+            assert torch.equal(bit_view(ours[name]), bit_view(theirs[name])), f"{name} differs at seed {seed}"
+
+
+def test_the_written_spec_converts_as_the_function_does():
+    result = infer(fns.good, DIMS, names=None, inputs=CONTRACT, spec_name="tiny_inferred")
+    assert result.ok, result.text
+    _agrees_on_random_inputs(result.text, fns.good, DIMS)
+    _agrees_on_random_inputs(result.text, fns.good, {"E": 3, "I": 64, "H": 128})
+
+
+def test_the_independent_check_fails_on_a_different_function():
+    """The check above can fail: the spec inferred for the swap does not convert as the shuffled recipe."""
+    result = infer(fns.good, DIMS, names=None, inputs=CONTRACT, spec_name="tiny_inferred")
+    with pytest.raises(AssertionError, match="differs"):
+        _agrees_on_random_inputs(result.text, fns.shifted_block, DIMS)
+
+
+# -- what the written spec holds comes from the caller: a -D value, the spec name, the function's name --
+
+EVIL = "silu; input evil : bf16[E]"
+
+
+def _written_inputs(text: str) -> list[str]:
+    import layoutc
+
+    return [t.name for t in layoutc.compile_source(text, "inferred.lyt", check_versions=False).program.inputs]
+
+
+def test_a_string_parameter_is_written_quoted_and_adds_nothing():
+    result = infer(fns.good_with_params, DIMS, names=None, inputs=CONTRACT, params={"activation": "silu", "n": 3},
+                   spec_name="tiny_params")
+    assert result.ok, result.text
+    assert 'param activation = "silu"' in result.text.splitlines()
+    assert "param n = 3" in result.text.splitlines()
+    assert _written_inputs(result.text) == ["w13_weight", "w13_weight_scale", "w13_bias"]
+
+
+@pytest.mark.parametrize("value", [EVIL, 'silu" input evil', "silu\ninput evil : bf16[E]", "silu\x1b[2J"])
+def test_a_hostile_parameter_value_is_refused(value):
+    with pytest.raises(EquivError, match="parameter activation: the value .* which a spec string cannot hold"):
+        infer(fns.good_with_params, DIMS, names=None, inputs=CONTRACT, params={"activation": value})
+
+
+@pytest.mark.parametrize("name", ["x\ninput evil : bf16[E]", "x; input evil", "9lives", ""])
+def test_a_hostile_spec_name_is_refused(name):
+    with pytest.raises(EquivError, match="spec name .* is not an identifier"):
+        infer(fns.good, DIMS, names=None, inputs=CONTRACT, spec_name=name)
+
+
+def test_a_hostile_parameter_name_is_refused():
+    with pytest.raises(EquivError, match="parameter name .* is not an identifier"):
+        infer(fns.good_with_params, DIMS, names=None, inputs=CONTRACT, params={"a = 1\ninput evil : bf16[E]\n#": 1})
+
+
+def test_a_function_name_with_a_newline_stays_in_its_comment():
+    from layoutc.equiv import Target
+
+    target = Target(fns.good, "evil\ninput evil : bf16[E]\n# ")
+    result = infer(target, DIMS, names=None, inputs=CONTRACT, spec_name="tiny_named")
+    assert result.ok, result.text
+    # comment() folds the whitespace: the name stays on the comment's one line
+    assert result.text.splitlines()[0] == "# Inferred by layoutc infer from evil input evil : bf16[E] #", result.text
+    assert _written_inputs(result.text) == ["w13_weight", "w13_weight_scale", "w13_bias"]
+
+
+def test_the_command_refuses_a_hostile_define(tmp_path):
+    contract = tmp_path / "contract.lyt"
+    contract.write_text(CONTRACT + "\n")
+    out = tmp_path / "inferred.lyt"
+    result = CliRunner().invoke(main, ["infer", "tests.equiv.fns:good_with_params", "--dims", "E=2,I=32,H=64",
+                                       "--inputs", str(contract), "-o", str(out), "-D", f"activation={EVIL}"],
+                                catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert "which a spec string cannot hold" in result.output and "Traceback" not in result.output
+    assert not out.exists()
