@@ -200,9 +200,11 @@ def _checks(variants: tuple[Variant, ...], dims: tuple[str, ...], assumptions: l
 def _emit_direction(
     fn_name: str, doc: str, variants: tuple[Variant, ...], contract: str, shapes: str, axes: str, checks: str,
     tensors: Iterable[TensorSpec], dims: tuple[str, ...], filename: str, out_specs: dict[str, TensorSpec],
-    passes: dict[tuple, str] | None = None, layers: dict[frozenset, list[tuple[str, str]]] | None = None,
+    passes: dict[tuple, tuple[str, list[str]]] | None = None,
+    layers: dict[frozenset, list[tuple[str, str]]] | None = None,
 ) -> list[str]:
-    """``convert`` (lowered: ``passes`` maps a chain's signature to its table of one-pass functions,
+    """``convert`` (lowered: ``passes`` maps a chain's signature to the name of its table of one-pass
+    functions and the lowerings in it,
     ``layers`` a variant to its layer functions) or ``inverse`` (eager)."""
     lowered = fn_name == "convert"
     if lowered:
@@ -281,9 +283,10 @@ def _emit_direction(
             body.append(f"{inner}x = tensors[{spec.name!r}]")
             if len(spec.elem.accepts) > 1:  # same bits under another torch dtype: work on the canonical one
                 body.append(f"{inner}x = x.view(torch.{spec.elem.canonical})")
-            table = (passes or {}).get(chain.signature()) if lowered else None
-            if table is not None:
-                body.append(f"{inner}if how in {table}:  # one pass: {', '.join(n for n, _ in _PASS_TABLES[table])}")
+            entry = (passes or {}).get(chain.signature()) if lowered else None
+            if entry is not None:
+                table, names = entry
+                body.append(f"{inner}if how in {table}:  # one pass: {', '.join(names)}")
                 body.append(f"{inner}    x = {table}[how](x, d)")
                 body.append(f"{inner}else:  # eager: op by op, the reference")
                 body += [inner + "    " + line for line in eager.emit_chain(chain, filename) or ["pass"]]
@@ -294,16 +297,14 @@ def _emit_direction(
     return body
 
 
-#: Per generate() call: pass-table name -> [(lowering, function)] (for the comment in _convert).
-_PASS_TABLES: dict[str, list[tuple[str, str]]] = {}
-
-
-def _lowered(compiled: Compiled) -> tuple[list[str], dict[tuple, str], dict[frozenset, list[tuple[str, str]]], str]:
+def _lowered(compiled: Compiled) -> tuple[list[str], dict[tuple, tuple[str, list[str]]], dict[frozenset, list[tuple[str, str]]]]:
     """What the registered lowerings write for the convert chains: module-level source, the pass
-    table of each chain signature, the layer functions of each variant, the Triton source."""
+    table of each chain signature (its name and the lowerings in it), the layer functions of each
+    variant."""
     p = compiled.program
     ctx = registry.EmitContext(p.dims, p.filename)
     passes: dict[tuple, list[tuple[str, str]]] = {}
+    first_chain: dict[tuple, Chain] = {}  # a chain of each signature: its tag names the table
     layers: dict[frozenset, list[tuple[str, str, tuple[str, ...]]]] = {}
     for lw in registry.lowerings():
         for v in compiled.variants:
@@ -313,6 +314,7 @@ def _lowered(compiled: Compiled) -> tuple[list[str], dict[tuple, str], dict[froz
                     layers.setdefault(v.present, []).append((lw.name, made[0], made[1]))
             if lw.chain is not None:
                 for c in v.chains:
+                    first_chain.setdefault(c.signature(), c)
                     fn = lw.chain(ctx, c)
                     if fn is not None and (lw.name, fn) not in passes.setdefault(c.signature(), []):
                         passes[c.signature()].append((lw.name, fn))
@@ -327,17 +329,15 @@ def _lowered(compiled: Compiled) -> tuple[list[str], dict[tuple, str], dict[froz
     ]
     for source in ctx.defs.values():
         lines += ["", source]
-    tables: dict[tuple, str] = {}
-    _PASS_TABLES.clear()
+    tables: dict[tuple, tuple[str, list[str]]] = {}
     for sig, fns in passes.items():
-        name = f"_PASS_{ctx.tag(next(c for v in compiled.variants for c in v.chains if c.signature() == sig))}"
-        tables[sig] = name
-        _PASS_TABLES[name] = fns
+        name = f"_PASS_{ctx.tag(first_chain[sig])}"
+        tables[sig] = (name, [lw for lw, _ in fns])
         lines.append(f"{name} = {{{', '.join(f'{lw!r}: {fn}' for lw, fn in fns)}}}")
     entries = [f"    ({lw!r}, frozenset({sorted(present)!r})): {fn},"
                for present, fns in layers.items() for lw, fn, _ in fns]
     lines += ["", "_LAYERS = {", *entries, "}"]
-    return lines, tables, {k: [(fn, names) for _, fn, names in v] for k, v in layers.items()}, kernel_text
+    return lines, tables, {k: [(fn, names) for _, fn, names in v] for k, v in layers.items()}
 
 
 def generate(compiled: Compiled) -> str:
@@ -406,7 +406,7 @@ def generate(compiled: Compiled) -> str:
     for chunk in _impl_closure(eager.functions_used(chains)):
         lines.append("")
         lines.append(chunk)
-    lowered, passes, layers, _ = _lowered(compiled)
+    lowered, passes, layers = _lowered(compiled)
     lines += [
         "",
         "# -- lowerings (layoutc.lower.registry) " + "-" * 60,
