@@ -117,9 +117,10 @@ def render_words(p: Plan) -> str | None:
     return name_repeats(coords, line, set(names), 160) + f"\n     T = {list(p.table)}"
 
 
-def map_text(chain: Chain, shape_text: tuple[str, ...] = ()) -> str:
-    """The whole chain as one map, as ``explain`` shows it."""
+def map_text(chain: Chain, shape_text: tuple[str, ...] = (), planned: Plan | None = None) -> str:
+    """The whole chain as one map, as ``explain`` shows it (``planned``: the chain's plan where the
+    caller has it, so a bit-level chain is not planned again)."""
     m = chain.composed_map()
     if m.bit_level:
-        return render_words(plan(chain)) or "bit-level map (see the statements)"
+        return render_words(planned if planned is not None else plan(chain)) or "bit-level map (see the statements)"
     return render_map(tidy_map(m), coordinate_names(len(m.out_shape), shape_text))

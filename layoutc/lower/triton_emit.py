@@ -70,7 +70,7 @@ def header(chain: Chain, p: Plan, filename: str) -> list[str]:
         lines.append(f"  {where}{text}" + (f"  [{', '.join(ops)}]" if ops else ""))
     if not chain.steps:
         lines.append("  (no statements: copied as is)")
-    lines.append("map: " + map_text(chain, out.shape_text if out is not None else ()))
+    lines.append("map: " + map_text(chain, out.shape_text if out is not None else (), planned=p))
     return ["# " + comment(line) for line in lines]
 
 
