@@ -619,6 +619,9 @@ def _defines(items: list[str]) -> dict:
     return out
 
 
+DIR_MARKER = ".checkpoint-throughput-dir"  # in a --dir this benchmark made, so may delete
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=["one", "two"])
@@ -639,6 +642,15 @@ def main() -> int:
     args = ap.parse_args()
     args.extra = args.extra.split()
     args.dir = args.dir.resolve()
+    # The benchmark deletes its folders in --dir (and --dir itself unless --keep): only in a folder it
+    # made, marked so, never in a folder of the user's given by mistake (--dir ~ would delete home).
+    marker = args.dir / DIR_MARKER
+    if args.dir.exists() and any(args.dir.iterdir()) and not marker.is_file():
+        print(f"--dir {args.dir} is not empty and was not made by this benchmark (no {DIR_MARKER}); "
+              f"give a new or empty folder", file=sys.stderr)
+        return 2
+    args.dir.mkdir(parents=True, exist_ok=True)
+    marker.touch()
     b = Bench(args)
     try:
         b.environment()

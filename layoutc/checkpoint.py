@@ -160,11 +160,16 @@ def _rules_from_json(spec: CompiledSpec, path: Path) -> dict[str, NameRule]:
 
 def _plain_file_name(name: Any, where: str) -> str:
     """A shard file name from a checkpoint index: a plain name in the checkpoint's folder. A path
-    (``../victim.safetensors``, ``/etc/x``) would read outside ``--in`` and write outside ``--out``."""
+    (``../victim.safetensors``, ``/etc/x``) would read outside ``--in`` and write outside ``--out``;
+    a hidden name (``.layoutc-run.json``, ``.x.safetensors.tmp``) or the index or manifest would have
+    a converted shard renamed over layoutc's own bookkeeping in ``--out``."""
     if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
             or "\0" in name or any(not c.isprintable() for c in name)):
         raise LayoutError(f"{where}: {name!r} is not a plain file name in the checkpoint's folder; "
                           f"an index may only name files beside it")
+    if name.startswith(".") or not name.endswith(".safetensors"):  # the index and manifest end in .json
+        raise LayoutError(f"{where}: {name!r} is not a shard name; an index may only name *.safetensors "
+                          f"files whose names do not start with '.'")
     return name
 
 
@@ -183,7 +188,7 @@ def _shard_map(in_dir: Path) -> dict[str, str]:
             raise LayoutError(f"{index}: expected an object with a non-empty \"weight_map\" of tensor name -> file")
         out = {}
         for tensor, file in weight_map.items():
-            out[str(tensor)] = _plain_file_name(file, str(index))
+            out[str(tensor)] = _plain_file_name(file, f"{index}: the entry for {str(tensor)!r}")
             if not (in_dir / file).is_file():
                 raise LayoutError(f"{index}: names {file!r} for {tensor!r}, which is not a file in {in_dir}")
         return out
@@ -245,19 +250,6 @@ class _Reader:
 
     def names_in(self, shard: str) -> list[str]:
         return [n for n, s in self.weight_map.items() if s == shard]
-
-
-def _load_group(reader: _Reader, group: Mapping[str, str], rules: Mapping[str, NameRule]) -> dict[str, torch.Tensor]:
-    out = {}
-    for n, tensor_name in group.items():
-        t = reader.get(tensor_name)
-        rule = rules[n]
-        if rule.merge_last:
-            t = t.reshape(*t.shape[:-2], t.shape[-2] * t.shape[-1])
-        if rule.dtype:
-            t = t.to(getattr(torch, rule.dtype))
-        out[n] = t
-    return out
 
 
 def metadata(spec: CompiledSpec) -> dict[str, str]:
@@ -335,12 +327,39 @@ def _folder_lock(out_dir: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def claim_folder(out_dir: Path, identity: Mapping[str, Any], rank: int, world: int):
+_RANK_LOCK = re.compile(re.escape(LOCK) + r"-rank(\d+)-of-(\d+)")
+
+
+def _rank_lock_held(path: Path) -> bool:
+    """Whether a run holds ``path`` (a rank's lock file) now: our own attempt to take it fails."""
+    try:
+        with open(path, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when f closes
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False  # gone meanwhile: nobody holds it
+    return False
+
+
+def claim_folder(out_dir: Path, identity: Mapping[str, Any], rank: int, world: int) -> tuple[Any, bool]:
     """Record (or check) what ``out_dir`` holds, and hold this rank's lock for the run. Returns the
-    open lock file (closing it releases the lock)."""
+    open lock file (closing it releases the lock) and whether the folder is this run's own (a lone
+    run found no record of an earlier one: a failure may remove its bookkeeping).
+
+    Everything is decided under the folder lock, and ``fresh`` only once this rank's lock is ours: a
+    run refused because another is writing must never treat (and clean up) that run's files as its own."""
     with _folder_lock(out_dir):
+        # Ranks of runs with different world sizes lock different files but would write the same
+        # ``.{shard}.tmp``: while any rank of another world size holds its lock, refuse.
+        for p in out_dir.glob(f"{LOCK}-rank*-of-*"):
+            m = _RANK_LOCK.fullmatch(p.name)
+            if m and int(m.group(2)) != world and _rank_lock_held(p):
+                raise LayoutError(f"another layoutc convert (rank {m.group(1)} of {m.group(2)}) is writing into "
+                                  f"{out_dir}; this run has {world} rank(s); wait for it or use another --out folder")
         held = _read_json(out_dir / RUN)
-        if held is None and any(out_dir.glob("*.safetensors")):
+        older = held is None and (out_dir / DONE).is_dir()  # an older layoutc wrote stamps but no run file
+        if held is None and not older and any(out_dir.glob("*.safetensors")):
             raise LayoutError(f"--out {out_dir} already holds safetensors files that no layoutc conversion wrote; "
                               f"use an empty folder")
         if held is not None and held != dict(identity):
@@ -349,16 +368,23 @@ def claim_folder(out_dir: Path, identity: Mapping[str, Any], rank: int, world: i
                 f"--out {out_dir} holds a conversion with another {changed} ({held.get('spec')}, parameters "
                 f"{held.get('params')}, names {held.get('names')}); resuming into it would mix two layouts. "
                 f"Use a new --out folder, or delete this one to start over")
-        if held is None:
-            _write_atomically(out_dir / RUN, json.dumps(dict(identity), sort_keys=True))
-    lock = open(out_dir / f"{LOCK}-rank{rank}-of-{world}", "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        raise LayoutError(f"another layoutc convert (rank {rank} of {world}) is writing into {out_dir}; "
-                          f"wait for it or use another --out folder") from None
-    return lock
+        lock = open(out_dir / f"{LOCK}-rank{rank}-of-{world}", "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise LayoutError(f"another layoutc convert (rank {rank} of {world}) is writing into {out_dir}; "
+                              f"wait for it or use another --out folder") from None
+        try:
+            fresh = world == 1 and held is None and not older
+            if held is None:
+                # An older layoutc's folder: its stamps name no layoutc_version, never this identity,
+                # so every shard is converted again (the docstring's promise), not refused.
+                _write_atomically(out_dir / RUN, json.dumps(dict(identity), sort_keys=True))
+        except BaseException:
+            lock.close()
+            raise
+    return lock, fresh
 
 
 @attrs.define
@@ -428,14 +454,14 @@ def convert_checkpoint(
     try:
         for s, o in zip(specs, outs):
             # What a failed run may remove: only what it made. Other ranks share the folder (only a
-            # lone run cleans up); a folder that already holds a run's record is a resume, kept as it is.
+            # lone run cleans up); a folder that already holds a run's record is a resume, kept as it
+            # is. A target joins the cleanup list only once its lock is ours: a refused run removes nothing.
             created = not o.exists()
-            fresh = world == 1 and not (o / RUN).exists() and not (o / DONE).exists()
             o.mkdir(parents=True, exist_ok=True)
             identity = run_identity(s, names)
-            t = _Target(s, o, identity, metadata(s), o / DONE, created, fresh)
-            targets.append(t)
-            locks.append(claim_folder(o, identity, rank, world))
+            lock, fresh = claim_folder(o, identity, rank, world)
+            locks.append(lock)
+            targets.append(_Target(s, o, identity, metadata(s), o / DONE, created, fresh))
     except BaseException:
         for lock in locks:
             lock.close()
@@ -718,9 +744,8 @@ class _Run:
                 digest, tensors = io.digest(source), None  # its "hash" seconds are added up inside
                 self.prof.add("read_bytes", 0.0, size)
             return _Job(shard, source, size, digest, tensors, todo)
-        except LayoutError:
-            raise
-        except Exception as err:  # noqa: BLE001 -- any failure to read names the shard
+        except OSError as err:  # the file's failures name the shard; anything else (CUDA out of memory,
+            # a bug) keeps its own type and traceback rather than passing for an unreadable file
             raise LayoutError(f"{source}: cannot read ({err})") from None
 
     def pipelined(self, mine: list[str], progress, prefetch: int, writers: int) -> None:
@@ -769,6 +794,14 @@ class _Run:
                 (t.done_dir / f"{shard}.json").unlink()  # redone from here: never trust an old stamp
         layers, copied = self.layers_of(shard)
         have = job.tensors
+        if have is not None and self.cuda:
+            # The reader thread allocated these on its own stream; this thread's kernels read them on
+            # ours. Without this, freeing them (``del job``) hands the memory back to the reader's
+            # stream at once, and the next read's copies could overwrite it while our kernels still run.
+            stream = torch.cuda.current_stream(self.device)
+            for t in have.values():
+                if t.is_cuda:
+                    t.record_stream(stream)
         if have is not None:
             absent = [n for n in self.reader.names_in(shard) if n not in have]
             if absent:

@@ -16,7 +16,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -137,7 +137,3 @@ def sized(spec: CompiledSpec, size_bytes: int, dims: Mapping[str, int], vocab: i
     per = moe_layer_bytes(spec, dims) + sum(math.prod(s) * 2 for s in _extras(0, dims).values())
     layers = max(min_layers, math.ceil((size_bytes - extra) / per))
     return dims, layers, vocab
-
-
-def iter_shard_files(folder: str | Path) -> Iterator[Path]:
-    yield from sorted(Path(folder).glob("*.safetensors"))

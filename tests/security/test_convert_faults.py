@@ -4,6 +4,7 @@ full or read-only disk is a clear error, and nothing of the input is ever touche
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -43,6 +44,24 @@ def test_index_paths_cannot_leave_the_input_folder(tmp_path, bf16):
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
+@pytest.mark.parametrize("target", [".layoutc-run.json", ".layoutc-lock-rank0-of-1", "layoutc_manifest.json",
+                                    ".x.safetensors.tmp", ".hidden.safetensors", INDEX, "notes.txt"])
+def test_index_cannot_name_layoutc_bookkeeping_as_a_shard(tmp_path, bf16, target):
+    # The file exists in --in (a copy of the shard), so only the name check can refuse it: a
+    # converted shard renamed to it in --out would overwrite layoutc's own run file, lock or manifest.
+    make_checkpoint(tmp_path / "in", bf16, layers=2, shards=1)
+    index = json.loads((tmp_path / "in" / INDEX).read_text())
+    shard = next(iter(index["weight_map"].values()))
+    if target != INDEX:
+        (tmp_path / "in" / target).write_bytes((tmp_path / "in" / shard).read_bytes())
+    first = next(iter(index["weight_map"]))
+    index["weight_map"][first] = target
+    (tmp_path / "in" / INDEX).write_text(json.dumps(index))
+    with pytest.raises(layoutc.LayoutError, match=rf"the entry for '{first}': '{target}' is not a shard name"):
+        convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("index, message", [
     ("{", "not a valid index"),
     ("[]", "non-empty \"weight_map\""),
@@ -79,7 +98,7 @@ def test_other_parameters_and_concurrent_runs_are_refused(tmp_path, bf16):
     make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
     out = tmp_path / "out"
     out.mkdir()
-    lock = claim_folder(out, run_identity(bf16, "vllm"), 0, 1)  # a run in progress
+    lock, _ = claim_folder(out, run_identity(bf16, "vllm"), 0, 1)  # a run in progress
     try:
         with pytest.raises(layoutc.LayoutError, match="another layoutc convert .* is writing"):
             convert_checkpoint(bf16, tmp_path / "in", out)
@@ -89,6 +108,60 @@ def test_other_parameters_and_concurrent_runs_are_refused(tmp_path, bf16):
     finally:
         lock.close()
     assert convert_checkpoint(bf16, tmp_path / "in", out)["written_shards"] == 2
+
+
+def test_a_refused_run_never_removes_the_running_ones_files(tmp_path, bf16):
+    # The holder has its rank lock but has not written its run file yet (or is an older layoutc):
+    # the refused run must not take the folder for its own and clean up the holder's files.
+    make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = open(out / f"{LOCK}-rank0-of-1", "a+")
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        tmp = out / ".model-00001-of-00002.safetensors.tmp"
+        tmp.write_bytes(b"being written")
+        with pytest.raises(layoutc.LayoutError, match="another layoutc convert .* is writing"):
+            convert_checkpoint(bf16, tmp_path / "in", out)
+        assert (out / f"{LOCK}-rank0-of-1").exists() and tmp.read_bytes() == b"being written"
+    finally:
+        holder.close()
+
+
+@pytest.mark.parametrize("first, second", [(2, 1), (1, 2), (2, 4)])
+def test_runs_with_different_world_sizes_exclude_each_other(tmp_path, bf16, first, second):
+    # Rank 0 of any world size writes the same ``.{shard}.tmp``: a torchrun job and a lone run (or
+    # two jobs of different sizes) into one --out must not both write.
+    out = tmp_path / "out"
+    out.mkdir()
+    identity = run_identity(bf16, "vllm")
+    lock, _ = claim_folder(out, identity, 0, first)
+    try:
+        with pytest.raises(layoutc.LayoutError, match=rf"\(rank 0 of {first}\) is writing .* this run has {second}"):
+            claim_folder(out, identity, 0, second)
+        other, _ = claim_folder(out, identity, first - 1, first) if first > 1 else (None, None)  # its own ranks join
+        if other is not None:
+            other.close()
+    finally:
+        lock.close()
+    again, _ = claim_folder(out, identity, 0, second)  # once the other job is gone, the folder is free
+    again.close()
+
+
+def test_a_folder_from_an_older_layoutc_is_converted_again(tmp_path, bf16):
+    # An older layoutc left shards and stamps but no run file: not "files no layoutc wrote", but a
+    # conversion whose stamps (without this identity) no longer match, so every shard is redone.
+    make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
+    out = tmp_path / "out"
+    assert convert_checkpoint(bf16, tmp_path / "in", out)["written_shards"] == 2
+    (out / RUN).unlink()
+    for p in (out / DONE).glob("*.json"):
+        stamp = json.loads(p.read_text())
+        stamp["run"].pop("layoutc_version")
+        p.write_text(json.dumps(stamp))
+    summary = convert_checkpoint(bf16, tmp_path / "in", out)
+    assert summary["written_shards"] == 2 and summary["skipped_shards"] == 0
+    assert json.loads((out / RUN).read_text()) == run_identity(bf16, "vllm")
 
 
 @pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
