@@ -60,8 +60,8 @@ import torch
 
 from . import expr as ex
 from .compiler import Chain, Step, Variant
-from .dtypes import ElemType, bit_view
-from .indexmap import IndexMap, compose_all, concrete_shape, drop_bit_axis, identity, lift_to_bits
+from .dtypes import ElemType, bit_view, torch_dtype_name
+from .indexmap import IndexMap, bytes_to_bits, compose_all, concrete_shape, drop_bit_axis, identity, lift_to_bits
 from .ops.base import Category
 
 #: A code is a global input address (>= 0) or one of these.
@@ -380,7 +380,7 @@ class Plan:
                 bit = None
                 if mode == "bits":
                     local, bit = divmod(local, e.width)
-                return e.name, tuple(int(i) for i in _unravel(local, e.shape)), bit
+                return e.name, tuple(int(i) for i in torch.unravel_index(torch.tensor(local), tuple(e.shape))), bit
         return None
 
     def real(self, codes: torch.Tensor, mode: str) -> torch.Tensor:
@@ -404,17 +404,6 @@ def _digits(n: int, base: int) -> int:
     return d
 
 
-_SHIFTS8 = torch.arange(8, dtype=torch.uint8)
-
-
-def _pack_bytes(bits: torch.Tensor) -> torch.Tensor:
-    """[..., 8] bits (uint8 0/1) -> [...] bytes, bit b of each byte from index b."""
-    out = bits[..., 0].clone()
-    for b in range(1, 8):
-        out |= bits[..., b] << b
-    return out
-
-
 def _from_bytes(raw: torch.Tensor, e: Encoded) -> torch.Tensor:
     """[numel, width/8] little-endian bytes -> the tensor of e's type and shape."""
     return raw.contiguous().view(torch.uint8).reshape(-1).view(e.elem.torch_dtype).reshape(e.shape)
@@ -424,13 +413,6 @@ def _from_words(word: torch.Tensor, e: Encoded) -> torch.Tensor:
     nbytes = e.width // 8
     raw = torch.stack([((word >> (8 * k)) & 255).to(torch.uint8) for k in range(nbytes)], dim=-1)
     return _from_bytes(raw, e)
-
-
-def _unpack_bits(t: torch.Tensor) -> torch.Tensor:
-    """A tensor's bits along a new last axis (element width), little-endian, as uint8 0/1."""
-    raw = t.contiguous().view(torch.uint8).reshape(*t.shape, t.element_size()) if t.dim() else \
-        t.reshape(1).contiguous().view(torch.uint8)
-    return ((raw.unsqueeze(-1) >> _SHIFTS8) & 1).reshape(*t.shape, 8 * t.element_size())
 
 
 def _transpose_runs(stack: torch.Tensor) -> torch.Tensor:
@@ -458,14 +440,6 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     """Each element's bit pattern as a non-negative int64."""
     w = bit_view(t).to(torch.int64)
     return w & ((1 << (8 * t.element_size())) - 1)
-
-
-def _unravel(index: int, shape: Sequence[int]) -> list[int]:
-    out = []
-    for n in reversed(shape):
-        out.append(index % n if n else 0)
-        index = index // n if n else 0
-    return list(reversed(out))
 
 
 # ---------------------------------------------------------------------------
@@ -592,7 +566,7 @@ def observe(target: Target, plan: Plan, params: Mapping[str, Any], where: str, s
                 code = torch.where(code >= total, UNEXPLAINED, code)
             pool = pools[mode]
             if comparable and pool is not None:
-                got = _unpack_bits(rnd).to(torch.int64) if mode == "bits" else _words(rnd)
+                got = bytes_to_bits(rnd).to(torch.int64) if mode == "bits" else _words(rnd)
                 real = code >= 0
                 want = pool[torch.where(real, code, 0)]
                 # a constant must be that constant in the random run too
@@ -620,7 +594,7 @@ def _pool(plan: Plan, random_in: Mapping[str, torch.Tensor], mode: str) -> torch
     pool = torch.zeros(plan.totals[mode] + 1, dtype=torch.int64)
     for e in inputs:
         x = random_in[e.name]
-        flat = _unpack_bits(x).reshape(-1).to(torch.int64) if mode == "bits" else _words(x).reshape(-1)
+        flat = bytes_to_bits(x).reshape(-1).to(torch.int64) if mode == "bits" else _words(x).reshape(-1)
         pool[e.offset:e.offset + e.size] = flat
     return pool
 
@@ -692,14 +666,13 @@ def _stmt_label(step: Step | None, filename: str) -> str:
 class _Compare:
     """Compare one tensor's codes and explain the differences."""
 
-    def __init__(self, spec, chain: Chain, plan: Plan, observed: Observed, present, spec_random: Mapping,
+    def __init__(self, spec, chain: Chain, plan: Plan, observed: Observed, spec_random: Mapping,
                  max_examples: int = 3):
         self.spec = spec
         self.spec_random = spec_random
         self.chain = chain
         self.plan = plan
         self.obs = observed
-        self.present = present
         self.enc = plan.inputs[chain.tensor]
         self.max_examples = max_examples
         self.filename = spec.program.filename
@@ -719,8 +692,8 @@ class _Compare:
                                                 f"{list(out_shape)} ({out_elem.name}{self.chain.out_type.shape_str()})"), None
         accepted = out_elem.accepted_torch_dtypes()
         if got_dtype not in accepted:
-            names = ", ".join(str(d).replace("torch.", "") for d in accepted)
-            return TensorDiff(name, 0, 0, (), f"{name}: the function returns {str(got_dtype).replace('torch.', '')}, "
+            names = ", ".join(torch_dtype_name(d) for d in accepted)
+            return TensorDiff(name, 0, 0, (), f"{name}: the function returns {torch_dtype_name(got_dtype)}, "
                                                 f"the spec {out_elem.name} (torch {names})"), None
         numel = math.prod(out_shape) if out_shape else 1
         if self.enc.mode == "opaque":
@@ -1206,18 +1179,23 @@ def sample_shapes(spec, variant: Variant, given: Mapping[str, int] | None, count
     shapes = [given]
     if count <= 1:
         return shapes
-    cands: dict[str, list[int]] = {}
+    import itertools
+
+    # Per dim, only the valid values used below, each dim moved alone: the smallest, the one below the
+    # given value, and the two above it (up to max(4*given, 512)); searched lazily, as checking a value
+    # compiles the spec's rules at it.
+    smallest, below, above = {}, {}, {}
     for d in dims:
+        def ok(v, d=d):
+            return _valid(spec, variant, {**given, d: v}) is None
+
+        smallest[d] = next(v for v in range(1, given[d] + 1) if ok(v))  # the given value itself is valid
+        below[d] = next((v for v in range(given[d] - 1, 0, -1) if ok(v)), given[d])
         top = max(4 * given[d], 512)
-        ok = [v for v in range(1, top + 1) if _valid(spec, variant, {**given, d: v}) is None]
-        cands[d] = ok
+        above[d] = list(itertools.islice((v for v in range(given[d] + 1, top + 1) if ok(v)), 2))
 
     def neighbours(d):
-        ok = cands[d]
-        i = ok.index(given[d])
-        return sorted({ok[max(0, i - 1)], given[d], ok[min(len(ok) - 1, i + 1)], ok[min(len(ok) - 1, i + 2)]})
-
-    import itertools
+        return sorted({below[d], given[d], *above[d]})
 
     near = [dict(zip(dims, combo)) for combo in itertools.product(*(neighbours(d) for d in dims))]
     near = [e for e in near if _valid(spec, variant, e) is None]
@@ -1228,9 +1206,9 @@ def sample_shapes(spec, variant: Variant, given: Mapping[str, int] | None, count
     padded = sorted(near, key=lambda e: (-_padding(variant, e), distance(e)))
     if padded and _padding(variant, padded[0]) > _padding(variant, given):
         shapes.append(padded[0])
-    small = {d: cands[d][0] for d in dims}
+    small = dict(smallest)
     # larger: every dim at its next valid value; the experts (E) as given (a second expert is there already)
-    larger = {d: given[d] if d == "E" else next((v for v in cands[d] if v > given[d]), given[d]) for d in dims}
+    larger = {d: given[d] if d == "E" else (above[d][0] if above[d] else given[d]) for d in dims}
     for e in (larger, small):
         if _valid(spec, variant, e) is None and e not in shapes:
             shapes.append(e)
@@ -1288,7 +1266,7 @@ class Result:
             return f"equivalent at {n} shape{'s' if n != 1 else ''}{extra}"
         return "NOT equivalent"
 
-    def report(self, verbose: bool = True) -> str:
+    def report(self) -> str:
         params = ", ".join(f"{k}={v}" for k, v in self.params.items())
         lines = [f"layoutc equiv: {self.spec_file} ({self.spec_name}{', ' + params if params else ''}) "
                  f"against {self.function}"]
@@ -1461,7 +1439,7 @@ def compare_at(compiled, target: Target, variant: Variant, dims: Mapping[str, in
     spec_random = compiled.convert({k: v.clone() for k, v in observed.random_in.items()}, plan.dims, "eager")
     diffs, masks = [], {}
     for chain in variant.chains:
-        d, mask = _Compare(compiled, chain, plan, observed, present, spec_random).run()
+        d, mask = _Compare(compiled, chain, plan, observed, spec_random).run()
         if d is not None:
             diffs.append(d)
             if mask is not None:

@@ -42,7 +42,7 @@ import attrs
 import torch
 
 from . import expr as ex
-from .dtypes import ELEMENT_TYPES, ElemType
+from .dtypes import ELEMENT_TYPES, ElemType, torch_dtype_name
 from .equiv import (UNEXPLAINED, EquivError, FunctionFailed, Plan, Result, Target, _threads, as_target, equivalent,
                     observe)
 from .indexmap import compose_all, concrete_shape, drop_bit_axis, lift_to_bits, source_indices
@@ -248,7 +248,8 @@ class _State:
 
     def key(self) -> tuple:
         n = len(self.cat)
-        mix = _MIX[:n] if n <= len(_MIX) else _MIX.repeat(n // len(_MIX) + 1)[:n]
+        table = _mix()
+        mix = table[:n] if n <= len(table) else table.repeat(n // len(table) + 1)[:n]
         return self.lens, int(((self.cat + 2) * mix).sum())
 
 
@@ -337,7 +338,15 @@ def _pad_moves(state: _State) -> list[_Pad]:
     return moves
 
 
-_MIX = torch.randint(1, 1 << 40, (1 << 16,), generator=torch.Generator().manual_seed(7))
+_MIX: list[torch.Tensor] = []
+
+
+def _mix() -> torch.Tensor:
+    """The random weights of a search state's hash, drawn on first use: importing the module (as
+    ``layoutc --help`` does) should not draw 65k random numbers."""
+    if not _MIX:
+        _MIX.append(torch.randint(1, 1 << 40, (1 << 16,), generator=torch.Generator().manual_seed(7)))
+    return _MIX[0]
 
 
 def _goal(fs, ns) -> bool:
@@ -389,12 +398,6 @@ class AxisSearch:
             if result is not None:
                 self.found = list(reversed(result))
         return self.found if self.found is not None and len(self.found) <= depth else None
-
-
-def search_axis(fs: list[torch.Tensor], ns: list[int], perms: bool, max_depth: int = 4,
-                budget: float = 20.0) -> list | None:
-    """The shortest chain (at most ``max_depth`` ops) for one axis; see :class:`AxisSearch`."""
-    return AxisSearch(fs, ns, perms).upto(max_depth, time.perf_counter() + budget)
 
 
 def periodic_table(fs: list[torch.Tensor]) -> list[int] | None:
@@ -622,7 +625,7 @@ def _axis_functions(lin: torch.Tensor, in_shape: Sequence[int]) -> list[torch.Te
 def _elem_of(dtype: torch.dtype, base: ElemType) -> ElemType | None:
     if dtype in base.accepted_torch_dtypes():
         return base
-    name = str(dtype).replace("torch.", "")
+    name = torch_dtype_name(dtype)
     return next((e for e in ELEMENT_TYPES.values() if e.canonical == name), None)
 
 
@@ -712,7 +715,9 @@ def search_tensor(tensor, samples: Sequence[Sample], budget: float = 30.0, prefe
     weight's does is taken, so that the verifier can follow the scale's rows along its weight's."""
     name, role, elem = tensor.name, tensor.role, tensor.elem
     rank = len(tensor.shape)
-    row = rank - 1 if role == "bias" else rank - 2
+    from .rowmap import row_axis
+
+    row = row_axis(tensor)
     mode = samples[0].plan.inputs[name].mode
     bits = mode == "bits"
     out_dtype = samples[0].dtypes[name]
@@ -741,7 +746,8 @@ def search_tensor(tensor, samples: Sequence[Sample], budget: float = 30.0, prefe
 
     def chain_of(cand: _Candidate, stmts: list[Stmt], named: bool) -> TensorChain:
         fams = [Stmt(f"interleave({{t}}, {fam}{''.join(f', {k}={v}' for k, v in params.items())})", "family",
-                     family=_family_text(fam, params)) for fam, params in cand.combo]
+                     family=_family_text(fam, params), op=("family", fam, tuple(params.items())))
+                for fam, params in cand.combo]
         note = "" if named else f"{name}: a row order no registered op gives; written as a table"
         return TensorChain(name, tuple(stmts + value + fams + tail), named, note)
 
@@ -782,7 +788,7 @@ def _size_text(e: ex.Expr) -> str:
     if isinstance(e, ex.Var):
         return e.name
     if isinstance(e, ex.Div):
-        return f"{_wrap(e.num)}/{_atom(e.den)}"
+        return f"{_atom(e.num)}/{_atom(e.den)}"
     if isinstance(e, ex.FloorDiv) and isinstance(e.den, ex.Const):
         m = e.den.value
         inner = ex.add(e.num, -(m - 1))
@@ -811,11 +817,6 @@ def _size_text(e: ex.Expr) -> str:
 def _atom(e: ex.Expr) -> str:
     text = _size_text(e)
     return f"({text})" if isinstance(e, ex.Add) else text
-
-
-def _wrap(e: ex.Expr) -> str:
-    text = _size_text(e)
-    return f"({text})" if isinstance(e, (ex.Add,)) else text
 
 
 def merge_statements(chains: Sequence[TensorChain]) -> list[str]:
@@ -855,29 +856,48 @@ def _harmonise(program, chains: dict[str, TensorChain]) -> None:
         fam_index = next((i for i, s in enumerate(stmts) if s.kind == "family"), None)
         if fam_index is None:
             continue
-        family = stmts[fam_index].family or ""
+        family_pads = _leading_pads(t, stmts[fam_index].op)
         keep = []
         for i, s in enumerate(stmts):
-            if s.op and s.op[0] == "pad" and s.op[2] == 1 and family.startswith("sf_128x4") \
+            if s.op and s.op[0] == "pad" and s.op[2] == 1 and s.axis in family_pads \
                     and all(x.kind in ("row", "k", "value") and (x.op is None or x.op[0] == "pad")
                             for x in stmts[i + 1:fam_index]):
                 multiple = s.op[1]
-                family_multiple = 128 if s.kind == "row" else 4
-                if family_multiple % multiple == 0 and not any(a == s.axis and o[0] == "pad" for a, o in weight_pads):
+                if family_pads[s.axis] % multiple == 0 and not any(a == s.axis and o[0] == "pad" for a, o in weight_pads):
                     continue
             keep.append(s)
         chains[t.name] = attrs.evolve(mine, statements=tuple(keep))
 
 
-def _out_rows(spec, chain, dims) -> str | None:
+def _leading_pads(tensor, family_op) -> dict[int, int]:
+    """Axis -> multiple of the whole-axis pads a family applies first (before any other step moves the
+    axes), read from the family's own steps: a pad there that the statements also do is redundant."""
+    if not family_op or family_op[0] != "family":
+        return {}
+    _, name, params = family_op
+    rank = len(tensor.shape)
+    try:
+        steps = _family_steps(name, tensor.role, tensor.elem, [ex.Var(f"_a{k}") for k in range(rank)], dict(params))
+    except Exception:  # noqa: BLE001 - the family does not apply to this tensor: nothing known about its pads
+        return {}
+    pads: dict[int, int] = {}
+    for st in steps:
+        if getattr(st.op, "name", None) != "pad":
+            break
+        if st.op.parts == 1:
+            pads.setdefault(st.op.dim % rank, st.op.multiple)
+    return pads
+
+
+def _out_rows(chain, dims) -> str | None:
     """The declared output row order of a tensor that declares input rows, as the chain leaves it."""
-    from .rowmap import axis_map, describe_labels, row_labels
+    from .rowmap import axis_map, describe_labels, n_rows, row_labels
 
     rows = chain.source.rows
     if rows is None:
         return None
     amap = axis_map(chain, dims)
-    n = int(ex.evaluate(chain.source.shape[len(chain.source.shape) - 2 if chain.source.role != "bias" else -1], dims))
+    n = n_rows(chain.source, dims)
     labels = row_labels(rows, n)
     actual = [labels[r] if r >= 0 else None for r in amap.rows]
     text = describe_labels(actual, rows.shards)
@@ -933,14 +953,13 @@ def infer(fn: Callable[..., Any] | str | Target, dims: Mapping[str, int], names:
         if not _contract_ok(program, given):
             raise EquivError(f"the dims {given} do not fit the input shapes ({', '.join(t.shape_str() for t in program.inputs)})")
         try:
-            target.call(_zeros(program, given), params, f"at {given}")
+            first = target.call(_zeros(program, given), params, f"at {given}")
         except FunctionFailed as err:
             raise EquivError(f"{err}; check --dims, --quant, --rows and -D") from None
         say("probing the sizes the function accepts")
         contract_p, function_p = probe_periods(target, program, given, params)
         envs = _sample_dims(target, program, given, contract_p, function_p, params)
         say("measuring at " + "; ".join(", ".join(f"{k}={v}" for k, v in e.items()) for e in envs))
-        first = target.call(_zeros(program, given), params, "probe")
         modes = _modes(program, {k: v.dtype for k, v in first.items()})
         samples = [_measure(target, program, env, params, modes) for env in envs]
         modes_final = {n: e.mode for n, e in samples[-1].plan.inputs.items()}
@@ -1163,7 +1182,7 @@ def _write(program, contract: str, chains: dict[str, TensorChain], assumes, para
         shape = "[" + ", ".join(_size_text(s) for s in typ.shape) + "]"
         fams = [s.family for s in chains[t.name].statements if s.kind == "family"]
         decl = f"output {t.name}{'?' if t.optional else ''} : {typ.elem.name}{shape}"
-        rows = _out_rows(None, c, sample) if t.rows is not None else None
+        rows = _out_rows(c, sample) if t.rows is not None else None
         outs.append((decl, rows, fams))
 
     def render(with_rows: bool) -> str:

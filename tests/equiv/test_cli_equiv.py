@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from layoutc.cli import main
-from tests.helpers import ROOT, SPECS
+from tests.helpers import SPECS
 
 pytest.importorskip("flashinfer")
 

@@ -197,3 +197,24 @@ def test_the_command_refuses_a_hostile_define(tmp_path):
     assert result.exit_code == 2, result.output
     assert "which a spec string cannot hold" in result.output and "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_a_scale_pad_the_family_does_anyway_is_left_to_it():
+    """The pad multiples come from the family's own leading pad steps (sf_128x4: rows to 128, K to 4), so
+    a scale's pad to 64 rows (128 covers it) is dropped, a pad to 256 (it does not) is kept."""
+    from layoutc.infer import Stmt, TensorChain, _harmonise, _leading_pads, _Pad, _program, vllm_contract
+
+    program = _program(vllm_contract("nvfp4"))
+    scale = next(t for t in program.inputs if t.name == "w13_weight_scale")
+    fam = Stmt("interleave({t}, sf_128x4)", "family", family="sf_128x4", op=("family", "sf_128x4", ()))
+    assert _leading_pads(scale, fam.op) == {1: 128, 2: 4}
+    assert _leading_pads(scale, ("family", "trtllm", (("epilogue_tile", 128),))) == {}
+
+    def harmonised(multiple):
+        chains = {"w13_weight": TensorChain("w13_weight", (), True),
+                  "w13_weight_scale": TensorChain("w13_weight_scale", (_Pad(multiple, 1).stmt(1), fam), True)}
+        _harmonise(program, chains)
+        return [s.text for s in chains["w13_weight_scale"].statements]
+
+    assert harmonised(64) == ["interleave({t}, sf_128x4)"]
+    assert harmonised(256) == ["pad({t}, dim=1, multiple=256)", "interleave({t}, sf_128x4)"]
