@@ -198,6 +198,20 @@ def test_an_error_in_the_reader_thread_names_the_shard_and_does_not_hang(tmp_pat
     assert resumed["skipped_shards"] == 2 and resumed["written_shards"] == 2
 
 
+def test_a_failure_in_the_reader_that_is_not_io_keeps_its_type(tmp_path, bf16, monkeypatch):
+    # Out of device memory (or a bug) in the reader thread is not "cannot read" the shard: passing it
+    # off as an unreadable file would send the user after the wrong cause.
+    make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
+
+    def read(self, path):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(shardio.ShardIO, "read", read)
+    result = _watchdog(lambda: convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out", prefetch=2))
+    err = result.get("error")
+    assert isinstance(err, torch.OutOfMemoryError) and "cannot read" not in str(err), result
+
+
 def test_a_truncated_shard_is_a_clear_error(tmp_path, bf16):
     make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
     victim = tmp_path / "in" / "model-00002-of-00002.safetensors"
