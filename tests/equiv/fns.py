@@ -94,3 +94,10 @@ def shuffled_eights(t):
 def good_with_params(t, params=None):
     """``good``, taking the spec's parameters (as an engine's recipe reads activation=...)."""
     return good(t)
+
+
+def raises_when_large(t):
+    """``good`` at the given dims; at larger ones raises with control characters (bell, backspace) in its message."""
+    if t["w13_weight"].shape[1] > 64:
+        raise ValueError("too large\x07\x08")
+    return good(t)

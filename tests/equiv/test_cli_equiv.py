@@ -126,3 +126,14 @@ def test_parameters_reach_the_spec_and_the_function():
                     "-D", "activation=relu2")
     assert code == 1, out
     assert "w13_weight: the function returns shape [2, 128, 64], the spec [2, 128, 128]" in out, out
+
+
+def test_a_function_error_in_the_report_is_escaped():
+    """The function's exception text reaches the report (a later shape failed); its control characters
+    are shown escaped, not sent to the terminal."""
+    code, out = run("equiv", Path(__file__).parent / "tiny.lyt", "--against", "tests.equiv.fns:raises_when_large",
+                    "--dims", "E=2,I=32,H=64")
+    assert code == 1, out
+    assert "raised ValueError: too large\\x07\\x08" in out, out
+    # (not an ANSI escape: click itself strips those from output that is not a terminal)
+    assert "\x07" not in out and "\x08" not in out
