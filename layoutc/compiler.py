@@ -55,8 +55,7 @@ def looks_like_scales_of(t: TensorSpec, program: Program) -> tuple[TensorSpec, s
             continue
         if not all(ex.same_value(a, b) for a, b in zip(w.shape[:-2], t.shape[:-2])):
             continue
-        per_byte = 2 if w.elem.name == "fp4x2" else 1
-        k = ratio(ex.mul(w.shape[-1], per_byte), t.shape[-1])
+        k = ratio(ex.mul(w.shape[-1], w.elem.values), t.shape[-1])
         rows = ratio(w.shape[-2], t.shape[-2])
         if k is None or rows is None or k < 2 or rows not in (1, k):
             continue

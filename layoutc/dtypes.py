@@ -24,6 +24,7 @@ class ElemType:
     accepts: tuple[str, ...]  # torch dtype names accepted at convert time (same bits)
     numeric: bool  # ``cast`` to and from it converts values
     doc: str
+    values: int = 1  # values packed in one element (fp4x2: two E2M1 values a byte); K counts values
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -36,8 +37,8 @@ class ElemType:
         return self.name
 
 
-def _t(name, bits, canonical, accepts, numeric, doc) -> ElemType:
-    return ElemType(name, bits, canonical, (canonical,) + tuple(accepts), numeric, doc)
+def _t(name, bits, canonical, accepts, numeric, doc, values=1) -> ElemType:
+    return ElemType(name, bits, canonical, (canonical,) + tuple(accepts), numeric, doc, values)
 
 
 ELEMENT_TYPES: dict[str, ElemType] = {
@@ -67,6 +68,7 @@ ELEMENT_TYPES: dict[str, ElemType] = {
             ("float4_e2m1fn_x2",),
             False,
             "two E2M1 values per byte, element 2j in the low nibble",
+            values=2,
         ),
     )
 }

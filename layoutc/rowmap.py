@@ -185,12 +185,13 @@ def reduce_to_axes(spec: TensorSpec, dims: dict, linear: torch.Tensor, valid: to
 
 
 def _elements(spec: TensorSpec, cols: tuple[int, ...]) -> tuple[int, ...]:
-    """K columns in elements: a packed fp4x2 byte holds elements 2j and 2j+1."""
-    if spec.elem.name != "fp4x2":
+    """K columns in values: a packed element j holds values n*j .. n*j + n-1 (fp4x2: n = 2)."""
+    n = spec.elem.values
+    if n == 1:
         return cols
     out = []
     for c in cols:
-        out += [-1, -1] if c < 0 else [2 * c, 2 * c + 1]
+        out += [-1] * n if c < 0 else [n * c + i for i in range(n)]
     return tuple(out)
 
 

@@ -113,7 +113,7 @@ class Verifier:
                            f"{'scales' if t.role == 'scale' else 'a bias'} must share the weight's rows",
                            t.pos, [t.name, w.name])
             if t.role == "scale":
-                k = ex.mul(w.shape[-1], 2) if w.elem.name == "fp4x2" else w.shape[-1]
+                k = ex.mul(w.shape[-1], w.elem.values)  # K in values: packed elements hold several
                 if not _agree(ex.mul(t.shape[-1], t.tie.block), k, samples):
                     self.error(
                         f"{t.name} has {ex.to_str(t.shape[-1])} scale columns, but {w.name} has "
