@@ -1090,7 +1090,7 @@ def _propose_ties(program, samples) -> list[tuple[str, str]]:
                 continue
             wshape = concrete_shape(w.shape, s.dims)
             if len(shape) == len(wshape) and shape[:-1] == wshape[:-1] and shape[-1] < wshape[-1]:
-                k_w = wshape[-1] * (2 if w.elem.name == "fp4x2" else 1)
+                k_w = wshape[-1] * w.elem.values
                 if k_w % shape[-1] == 0 and _rows_follow(s, t.name, w.name):
                     out.append((t.name, f"scales {w.name} block {k_w // shape[-1]}"))
                     break
