@@ -31,7 +31,7 @@ from .indexmap import bits_to_bytes, bytes_to_bits, concrete_shape
 from .ir import Program
 from .lower.eager import run as run_op
 from .ops.base import Category
-from .ops.value import Cast, ExtractBits
+from .ops.value import exact_cast
 from .rowmap import AxisMap, prefix_length, reduce_to_axes, static_sources
 from .verify import Verifier, verification_dims
 
@@ -53,20 +53,31 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
 def _bit_field(chain: Chain) -> tuple[int, int, int] | None:
     """(step, shift, width) when the chain's first value step keeps a bit field of the source's
     elements (``extract_bits`` of fp32 scales): the probe's digits must then live in that field,
-    where a digit stored as a value (its exponent and mantissa) would not survive."""
+    where a digit stored as a value (its exponent and mantissa) would not survive. Read from what
+    each value op declares it does to an element (its ``conversion()``)."""
     for i, step in enumerate(chain.steps):
-        if isinstance(step.op, ExtractBits):
-            ok = step.in_type.elem == chain.source.elem and step.op.width >= 8
-            return (i, step.op.shift, step.op.width) if ok else None
-        if step.op.facts.category is Category.VALUE and step.op.name != "view":
-            return None
+        conv = step.op.conversion()
+        if conv is not None and conv[0] == "extract":
+            _, shift, width, _ = conv
+            ok = step.in_type.elem == chain.source.elem and width >= 8
+            return (i, shift, width) if ok else None
+        if step.op.facts.category is Category.VALUE and (conv is None or conv[0] != "view"):
+            return None  # a value step before any bit field: the digits are values from here on
     return None
 
 
 def _lossy(chain: Chain) -> bool:
-    """Whether a value step drops bits of the elements (a narrowing cast, a bit field)."""
-    return any(isinstance(s.op, ExtractBits) or (isinstance(s.op, Cast) and not s.op.is_exact(s.in_type))
-               for s in chain.steps)
+    """Whether a value step drops bits of the elements (a bit field, a cast that is not an exact
+    widening), read from each op's declared ``conversion()``."""
+    for s in chain.steps:
+        conv = s.op.conversion()
+        if conv is None:
+            continue
+        if conv[0] == "extract":
+            return True
+        if conv[0] == "cast" and not exact_cast(s.in_type.elem, conv[1]):
+            return True
+    return False
 
 
 class ProbeRun:

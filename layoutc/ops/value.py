@@ -26,7 +26,7 @@ from typing import ClassVar
 import attrs
 
 from .. import expr as ex
-from ..dtypes import ElemType
+from ..dtypes import ElemType, widens_exactly
 from ..indexmap import IndexMap, identity, out_vars
 from . import torch_impl
 from .base import Category, Facts, Inferred, Op, OpTypeError, Requirement, TensorType
@@ -201,7 +201,14 @@ class Cast(Op):
         return Cast(t.elem)
 
     def is_exact(self, t: TensorType) -> bool:
-        return self.to.bits >= t.elem.bits and self.to.name not in ("e4m3", "e5m2")
+        return exact_cast(t.elem, self.to)
+
+
+def exact_cast(src: ElemType, to: ElemType) -> bool:
+    """Whether casting ``src`` values to ``to`` keeps every value: the same type, or a widening the
+    type table lists as exact. Bit widths alone would call bf16 <-> f16 (8 vs 5 exponent bits) and
+    i32 -> f32 (24-bit mantissa) exact; neither is."""
+    return src == to or widens_exactly(src, to)
 
 
 OPS = (View, Reinterpret, Cast, ExtractBits, InsertBits)

@@ -754,6 +754,11 @@ def test_cast_inverse_is_exact_only_when_widening():
     assert value.Cast(ET["f32"]).is_exact(TT("bf16", 3))
     assert not value.Cast(ET["bf16"]).is_exact(TT("f32", 3))
     assert not value.Cast(ET["e4m3"]).is_exact(TT("f32", 3))
+    assert value.Cast(ET["f16"]).is_exact(TT("e4m3", 3)) and value.Cast(ET["bf16"]).is_exact(TT("bf16", 3))
+    # same width but different exponent ranges, and more integer bits than f32's mantissa: not exact
+    assert not value.Cast(ET["f16"]).is_exact(TT("bf16", 3))
+    assert not value.Cast(ET["bf16"]).is_exact(TT("f16", 3))
+    assert not value.Cast(ET["f32"]).is_exact(TT("i32", 3))
     x = torch.tensor([1.0 + 2**-10, 3.0], dtype=torch.float32)
     inv = value.Cast(ET["bf16"]).inverse(TT("f32", 2))
     assert not torch.equal(run_eager(inv, run_eager(value.Cast(ET["bf16"]), x, {}), {}), x)

@@ -83,6 +83,7 @@ def test_the_generator_reaches_the_compiler():
     sample()
     assert stages["syntax"] == 0  # generated from the grammar: always parses
     assert stages["later"] > 50
+    assert stages["compiled"] > 0, stages  # and some get through every check, to a compiled spec
 
 
 # -- hostile characters and shapes: CR, U+2028, NUL, bidi controls, deep nesting ----------------------

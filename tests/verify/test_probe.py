@@ -6,9 +6,7 @@ import pytest
 import torch
 
 import layoutc
-from layoutc import api
-from layoutc import expr as ex
-from layoutc.indexmap import source_indices
+from layoutc import api, rowmap
 from layoutc.ops import torch_impl
 from layoutc.probe import ProbeRun, probe, probe_maps
 from tests.helpers import SPECS
@@ -82,14 +80,19 @@ def test_dynamic_verdict_is_independent_of_the_static_one(monkeypatch):
 
 
 def test_static_sources_equal_gathering_the_composed_map():
+    # static_sources (the probe's static side) against the index map's own gather: every valid
+    # output element names the source element the gather puts there, and the shapes agree.
+    from layoutc.indexmap import concrete_shape, gather
+
     spec = layoutc.compile_file(SPECS / "flashinfer_cutedsl_nvfp4.lyt")
     chain = spec.compiled.variant(()).chain("w13_weight_scale")
     dims = {"E": 1, "I": 64, "H": 64}
-    m = chain.composed_map()
-    linear, valid, _ = source_indices(m, dims)
-    x = torch.arange(int(ex.evaluate(chain.source.shape[1], dims)) * 4).reshape(1, -1, 4).to(torch.int64)
-    from layoutc.indexmap import gather
-    out = gather(m, x, dims)
+    linear, valid, shape = rowmap.static_sources(chain, dims, len(chain.steps))
+    source = concrete_shape(chain.source.shape, dims)
+    x = torch.arange(torch.Size(source).numel(), dtype=torch.int64).reshape(source)
+    out = gather(chain.composed_map(), x, dims)
+    assert tuple(out.shape) == tuple(shape) == tuple(linear.shape)
+    assert bool(valid.any())
     assert torch.equal(out[valid], x.reshape(-1)[linear[valid]])
 
 
