@@ -1,21 +1,29 @@
-"""Fused conversion time of every shipped spec with one checkout's layoutc, for a before/after in one
-run (issues 11 and 12: no shipped spec slower after the change).
+"""Fused conversion time of every shipped spec before and after a change, in one process, the two
+converters timed in alternation (issues 11 and 12: no shipped spec slower after the change).
 
-    python benchmarks/before_after.py --root .old --tag old --out ba.jsonl
-    python benchmarks/before_after.py --root .    --tag new --out ba.jsonl
+    python benchmarks/before_after.py --old .old --new . --out ba.jsonl [--rounds 5]
 
-``--root`` is a checkout (or `git archive` of one) holding layoutc/ and specs/; its layoutc is
-imported, its specs are compiled. Each line: the spec, its bytes read + written, the median of 20
-``convert`` calls (``layoutc.bench.timeit``, CUDA events) (default lowering on CUDA) and a device copy of the same bytes,
-measured in the same process at the gpt-oss-120b layer (E=128, I=H=2944). No anchors: FlashInfer's
-JIT builds would dominate a short run.
+``--old`` and ``--new`` are checkouts (or ``git archive`` copies) holding layoutc/ and specs/. Each
+one's layoutc compiles its own specs into standalone converter modules (a subprocess per checkout,
+so the two packages never meet); this process imports the modules of both and, per spec, times
+old, new, new, old, ... for ``--rounds`` rounds (each the median of 20 ``convert`` calls,
+``layoutc.bench.timeit``, CUDA events), on the same inputs, at the gpt-oss-120b layer (E=128,
+I=H=2944), with a device copy of the same bytes timed in each round. Run-to-run drift of the
+machine then falls on both sides alike. Where a spec's defaults changed its layout (AS_OLD), the
+new spec is also timed with the parameters that give the old layout. No anchors: FlashInfer's JIT
+builds would dominate a short run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import re
+import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 VARIANTS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
@@ -24,41 +32,105 @@ VARIANTS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
             ("flashinfer_trtllm_nvfp4", {"activation": "silu"}), ("flashinfer_cutlass_nvfp4", {"activation": "silu"}),
             ("flashinfer_trtllm_fp8_block", {}), ("flashinfer_trtllm_bf16", {"activation": "silu"})]
 DIMS = {"E": 128, "I": 2944, "H": 2944}
+# Parameters that give a newer spec the layout of the older one, where its defaults changed it (the
+# trtllm specs pad H, and I, to 256 since vLLM 0.33; at I = H = 2944, a multiple of 128, padding to
+# 128 is none, as before).
+AS_OLD = {"flashinfer_trtllm_mxfp4": {"pad_to": 128, "pad_hidden": 128}, "flashinfer_trtllm_nvfp4": {"pad_hidden": 128}}
+
+
+def emit(root: Path, folder: Path, tag: str) -> None:
+    """In a subprocess: compile every variant with ``root``'s layoutc into ``folder``; a manifest."""
+    sys.path.insert(0, str(root))
+    import layoutc
+
+    assert Path(layoutc.__file__).resolve().is_relative_to(root), layoutc.__file__
+    manifest = []
+    for i, (name, params) in enumerate(VARIANTS):
+        runs = [(params, False)]
+        extra = AS_OLD.get(name, {})
+        text = (root / "specs" / f"{name}.lyt").read_text()
+        if tag == "new" and extra and all(re.search(rf"^param {k}\b", text, re.MULTILINE) for k in extra):
+            runs.append(({**params, **extra}, True))
+        for j, (p, as_old) in enumerate(runs):
+            path = folder / f"{tag}_{i}_{j}.py"
+            try:
+                path.write_text(layoutc.compile_file(root / "specs" / f"{name}.lyt", p).source)
+                manifest.append({"variant": i, "spec": name, "params": p, "as_old": as_old, "module": str(path)})
+            except Exception as err:  # noqa: BLE001 -- recorded; the other specs still run
+                manifest.append({"variant": i, "spec": name, "params": p, "as_old": as_old, "error": repr(err)[:300]})
+    (folder / f"{tag}.json").write_text(json.dumps(manifest))
+
+
+def _load(path: str):
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", type=Path, required=True)
-    ap.add_argument("--tag", required=True)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--old", type=Path)
+    ap.add_argument("--new", type=Path, default=Path("."))
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--emit", nargs=3, metavar=("ROOT", "FOLDER", "TAG"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    root = args.root.resolve()
-    sys.path.insert(0, str(root))
+    if args.emit:
+        emit(Path(args.emit[0]).resolve(), Path(args.emit[1]), args.emit[2])
+        return 0
+    if args.old is None or args.out is None:
+        ap.error("--old and --out are required")
+    folder = Path(tempfile.mkdtemp(prefix="before_after_"))
+    for tag, root in (("old", args.old), ("new", args.new)):
+        subprocess.run([sys.executable, __file__, "--emit", str(root.resolve()), str(folder), tag], check=True)
+    old = {m["variant"]: m for m in json.loads((folder / "old.json").read_text())}
+    new = json.loads((folder / "new.json").read_text())
+
+    sys.path.insert(0, str(args.new.resolve()))
     import torch
 
     import layoutc
-    from layoutc.bench import timeit  # in the old checkout too: the same timing as gpu_bench
+    from layoutc.bench import timeit
     from layoutc.demo import synthetic_inputs
 
-    assert Path(layoutc.__file__).resolve().is_relative_to(root), layoutc.__file__
-    for name, params in VARIANTS:
+    for entry in new:
+        row = {"spec": entry["spec"], "params": entry["params"], "as_old": entry["as_old"], "dims": DIMS,
+               "old_params": old[entry["variant"]]["params"]}
         try:
-            spec = layoutc.compile_file(root / "specs" / f"{name}.lyt", params)
+            for side in (entry, old[entry["variant"]]):
+                if "error" in side:
+                    raise RuntimeError(side["error"])
+            spec = layoutc.compile_file(args.new / "specs" / f"{entry['spec']}.lyt", entry["params"])
             x = synthetic_inputs(spec, DIMS, 1, "cuda")
-            out = spec.convert(x)
-            moved = sum(t.numel() * t.element_size() for t in list(x.values()) + list(out.values()))
+            converters = {"old": _load(old[entry["variant"]]["module"]), "new": _load(entry["module"])}
+            outs = {tag: m.convert(x) for tag, m in converters.items()}
+            inputs = sum(t.numel() * t.element_size() for t in x.values())
+            for tag, out in outs.items():
+                row[f"{tag}_bytes"] = inputs + sum(t.numel() * t.element_size() for t in out.values())
+            row["same_output"] = outs["old"].keys() == outs["new"].keys() and all(
+                outs["old"][k].view(torch.uint8).equal(outs["new"][k].view(torch.uint8))
+                if outs["old"][k].shape == outs["new"][k].shape else False for k in outs["old"])
+            outs = None
             flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in x.values()])
             buf = torch.empty_like(flat)
-            conv = timeit(lambda: spec.convert(x), "cuda") * 1e3
-            copy = timeit(lambda: buf.copy_(flat), "cuda") * 1e3
-            row = {"tag": args.tag, "spec": name, "params": params, "dims": DIMS, "bytes": moved, "convert_ms": conv,
-                   "copy_ms": copy, "fraction_of_copy": (moved / conv) / (2 * flat.numel() / copy)}
+            times = {"old": [], "new": [], "copy": []}
+            for r in range(args.rounds):
+                for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                    times[tag].append(timeit(lambda m=converters[tag]: m.convert(x), "cuda") * 1e3)
+                times["copy"].append(timeit(lambda: buf.copy_(flat), "cuda") * 1e3)
+            row.update({f"{k}_ms": v for k, v in times.items()})
+            for tag in ("old", "new"):
+                row[f"{tag}_median_ms"] = statistics.median(times[tag])
+                row[f"{tag}_fraction_of_copy"] = (row[f"{tag}_bytes"] / row[f"{tag}_median_ms"]) / (
+                    2 * flat.numel() / statistics.median(times["copy"]))
+            row["new_over_old"] = row["new_median_ms"] / row["old_median_ms"]
         except Exception as err:  # noqa: BLE001 -- recorded; the other specs still run
-            row = {"tag": args.tag, "spec": name, "params": params, "error": repr(err)[:300]}
+            row["error"] = repr(err)[:300]
         print(json.dumps(row), flush=True)
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
-        x = out = flat = buf = None
+        x = flat = buf = converters = None
         torch.cuda.empty_cache()
     return 0
 

@@ -49,6 +49,14 @@ def _host_median(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def _triton_launch(m, layer, x, d):
+    m._DIRECT_LAUNCH = False  # runtime._launch: through Triton's launcher, as before 2026-11-30
+    try:
+        return layer(x, d)
+    finally:
+        m._DIRECT_LAUNCH = True
+
+
 def breakdown(args) -> None:
     """Where a warm call's host time goes, for the seed spec on the tiny layer: the generated
     module's own steps timed one by one (host only; the launch is not synchronized)."""
@@ -64,7 +72,8 @@ def breakdown(args) -> None:
                                                  m.DIMS, m._CONDITIONS, m._CONVERT_CHECKS),
         "accepted dtypes": lambda: m._widened(x, m.INPUTS),
         "lowering choice": lambda: m._choose_lowering("auto", x, m._LOWERINGS),
-        "layer launch (allocations + one Triton launch)": (lambda: layer(x, d)) if layer else (lambda: None),
+        "layer launch (allocations + compiled kernel launch)": (lambda: layer(x, d)) if layer else (lambda: None),
+        "layer launch, Triton's own launch every call": (lambda: _triton_launch(m, layer, x, d)) if layer else (lambda: None),
         "whole _convert": lambda: m._convert(x, d, present, "fused"),
         "output shape checks": lambda: m._check_outputs(out, m._OUTPUT_SHAPES, d, "convert"),
         "provenance stamp": lambda: m._stamp(out, m.SPEC_NAME, m.SPEC_SHA256, m.PARAMS, m.REQUIRES, d),

@@ -10,7 +10,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /
 export LAYOUTC_EXT_DIR=/tmp/layoutc_ext
 mkdir -p "$LAYOUTC_EXT_DIR" "$OUT/new" "$OUT/old"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
-if [[ -d .old/layoutc ]]; then  # before: gpt-oss-120b layer, every spec
+if [[ -d .old/layoutc && -z "${SKIP_OLD:-}" ]]; then  # before (SKIP_OLD=1: this tree only)
   (cd .old && PYTHONPATH=/tmp/site:$PWD timeout 150 python3 benchmarks/gpu_bench.py "$OUT/old" bench --quick \
      && PYTHONPATH=/tmp/site:$PWD timeout 100 python3 benchmarks/gpu_bench.py "$OUT/old" bench --quick --new) \
      > "$OUT/old/stdout.log" 2>&1; echo "old: exit $?"

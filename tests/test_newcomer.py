@@ -183,6 +183,17 @@ def test_bench_report_units_and_ratios():
     text = report(r)
     assert " 0 GB/s" not in text and "1.5 MB/s" in text and "1968x the time of a clone" in text
     assert "not a speed measurement" in text
+    assert "back to back" not in text
+    r.update(back_to_back=10, convert_b2b_s=2e-4, copy_b2b_s=1e-4, fraction_of_copy_b2b=0.5)
+    assert "10 calls back to back     0.200 ms per call  50.0% of 10 copies back to back (0.100 ms each)" in report(r)
+
+
+def test_timeit_back_to_back_times_calls_per_sample():
+    from layoutc.bench import timeit
+
+    n = []
+    per_call = timeit(lambda: n.append(1), "cpu", warmup=2, reps=3, calls=10)
+    assert len(n) == 2 + 3 * 10 and per_call >= 0
 
 
 def _git(cwd, *args):

@@ -80,6 +80,8 @@ class Plan:
     coarse: int = 1  # elements: the map moves runs of this many elements; the kernel moves them as one word
     coarse_src: ex.Expr | None = None  # ... source word index over the coarse output grid
     coarse_valid: ex.Expr = ex.TRUE
+    row_valid: ex.Expr = ex.TRUE  # rows: the map's validity without its bound on the last axis ...
+    col_bound: ex.Expr | None = None  # ... which is o_last < col_bound (a padded last axis), if any
     unsigned: bool = False  # no index expression has a negative constant: 32-bit unsigned arithmetic is exact
 
     @property
@@ -228,8 +230,8 @@ def plan(chain: Chain) -> Plan:
         raw = attrs.evolve(raw, access="words", quads=_quads(raw, chain))
         if raw.quads is not None:
             raw = attrs.evolve(raw, access="quads")
-    elif raw.pattern == "gather" and _rows_form(raw.map):
-        raw = attrs.evolve(raw, access="rows")
+    elif raw.pattern == "gather" and (split := _rows_form(raw.map)) is not None:
+        raw = attrs.evolve(raw, access="rows", row_valid=split[0], col_bound=split[1])
     elif raw.pattern == "gather" and not raw.conversions:
         raw = _coarsen(raw, chain)
     return attrs.evolve(raw, unsigned=nonnegative(*index_exprs(raw)))
@@ -251,6 +253,8 @@ def index_exprs(p: Plan) -> list[ex.Expr]:
         out += [*p.quads.bases, *p.quads.valid]
     if p.coarse_src is not None:
         out += [p.coarse_src, p.coarse_valid]
+    if p.col_bound is not None:
+        out += [p.row_valid, p.col_bound]
     return out
 
 
@@ -381,11 +385,22 @@ def _moves_whole_words(q: IndexMap, word: int, chain: Chain) -> bool:
     return True
 
 
-def _rows_form(m: IndexMap) -> bool:
-    """The last axis is copied as is: src_last == o_last, and nothing else depends on o_last."""
+def _rows_form(m: IndexMap) -> tuple[ex.Expr, ex.Expr | None] | None:
+    """(row validity, column bound) when the last axis is copied as is: src_last == o_last, and
+    nothing else depends on o_last except, at most, one conjunct ``o_last < X`` of the validity (a
+    last axis padded, as per-half padding of H does): columns from X on are the fill. None otherwise."""
     last = f"o{m.out_rank - 1}"
-    return (m.src[-1] == ex.Var(last) and m.in_shape[-1] == m.out_shape[-1]
-            and all(last not in ex.free_vars(e) for e in (*m.src[:-1], m.valid, m.fill)))
+    if m.src[-1] != ex.Var(last) or any(last in ex.free_vars(e) for e in (*m.src[:-1], m.fill)):
+        return None
+    terms = m.valid.args if isinstance(m.valid, ex.And) else (m.valid,)
+    on_last = [c for c in terms if last in ex.free_vars(c)]
+    if not on_last:
+        return m.valid, None
+    bound = on_last[0]
+    if len(on_last) > 1 or not (isinstance(bound, ex.Lt) and bound.lhs == ex.Var(last)
+                                and last not in ex.free_vars(bound.rhs)):
+        return None
+    return ex.and_(*(c for c in terms if c is not bound)), bound.rhs
 
 
 #: Divisibility of the dims tried for the quads walk, smallest first.

@@ -217,6 +217,47 @@ def _triton_kernels(source, filename):
     return _KERNELS["kernels"]
 
 
+_LAUNCHES = {}
+#: Launch a layer kernel's compiled kernel directly once Triton has launched it for the key (False:
+#: Triton's own launch on every call; benchmarks/host_time.py times both).
+_DIRECT_LAUNCH = True
+
+
+def _launch(kernel, programs, args, consts, num_warps):
+    # Launch a generated layer kernel on `programs` programs. Triton's own launch binds and
+    # specialises every argument on each call: about 90 us of host time for a layer kernel with ~30
+    # constexpr arguments on the H200 (benchmarks/host_time.py), more than converting a small layer
+    # takes. The compiled kernel that launch returns is kept per key (current device, the
+    # arguments' dtypes, the constexpr values: what Triton specialises on here, since the pointers
+    # are 16-byte aligned by _aligned and the allocator and there are no integer arguments), and
+    # later calls with the same key launch it directly. Where Triton's objects do not look as
+    # expected (another version, the interpreter) every call takes Triton's own launch.
+    key = (id(kernel), torch.cuda.current_device() if args[0].is_cuda else -1,
+           tuple(a.dtype for a in args), tuple(consts.values()))
+    compiled = _LAUNCHES.get(key) if _DIRECT_LAUNCH else None
+    if compiled is not None:
+        compiled[(programs, 1, 1)](*args, *consts.values())
+        return
+    compiled = kernel[(programs,)](*args, **consts, num_warps=num_warps)
+    names = list(getattr(kernel, "arg_names", ()))
+    direct = (args[0].is_cuda and hasattr(compiled, "__getitem__") and hasattr(compiled, "function")
+              and names[len(args):] == list(consts) and len(names) == len(args) + len(consts))
+    _LAUNCHES[key] = compiled if direct else None
+
+
+#: A tensor the layer copies as is, of at least this many bytes, is copied by torch (the device's
+#: own copy, the speed every conversion is measured against) rather than by the layer kernel: on
+#: the H200 (benchmarks/copy_sweep.py, 2026-11-30) the cutedsl relu2 spec at the gpt-oss-120b layer
+#: took 0.676 ms against 0.702 ms with the copy in the layer kernel, and single calls of the three
+#: specs with such a tensor were 2-15% faster (the copy starts while the host still prepares the
+#: layer kernel). Below it, the extra launch's host time would cost more than it saves.
+_COPY_APART_BYTES = 1 << 20
+
+
+def _copy_apart(x):
+    return x.numel() * x.element_size() >= _COPY_APART_BYTES
+
+
 def _choose_lowering(lowering, tensors, lowerings):
     # `lowerings` is the code generator's table (layoutc.lower.registry): per lowering its name, the
     # device types it runs on (None: any), those 'auto' picks it for, the module it needs, the

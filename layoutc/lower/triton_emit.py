@@ -36,6 +36,12 @@ CANONICAL_NAN = {"bfloat16": ("tl.uint16", 0x7FC0), "float16": ("tl.uint16", 0x7
 # Work per program (lanes x elements per lane), with NUM_WARPS warps per program.
 NUM_WARPS = 4
 BLOCK_ELEMENTS = 2048  # elements: one element (or coarse word) per lane
+# A plain copy moves this many bytes per program: 64 per lane, four 16-byte loads in flight per
+# lane before any store, so the copy keeps the memory busy even when the layer kernel's other
+# bodies hold enough registers to lower occupancy. Large copies do not come here at all
+# (runtime._COPY_APART_BYTES); for the rest, 2, 8 and 32 KB per program were within 2% of each
+# other on the H200 (benchmarks/copy_sweep.py, 2026-11-30).
+COPY_BYTES = 8192
 BLOCK_WORDS = 512  # words: one 32-bit output word per lane
 BLOCK_QUADS = 1024  # quads: 16 output bytes per lane
 ROW_TILE_COLS = 1024  # rows: tiles of up to this many columns ...
@@ -55,7 +61,9 @@ def header(chain: Chain, p: Plan, filename: str) -> list[str]:
     src, out = chain.source, chain.target
     how = {"copy": "copied", "affine": "one strided copy", "gather": "gathered",
            "words": "bits permuted within 32-bit words"}[p.pattern]
-    walk = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else "one element per lane",
+    lane = f"{COPY_BYTES // (32 * NUM_WARPS)} bytes per lane" if elements_block(p) != BLOCK_ELEMENTS \
+        else "one element per lane"
+    walk = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else lane,
             "rows": "2-D tiles of rows", "words": "one word per lane", "quads": "four words per lane"}[p.access]
     lines = [f"{chain.tensor}: {src.elem.name}{src.shape_str()} -> "
              f"{out.elem.name + out.shape_str() if out is not None else chain.out_type}; {how}, {walk}"]
@@ -146,11 +154,18 @@ def _conversions(p: Plan, value: str) -> list[str]:
     return lines
 
 
+def elements_block(p: Plan) -> int:
+    """Elements per program of the elements walk: COPY_BYTES of a plain copy, else BLOCK_ELEMENTS."""
+    if p.map is None and not p.conversions:
+        return max(1, COPY_BYTES // max(1, p.in_elem.bits // 8))
+    return BLOCK_ELEMENTS
+
+
 def _elements(p: Plan) -> list[str]:
-    """One output element per lane, its source address from the composed map."""
+    """One output element per lane (a plain copy: a run of them), its source address from the composed map."""
     m = p.map
     total = ex.mul(*p.out_shape) if p.out_shape else ex.Const(1)
-    body = _lanes(p, BLOCK_ELEMENTS) + [f"mask = offs < ({t(total)})"] + unravel("offs", p.out_shape)
+    body = _lanes(p, elements_block(p)) + [f"mask = offs < ({t(total)})"] + unravel("offs", p.out_shape)
     if m is None:  # a copy
         body.append("v = tl.load(x_ptr + offs, mask=mask)")
     elif m.is_total():
@@ -175,10 +190,21 @@ def _coarse(p: Plan) -> list[str]:
     return body
 
 
-def _rows(p: Plan) -> list[str]:
-    """2-D tiles: rows found through the composed map, each copied along its contiguous last axis."""
+def rows_word(p: Plan) -> int:
+    """Elements per 32-bit word the rows walk may move at once (1: element by element): rows of
+    narrow elements with no value conversion and a zero fill move as whole words when the call's
+    row lengths (and the padding bound) are multiples of it; the launcher checks."""
+    if p.access != "rows" or p.conversions or p.in_elem.bits >= 32 or p.map.fill != ex.Const(0):
+        return 1
+    return 32 // p.in_elem.bits
+
+
+def _rows(p: Plan, w: int = 1) -> list[str]:
+    """2-D tiles: rows found through the composed map, each copied along its contiguous last axis
+    (``w`` elements per word: the last axis counted in words)."""
     m = p.map
-    lead, kout, kin = p.out_shape[:-1], p.out_shape[-1], p.in_shape[-1]
+    lead = p.out_shape[:-1]
+    kout, kin = ex.div(p.out_shape[-1], w), ex.div(p.in_shape[-1], w)
     n_rows = t(ex.mul(*lead)) if lead else "1"
     return [
         f"_nct = ({t(kout)} + _T - 1) // _T",
@@ -192,9 +218,11 @@ def _rows(p: Plan) -> list[str]:
         f"live = rows < ({n_rows})",
         *unravel("rows", lead),
         f"src = {t(linear(m.src[:-1], p.in_shape[:-1]))}",
-        f"ok = live & {t(m.valid)}" if not m.is_total() else "ok = live",
+        f"ok = live & {t(p.row_valid)}" if p.row_valid != ex.TRUE else "ok = live",
         f"inside = cols < ({t(kout)})",
-        f"v = tl.load(x_ptr + src[:, None] * ({t(kin)}) + cols[None, :], mask=ok[:, None] & inside[None, :], "
+        *([f"_read = inside & (cols < ({t(ex.div(p.col_bound, w))}))  # the padded columns are the fill"]
+          if p.col_bound is not None else ["_read = inside"]),
+        f"v = tl.load(x_ptr + src[:, None] * ({t(kin)}) + cols[None, :], mask=ok[:, None] & _read[None, :], "
         f"other={t(m.fill)})",
         *_conversions(p, "v"),
         f"tl.store(y_ptr + rows[:, None] * ({t(kout)}) + cols[None, :], v, mask=live[:, None] & inside[None, :])",
@@ -297,6 +325,8 @@ def body(p: Plan, name: str, dims: Sequence[str]) -> str:
         lines = ["if _ALT:", *("    " + x for x in _quads(p)), "else:", *("    " + x for x in _words(p))]
     elif p.access == "words":
         lines = _words(p)
+    elif p.access == "rows" and rows_word(p) > 1:
+        lines = ["if _ALT:", *("    " + x for x in _rows(p, rows_word(p))), "else:", *("    " + x for x in _rows(p))]
     elif p.access == "rows":
         lines = _rows(p)
     elif p.coarse > 1:
@@ -349,6 +379,8 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
             lines += [f"    _alt = {cond}", "    if _alt:", *(f"        {x}" for x in first), "    else:",
                       *(f"        {x}" for x in second)]
             alt = "_alt"
+        if p.map is None and not p.conversions:  # a plain copy: large ones by the device's own copy
+            lines += ["    if _copy_apart(x):", "        ys.copy_(xs)", "        n = 0"]
         lines += [
             "    _args += [xs, ys]",
             f"    _flags.update(_G{i}=n, _W{i}=max(x.numel() * x.element_size(), y.numel() * y.element_size()) >= 2**31, "
@@ -360,8 +392,8 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
         "",
         "    if total:",
         "        kernels = _triton_kernels(_TRITON_SOURCE, _TRITON_FILE)",
-        f"        kernels[{kernel!r}][(total,)](*_args, {''.join(f'{d}={d}, ' for d in dims)}**_flags, "
-        f"_ASM=_inline_asm(x), num_warps={NUM_WARPS})",
+        f"        _launch(kernels[{kernel!r}], total, _args, dict({''.join(f'{d}={d}, ' for d in dims)}**_flags, "
+        f"_ASM=_inline_asm(x)), {NUM_WARPS})",
         "    return out",
     ]
     return "\n".join(lines) + "\n"
@@ -389,12 +421,20 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
     same = "same" if p.conversions else BIT_VIEWS[p.in_elem.bits]
     if p.access == "rows":
         lead = ex.to_python(ex.mul(*p.out_shape[:-1])) if p.out_shape[:-1] else "1"
-        cols = ex.to_python(p.out_shape[-1])
-        tile = f"min({ROW_TILE_COLS}, 1 << max(0, ({cols} - 1).bit_length()))"
-        return [(None, [f"_t = {tile}", f"xs, ys = {_view(same, 'x')}, {_view(same, 'y')}",
-                        f"n = -(-({lead}) // ({ROW_TILE_ELEMENTS} // _t)) * -(-({cols}) // _t)"])]
+
+        def rows(view: str, w: int) -> list[str]:
+            cols = f"({ex.to_python(p.out_shape[-1])}) // {w}" if w > 1 else ex.to_python(p.out_shape[-1])
+            tile = f"min({ROW_TILE_COLS}, 1 << max(0, ({cols} - 1).bit_length()))"
+            return [f"_t = {tile}", f"xs, ys = {_view(view, 'x')}, {_view(view, 'y')}",
+                    f"n = -(-({lead}) // ({ROW_TILE_ELEMENTS} // _t)) * -(-({cols}) // _t)"]
+        w = rows_word(p)
+        if w == 1:
+            return [(None, rows(same, 1))]
+        bound = f" and ({ex.to_python(p.col_bound)}) % {w} == 0" if p.col_bound is not None else ""
+        return [(f"x.shape[-1] % {w} == 0 and y.shape[-1] % {w} == 0{bound}  # whole words", rows("int32", w)),
+                (None, rows(same, 1))]
     total = ex.to_python(ex.mul(*p.out_shape)) if p.out_shape else "1"
-    plain = walk(same, same, f"-(-({total}) // {BLOCK_ELEMENTS})")
+    plain = walk(same, same, f"-(-({total}) // {elements_block(p)})")
     if p.coarse > 1:
         wide = BIT_VIEWS[p.in_elem.bits * p.coarse]
         coarse = walk(wide, wide, f"-(-({total}) // {p.coarse * BLOCK_ELEMENTS})")

@@ -112,6 +112,38 @@ def test_affine_chains_lower_to_one_strided_copy():
         assert_same_bits(spec.convert(x, lowering=how)["w"], x["w"].transpose(1, 2))
 
 
+@pytest.mark.parametrize("apart", [0, 1 << 62])
+def test_tensors_copied_as_is_apart_from_the_layer_kernel_or_in_it(apart):
+    # runtime._COPY_APART_BYTES: large plain copies by torch, the rest in the layer kernel.
+    spec = layoutc.compile_file(SPECS / "flashinfer_cutedsl_nvfp4.lyt", {"activation": "relu2"})
+    assert "ys.copy_(xs)" in spec.source
+    x = synthetic_inputs(spec, {"E": 2, "I": 64, "H": 48}, seed=6)
+    default = spec.module._COPY_APART_BYTES
+    spec.module._COPY_APART_BYTES = apart
+    try:
+        assert_all_same(spec.convert(x, lowering="fused"), spec.convert(x, lowering="eager"))
+    finally:
+        spec.module._COPY_APART_BYTES = default
+
+
+@pytest.mark.parametrize("k", [8, 12, 6, 20])
+def test_rows_with_a_padded_last_axis_move_whole_words_when_the_lengths_allow(k):
+    # Rows permuted and the last axis padded (the trtllm weights with H padded): the rows walk,
+    # its last axis in 32-bit words when K and the padded length are multiples of 4 (8, 12, 20),
+    # element by element otherwise (6); the padded columns are zeros either way.
+    from layoutc.lower.triton_emit import rows_word
+
+    text = f"dims E, R\ninput w : u8[E, R, {k}]\nswap_pairs(w, dim=1)\npad(w, dim=2, multiple=16)\n" \
+           f"output w : u8[E, R, {-(-k // 16) * 16}]\n"
+    spec = layoutc.compile_source(text, "rows.lyt")
+    p = plan(spec.compiled.variant(()).chain("w"))
+    assert (p.access, str(p.col_bound), rows_word(p)) == ("rows", str(k), 4)
+    x = {"w": torch.randint(0, 256, (2, 6, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(k))}
+    ref = spec.convert(x, lowering="eager")["w"]
+    assert_same_bits(spec.convert(x, lowering="fused")["w"], ref)
+    assert not ref[..., k:].any() and ref[:, 0, :k].equal(x["w"][:, 1])
+
+
 @pytest.mark.parametrize("name,params,dims", CASES, ids=IDS)
 def test_chunked_and_in_place_conversion(name, params, dims):
     spec = layoutc.compile_file(SPECS / f"{name}.lyt", params)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 11's last criterion on one H200 (device tool), from the repository root:
+#   kind nvidia-h200, carry [".gpu", ".whl", ".old"], command: bash benchmarks/before_after_run.sh
+# .old holds `git archive 9bb7b22 layoutc specs benchmarks` (the lowering before issues 11/12).
+# benchmarks/before_after.py times the old and the new converter of every spec in one process, in
+# alternation; then the CUDA checkpoint pipeline test when pytest is on the machine. Results:
+# $OUT/ba.jsonl, $OUT/ba.log, $OUT/pipeline.log; a table is printed last.
+set -uo pipefail
+source .gpu/setup.sh
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+timeout 400 python3 benchmarks/before_after.py --old .old --new . --out "$OUT/ba.jsonl" > "$OUT/ba.log" 2>&1
+echo "before_after: exit $?"
+if python3 -c 'import pytest, hypothesis' 2>/dev/null; then
+  PYTHONPATH=/tmp/site:$PWD timeout 200 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_checkpoint_pipeline.py -k cuda_pipeline > "$OUT/pipeline.log" 2>&1; echo "pipeline test: exit $?"
+else
+  echo "pytest/hypothesis not on the machine: pipeline test not run" | tee "$OUT/pipeline.log"
+fi
+python3 - "$OUT/ba.jsonl" <<'PY'
+import json, sys
+print(f"{'spec':58s} {'old ms':>7s} {'new ms':>7s} {'new/old':>7s} {'old %':>6s} {'new %':>6s} same")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    name = r["spec"].removeprefix("flashinfer_") + " " + ",".join(f"{k}={v}" for k, v in r["params"].items())
+    if "error" in r:
+        print(f"{name:58s} ERROR {r['error'][:80]}")
+        continue
+    print(f"{name:58s} {r['old_median_ms']:7.3f} {r['new_median_ms']:7.3f} {r['new_over_old']:7.3f} "
+          f"{100 * r['old_fraction_of_copy']:6.1f} {100 * r['new_fraction_of_copy']:6.1f} {r['same_output']}")
+PY

@@ -1,0 +1,100 @@
+"""The generated converters' launch of a layer kernel (runtime._launch): Triton's own launch on the
+first call of a key, the compiled kernel it returned on later calls with the same key.
+
+Triton's objects are stood in for by fakes that record how they were called: the CPU has no
+compiled kernels, and the GPU run (benchmarks/gpu_bench.py parity: a warm call equals the first)
+checks the real ones.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from layoutc.lower import runtime
+
+
+class FakeArg:
+    def __init__(self, dtype=torch.uint8, cuda=True):
+        self.dtype, self.is_cuda = dtype, cuda
+
+
+class FakeCompiled:
+    function = object()
+
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, grid):
+        return lambda *args: self.log.append(("direct", grid, args))
+
+
+class FakeKernel:
+    def __init__(self, arg_names, returns=True):
+        self.arg_names, self.log, self.returns = arg_names, [], returns
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append(("triton", grid, args, kwargs))
+            return FakeCompiled(self.log) if self.returns else None
+        return launch
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(monkeypatch):
+    monkeypatch.setattr(runtime, "_LAUNCHES", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+def test_second_call_of_a_key_launches_the_compiled_kernel_with_every_argument_in_order():
+    k = FakeKernel(["_x0", "_y0", "E", "_G0"])
+    x, y = FakeArg(), FakeArg()
+    runtime._launch(k, 7, [x, y], {"E": 4, "_G0": 7}, 4)
+    runtime._launch(k, 7, [x, y], {"E": 4, "_G0": 7}, 4)
+    assert k.log[0] == ("triton", (7,), (x, y), {"E": 4, "_G0": 7, "num_warps": 4})
+    assert k.log[1] == ("direct", (7, 1, 1), (x, y, 4, 7))
+    assert len(k.log) == 2
+
+
+@pytest.mark.parametrize("change", ["consts", "dtype", "device"])
+def test_a_new_key_goes_through_triton_again(monkeypatch, change):
+    k = FakeKernel(["_x0", "_y0", "E", "_G0"])
+    runtime._launch(k, 7, [FakeArg(), FakeArg()], {"E": 4, "_G0": 7}, 4)
+    consts, args = {"E": 4, "_G0": 7}, [FakeArg(), FakeArg()]
+    if change == "consts":
+        consts = {"E": 8, "_G0": 14}
+    elif change == "dtype":
+        args = [FakeArg(torch.int32), FakeArg(torch.int32)]
+    else:
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    runtime._launch(k, 14, args, consts, 4)
+    assert [entry[0] for entry in k.log] == ["triton", "triton"]
+
+
+@pytest.mark.parametrize("kernel, cuda", [
+    (FakeKernel(["_x0", "_y0", "_G0", "E"]), True),  # constexprs in another order than the call's
+    (FakeKernel(["_x0", "_y0", "E"]), True),  # a parameter missing
+    (FakeKernel(["_x0", "_y0", "E", "_G0"], returns=False), True),  # launch returned nothing (interpreter)
+    (FakeKernel(["_x0", "_y0", "E", "_G0"]), False),  # CPU tensors (Triton's interpreter)
+])
+def test_without_a_usable_compiled_kernel_every_call_takes_tritons_launch(kernel, cuda):
+    for _ in range(3):
+        runtime._launch(kernel, 7, [FakeArg(cuda=cuda), FakeArg(cuda=cuda)], {"E": 4, "_G0": 7}, 4)
+    assert [entry[0] for entry in kernel.log] == ["triton"] * 3
+
+
+def test_generated_layer_launchers_go_through_launch():
+    import layoutc
+    from layoutc.demo import DEFAULT_SPEC
+
+    src = layoutc.compile_file(DEFAULT_SPEC).source
+    assert "_launch(kernels['_k_layer_0'], total, _args, dict(" in src
+    assert "kernels['_k_layer_0'][" not in src
+
+
+def test_the_switch_off_sends_every_call_through_triton(monkeypatch):
+    monkeypatch.setattr(runtime, "_DIRECT_LAUNCH", False)
+    k = FakeKernel(["_x0", "_y0", "E", "_G0"])
+    for _ in range(2):
+        runtime._launch(k, 7, [FakeArg(), FakeArg()], {"E": 4, "_G0": 7}, 4)
+    assert [entry[0] for entry in k.log] == ["triton", "triton"]
