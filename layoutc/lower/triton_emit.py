@@ -156,7 +156,7 @@ def _conversions(p: Plan, value: str) -> list[str]:
 
 def elements_block(p: Plan) -> int:
     """Elements per program of the elements walk: COPY_BYTES of a plain copy, else BLOCK_ELEMENTS."""
-    if p.map is None and not p.conversions:
+    if p.pattern == "copy" and not p.conversions:
         return max(1, COPY_BYTES // max(1, p.in_elem.bits // 8))
     return BLOCK_ELEMENTS
 
@@ -379,7 +379,7 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
             lines += [f"    _alt = {cond}", "    if _alt:", *(f"        {x}" for x in first), "    else:",
                       *(f"        {x}" for x in second)]
             alt = "_alt"
-        if p.map is None and not p.conversions:  # a plain copy: large ones by the device's own copy
+        if p.pattern == "copy" and not p.conversions:  # a plain copy: large ones by the device's own copy
             lines += ["    if _copy_apart(x):", "        ys.copy_(xs)", "        n = 0"]
         lines += [
             "    _args += [xs, ys]",

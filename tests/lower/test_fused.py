@@ -112,12 +112,15 @@ def test_affine_chains_lower_to_one_strided_copy():
         assert_same_bits(spec.convert(x, lowering=how)["w"], x["w"].transpose(1, 2))
 
 
+@pytest.mark.parametrize("name,params,dims", [CASES[3], CASES[0]], ids=[IDS[3], IDS[0]])
 @pytest.mark.parametrize("apart", [0, 1 << 62])
-def test_tensors_copied_as_is_apart_from_the_layer_kernel_or_in_it(apart):
-    # runtime._COPY_APART_BYTES: large plain copies by torch, the rest in the layer kernel.
-    spec = layoutc.compile_file(SPECS / "flashinfer_cutedsl_nvfp4.lyt", {"activation": "relu2"})
-    assert "ys.copy_(xs)" in spec.source
-    x = synthetic_inputs(spec, {"E": 2, "I": 64, "H": 48}, seed=6)
+def test_tensors_copied_as_is_apart_from_the_layer_kernel_or_in_it(name, params, dims, apart):
+    # runtime._COPY_APART_BYTES: large plain copies by torch, the rest in the layer kernel; 0 takes
+    # every plain copy apart, and only those (regression: the bit-permuted SM90 weights were taken
+    # for plain copies, their word views copied onto each other).
+    spec = layoutc.compile_file(SPECS / f"{name}.lyt", params)
+    assert ("ys.copy_(xs)" in spec.source) == (name != "flashinfer_cutlass_bf16")  # its w2_bias is cast
+    x = synthetic_inputs(spec, dims, seed=6)
     default = spec.module._COPY_APART_BYTES
     spec.module._COPY_APART_BYTES = apart
     try:
