@@ -16,5 +16,5 @@ if [[ -d .old/layoutc && -z "${SKIP_OLD:-}" ]]; then  # before (SKIP_OLD=1: this
      > "$OUT/old/stdout.log" 2>&1; echo "old: exit $?"
 fi
 export PYTHONPATH=/tmp/site:$PWD
-timeout 330 python3 benchmarks/gpu_bench.py "$OUT/new" parity bench --all; echo "new: exit $?"
+timeout 420 python3 benchmarks/gpu_bench.py "$OUT/new" parity bench --all; echo "new: exit $?"
 timeout 90 python3 benchmarks/host_time.py --reps 100 --out "$OUT/host_time.json" | tee "$OUT/host_time.log"

@@ -424,7 +424,7 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
 
         def rows(view: str, w: int) -> list[str]:
             cols = f"({ex.to_python(p.out_shape[-1])}) // {w}" if w > 1 else ex.to_python(p.out_shape[-1])
-            tile = f"min({ROW_TILE_COLS}, 1 << max(0, ({cols} - 1).bit_length()))"
+            tile = f"_row_tile({cols}, {ROW_TILE_COLS})"
             return [f"_t = {tile}", f"xs, ys = {_view(view, 'x')}, {_view(view, 'y')}",
                     f"n = -(-({lead}) // ({ROW_TILE_ELEMENTS} // _t)) * -(-({cols}) // _t)"]
         w = rows_word(p)

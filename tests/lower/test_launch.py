@@ -98,3 +98,9 @@ def test_the_switch_off_sends_every_call_through_triton(monkeypatch):
     for _ in range(2):
         runtime._launch(k, 7, [FakeArg(), FakeArg()], {"E": 4, "_G0": 7}, 4)
     assert [entry[0] for entry in k.log] == ["triton", "triton"]
+
+
+def test_row_tiles_waste_the_fewest_lanes():
+    tile = runtime._row_tile
+    assert [tile(c, 1024) for c in (1, 3, 64, 384, 368, 1472, 1024, 2048, 1000)] == [1, 4, 64, 128, 128, 64, 1024, 1024, 1024]
+    assert tile(1472, 256) == 64 and tile(4096, 256) == 256
