@@ -232,15 +232,9 @@ def plan(chain: Chain) -> Plan:
             raw = attrs.evolve(raw, access="quads")
     elif raw.pattern == "gather" and (split := _rows_form(raw.map)) is not None:
         raw = attrs.evolve(raw, access="rows", row_valid=split[0], col_bound=split[1])
-    elif raw.pattern == "gather" and _moves_bits_only(raw):
+    elif raw.pattern == "gather" and not raw.conversions:
         raw = _coarsen(raw, chain)
     return attrs.evolve(raw, unsigned=nonnegative(*index_exprs(raw)))
-
-
-def _moves_bits_only(p: Plan) -> bool:
-    """No value step changes a bit: none, or only views as a type of the same width (the trtllm
-    scales, e8m0 relabelled e4m3), so whole words of elements may move unchanged."""
-    return all(c[0] == "view" and c[-1].bits == p.in_elem.bits for c in p.conversions)
 
 
 def _has_table(e: ex.Expr) -> bool:

@@ -103,18 +103,6 @@ def test_plans():
                      "w2_weight_scale": "gather", "w13_bias": "gather", "w2_bias": "copy"}
 
 
-def test_scales_relabelled_by_a_view_still_move_as_words():
-    # The trtllm MXFP4 scales end with view(e4m3) (same width): the coarse walk moves 4 of them
-    # as one word, as for scales with no view (the H200 layer split found byte-wise gathers of
-    # them the spec's limit).
-    spec = layoutc.compile_file(SPECS / "flashinfer_trtllm_mxfp4.lyt")
-    v = spec.compiled.variant(())
-    p = plan(v.chain("w13_weight_scale"))
-    assert p.conversions and p.conversions[0][0] == "view" and p.coarse == 4
-    x = synthetic_inputs(spec, {"E": 1, "I": 128, "H": 256}, seed=8)
-    assert_all_same(spec.convert(x, lowering="fused"), spec.convert(x, lowering="eager"))
-
-
 def test_affine_chains_lower_to_one_strided_copy():
     text = "dims E, R\ninput w : bf16[E, R, 8]\ntranspose(w, 1, 2)\noutput w : bf16[E, 8, R]\n"
     spec = layoutc.compile_source(text, "affine.lyt")
