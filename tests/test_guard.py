@@ -93,6 +93,46 @@ def test_records_of_freed_tensors_do_not_vouch_for_new_ones(bf16):
     assert all(r["storage"].expired() for r in stale)
 
 
+def test_the_registry_sweeps_freed_records_when_it_doubles_not_on_every_call(bf16):
+    # A model's converted layers stay alive: a sweep over every record per call made converting
+    # n layers O(n^2). Kept layers keep their records; discarded ones are swept in bulk, so the
+    # registry stays within twice the live records (and at least the sweep floor of 64).
+    from layoutc.lower.guard_rt import _provenance_registry
+
+    gc.collect()
+    reg = _provenance_registry()
+    x = synthetic_inputs(bf16, DIMS, 8)
+    kept = [bf16.convert(x) for _ in range(20)]  # 20 layers x 6 outputs, all alive
+    live = sum(len(o) for o in kept)
+    for _ in range(300):  # discarded conversions
+        bf16.convert(x)
+    gc.collect()
+    bf16.convert(x)
+    alive = sum(1 for r in reg.records.values() if not r["storage"].expired())
+    assert alive >= live and len(reg.records) <= max(64, 2 * alive) + 6
+    assert all(guard.provenance(t)["call"] == guard.provenance(o["w2_weight"])["call"]
+               for o in kept for t in o.values())
+
+    class Counting:  # stands in for every record's weak reference: counts expiry checks
+        calls = 0
+
+        def expired(self):
+            Counting.calls += 1
+            return False
+
+    saved = {k: r["storage"] for k, r in reg.records.items()}
+    reg.sweep_at = len(reg.records) + 100  # below the threshold: no sweep
+    try:
+        for r in reg.records.values():
+            r["storage"] = Counting()
+        bf16.convert(x)
+        assert Counting.calls == 0
+    finally:
+        for k, ref in saved.items():
+            if k in reg.records and isinstance(reg.records[k]["storage"], Counting):
+                reg.records[k]["storage"] = ref
+
+
 def test_standalone_module_has_the_same_guard(bf16, tmp_path):
     path = bf16.write(tmp_path / "conv.py")
     spec = importlib.util.spec_from_file_location("conv_guard_test", path)

@@ -55,8 +55,14 @@ def _stamp(outputs, spec_name, sha256, params, requires, dims=None):
     from torch.multiprocessing.reductions import StorageWeakRef
 
     reg = _provenance_registry()
-    for key in [k for k, r in reg.records.items() if r["storage"].expired()]:
-        del reg.records[key]
+    # Drop records of freed storages when the registry has doubled since the last sweep, not on
+    # every call: a sweep visits every record, and a model's converted layers stay alive, so a
+    # sweep per call made converting n layers cost O(n^2) (75 us per call at 36 layers, 350 us at
+    # 200, on the 2-core CPU). Stale records are harmless meanwhile: lookups check expiry.
+    if len(reg.records) >= getattr(reg, "sweep_at", 0):
+        for key in [k for k, r in reg.records.items() if r["storage"].expired()]:
+            del reg.records[key]
+        reg.sweep_at = max(64, 2 * len(reg.records))
     call = next(reg.calls)
     library = tuple((lib, _installed(dist)) for lib, dist, _, _ in requires)
     converted = frozenset(outputs)
