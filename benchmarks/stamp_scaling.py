@@ -1,0 +1,48 @@
+"""Host time of the provenance stamp with many converted layers alive (issue 15, host time).
+
+    python benchmarks/stamp_scaling.py [--device cpu]
+
+Every ``convert`` records its outputs in a process-wide registry (layoutc.lower.guard_rt._stamp);
+a model's converted layers stay alive, so the registry holds six records per layer. The median
+time of one stamp of six outputs with 0, 36, 200 and 1000 layers' records alive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from layoutc.lower import guard_rt  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--reps", type=int, default=300)
+    args = ap.parse_args()
+    reg = guard_rt._provenance_registry()
+    for layers in (0, 36, 200, 1000):
+        reg.records.clear()
+        alive = [{f"t{j}": torch.empty(4, device=args.device) for j in range(6)} for _ in range(layers)]
+        for out in alive:
+            guard_rt._stamp(out, "s", "h", {}, ())
+        out = {f"x{j}": torch.empty(4, device=args.device) for j in range(6)}
+        times = []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            guard_rt._stamp(out, "s", "h", {}, ())
+            times.append(time.perf_counter() - t0)
+        print(f"{layers:5d} layers alive ({len(reg.records):5d} records): stamp {statistics.median(times) * 1e6:7.1f} us")
+    reg.records.clear()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
