@@ -95,21 +95,22 @@ def test_records_of_freed_tensors_do_not_vouch_for_new_ones(bf16):
 
 def test_the_registry_sweeps_freed_records_when_it_doubles_not_on_every_call(bf16):
     # A model's converted layers stay alive: a sweep over every record per call made converting
-    # n layers O(n^2). Kept layers keep their records; discarded ones are swept in bulk, so the
-    # registry stays within twice the live records (and at least the sweep floor of 64).
+    # n layers O(n^2). Below the threshold a stamp visits no record (Counting below); at it, the
+    # records of freed storages go, live ones stay, and the next threshold is twice what is left.
     from layoutc.lower.guard_rt import _provenance_registry
 
     gc.collect()
     reg = _provenance_registry()
     x = synthetic_inputs(bf16, DIMS, 8)
     kept = [bf16.convert(x) for _ in range(20)]  # 20 layers x 6 outputs, all alive
-    live = sum(len(o) for o in kept)
-    for _ in range(300):  # discarded conversions
-        bf16.convert(x)
+    discarded = [bf16.convert(x) for _ in range(10)]
+    del discarded
     gc.collect()
-    bf16.convert(x)
-    alive = sum(1 for r in reg.records.values() if not r["storage"].expired())
-    assert alive >= live and len(reg.records) <= max(64, 2 * alive) + 6
+    assert any(r["storage"].expired() for r in reg.records.values())
+    reg.sweep_at = len(reg.records)  # the next stamp sweeps
+    last = bf16.convert(x)
+    assert not any(r["storage"].expired() for r in reg.records.values())
+    assert len(reg.records) >= 21 * 6 and reg.sweep_at == max(64, 2 * (len(reg.records) - len(last)))
     assert all(guard.provenance(t)["call"] == guard.provenance(o["w2_weight"])["call"]
                for o in kept for t in o.values())
 

@@ -191,9 +191,11 @@ def test_bench_report_units_and_ratios():
 def test_timeit_back_to_back_times_calls_per_sample():
     from layoutc.bench import timeit
 
+    import time
+
     n = []
-    per_call = timeit(lambda: n.append(1), "cpu", warmup=2, reps=3, calls=10)
-    assert len(n) == 2 + 3 * 10 and per_call >= 0
+    per_call = timeit(lambda: (n.append(1), time.sleep(0.002)), "cpu", warmup=2, reps=3, calls=10)
+    assert len(n) == 2 + 3 * 10 and 0.0019 < per_call < 0.01  # per call, not per sample of ten
 
 
 def _git(cwd, *args):

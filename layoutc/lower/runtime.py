@@ -228,12 +228,12 @@ def _launch(kernel, programs, args, consts, num_warps):
     # specialises every argument on each call: about 90 us of host time for a layer kernel with ~30
     # constexpr arguments on the H200 (benchmarks/host_time.py), more than converting a small layer
     # takes. The compiled kernel that launch returns is kept per key (current device, the
-    # arguments' dtypes, the constexpr values: what Triton specialises on here, since the pointers
-    # are 16-byte aligned by _aligned and the allocator and there are no integer arguments), and
+    # arguments' dtypes and 16-byte alignment, the constexpr values: what Triton specialises on
+    # here, as there are no integer arguments), and
     # later calls with the same key launch it directly. Where Triton's objects do not look as
     # expected (another version, the interpreter) every call takes Triton's own launch.
     key = (id(kernel), torch.cuda.current_device() if args[0].is_cuda else -1,
-           tuple(a.dtype for a in args), tuple(consts.values()))
+           tuple(a.dtype for a in args), tuple(a.data_ptr() % 16 == 0 for a in args), tuple(consts.values()))
     compiled = _LAUNCHES.get(key) if _DIRECT_LAUNCH else None
     if compiled is not None:
         compiled[(programs, 1, 1)](*args, *consts.values())

@@ -61,7 +61,7 @@ def header(chain: Chain, p: Plan, filename: str) -> list[str]:
     src, out = chain.source, chain.target
     how = {"copy": "copied", "affine": "one strided copy", "gather": "gathered",
            "words": "bits permuted within 32-bit words"}[p.pattern]
-    lane = f"{COPY_BYTES // (32 * NUM_WARPS)} bytes per lane" if elements_block(p) != BLOCK_ELEMENTS \
+    lane = f"{COPY_BYTES // (32 * NUM_WARPS)} bytes per lane" if p.pattern == "copy" and not p.conversions \
         else "one element per lane"
     walk = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else lane,
             "rows": "2-D tiles of rows", "words": "one word per lane", "quads": "four words per lane"}[p.access]

@@ -84,8 +84,12 @@ class Crop(Op):
                 at = ", ".join(f"{k}={v}" for k, v in dims.items())
                 raise OpTypeError(f"crop keeps {ex.to_str(self.size)} of each part, but a part has only "
                                   f"{ex.to_str(part)} (e.g. with {at})")
-        reqs = (Requirement(t.shape[d], self.parts, "size"),) if self.parts > 1 else ()
-        return Inferred(with_shape(t, d, ex.mul(self.size, self.parts)), reqs)
+        reqs = [Requirement(t.shape[d], self.parts, "size")] if self.parts > 1 else []
+        # Checked on the call's sizes as well (the check above is on small instances, or not made):
+        # the fused kernels read the kept part without a bound of their own.
+        keeps = ex.lt(self.size, ex.add(part, 1))
+        reqs.append(Requirement(keeps, 0, f"crop's size {ex.to_str(self.size)} at most a part's {ex.to_str(part)}"))
+        return Inferred(with_shape(t, d, ex.mul(self.size, self.parts)), tuple(reqs))
 
     def index_map(self, t: TensorType) -> IndexMap:
         return crop_map(t.shape, check_dim(t, self.dim), self.size, self.parts)

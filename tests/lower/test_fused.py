@@ -112,6 +112,22 @@ def test_affine_chains_lower_to_one_strided_copy():
         assert_same_bits(spec.convert(x, lowering=how)["w"], x["w"].transpose(1, 2))
 
 
+def test_a_crop_larger_than_its_axis_is_refused_by_every_lowering():
+    # Its size is a dim of another tensor, so only the call's sizes decide; the fused rows walk
+    # read past the source row (the next row's bytes) before the crop was checked at run time.
+    text = ("dims E, R, K, S\ninput w : u8[E, R, K]\ninput b : u8[S]\nswap_pairs(w, dim=1)\n"
+            "crop(w, dim=2, size=S)\noutput w : u8[E, R, S]\noutput b : u8[S]\n")
+    spec = layoutc.compile_source(text, "crop.lyt")
+    x = {"w": torch.arange(64, dtype=torch.uint8).reshape(2, 4, 8), "b": torch.zeros(12, dtype=torch.uint8)}
+    for lowering in ("fused", "gather", "eager"):
+        with pytest.raises(layoutc.LayoutError, match=r"crop.lyt:5 needs crop's size S at most a part's K; here .*S=12"):
+            spec.convert(x, lowering=lowering)
+    x["b"] = torch.zeros(6, dtype=torch.uint8)
+    ref = spec.convert(x, lowering="eager")["w"]
+    assert ref.shape == (2, 4, 6) and ref[:, 0].equal(x["w"][:, 1, :6])
+    assert_same_bits(spec.convert(x, lowering="fused")["w"], ref)
+
+
 @pytest.mark.parametrize("name,params,dims", [CASES[3], CASES[0]], ids=[IDS[3], IDS[0]])
 @pytest.mark.parametrize("apart", [0, 1 << 62])
 def test_tensors_copied_as_is_apart_from_the_layer_kernel_or_in_it(name, params, dims, apart):

@@ -15,8 +15,11 @@ from layoutc.lower import runtime
 
 
 class FakeArg:
-    def __init__(self, dtype=torch.uint8, cuda=True):
-        self.dtype, self.is_cuda = dtype, cuda
+    def __init__(self, dtype=torch.uint8, cuda=True, ptr=0x10000):
+        self.dtype, self.is_cuda, self.ptr = dtype, cuda, ptr
+
+    def data_ptr(self):
+        return self.ptr
 
 
 class FakeCompiled:
@@ -56,7 +59,7 @@ def test_second_call_of_a_key_launches_the_compiled_kernel_with_every_argument_i
     assert len(k.log) == 2
 
 
-@pytest.mark.parametrize("change", ["consts", "dtype", "device"])
+@pytest.mark.parametrize("change", ["consts", "dtype", "device", "alignment"])
 def test_a_new_key_goes_through_triton_again(monkeypatch, change):
     k = FakeKernel(["_x0", "_y0", "E", "_G0"])
     runtime._launch(k, 7, [FakeArg(), FakeArg()], {"E": 4, "_G0": 7}, 4)
@@ -65,6 +68,8 @@ def test_a_new_key_goes_through_triton_again(monkeypatch, change):
         consts = {"E": 8, "_G0": 14}
     elif change == "dtype":
         args = [FakeArg(torch.int32), FakeArg(torch.int32)]
+    elif change == "alignment":  # Triton specialises pointers on 16-byte alignment
+        args = [FakeArg(ptr=0x10004), FakeArg()]
     else:
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     runtime._launch(k, 14, args, consts, 4)

@@ -824,7 +824,7 @@ def _reqs(op, t):
         (value.Reinterpret(ET["u8"]), TT("i32", E_, N_, K_), []),
         (shape.Pad(1, multiple=8, parts=2), TT("u8", E_, N_, K_), [("N", 2)]),
         (shape.Pad(1, multiple=8), TT("u8", E_, N_, K_), []),
-        (shape.Crop(1, size=I_, parts=2), TT("u8", E_, N_, K_), [("N", 2)]),
+        (shape.Crop(1, size=I_, parts=2), TT("u8", E_, N_, K_), [("I < N/2 + 1", 0), ("N", 2)]),
         (shape.Shard(1, parts=2, rank=1, ranks=4), TT("u8", E_, N_, K_), [("N", 8)]),
         (shape.BlockMajorK(block=64), TT("bf16", E_, N_, K_), [("K", 64)]),
         (shape.UnblockMajorK(), TT("bf16", E_, K_, N_, Const(64)), []),
