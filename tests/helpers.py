@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -27,3 +28,11 @@ def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, what: str = "
 
 def load_golden(name: str) -> dict:
     return torch.load(GOLDENS / name)
+
+
+def expectations(path: Path) -> tuple[list[str], int]:
+    """A corpus spec's ``# expect: <fragment>`` lines and its ``# expect-line: <n>``."""
+    text = path.read_text()
+    expects = re.findall(r"^# expect: (.+)$", text, flags=re.M)
+    line = int(re.search(r"^# expect-line: (\d+)$", text, flags=re.M).group(1))
+    return expects, line

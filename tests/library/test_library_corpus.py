@@ -18,7 +18,6 @@ Without FlashInfer installed the comparisons skip; a function missing from it fa
 from __future__ import annotations
 
 import importlib
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch
 
 import layoutc
 from layoutc.probe import probe
-from tests.helpers import ROOT, SPECS, bits
+from tests.helpers import ROOT, SPECS, bits, expectations
 
 HERE = Path(__file__).parent
 LAYOUTS = sorted(p for p in HERE.glob("*.lyt") if p.stem != "families" and not p.stem.endswith(("_mistake", "_gap")))
@@ -279,11 +278,6 @@ def test_cli_strict_check_accepts_the_corpus_and_rejects_the_mistakes():
     assert ok == {p.stem for p in LAYOUTS}, run.stdout
     assert run.stdout.count(": ok") == sum(len(_combos(p)) for p in LAYOUTS)
     assert f"{len(MISTAKES) + len(GAPS)} specs failed" in run.stderr
-
-
-def expectations(path: Path) -> tuple[list[str], int]:
-    text = path.read_text()
-    return re.findall(r"^# expect: (.+)$", text, flags=re.M), int(re.search(r"^# expect-line: (\d+)$", text, flags=re.M).group(1))
 
 
 @pytest.mark.parametrize("path", MISTAKES, ids=lambda p: p.stem)

@@ -7,7 +7,6 @@ shipped specs must pass.
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,16 +14,9 @@ from pathlib import Path
 import pytest
 
 import layoutc
-from tests.helpers import ROOT, SPECS
+from tests.helpers import ROOT, SPECS, expectations
 
 CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.lyt"))
-
-
-def expectations(path: Path) -> tuple[list[str], int]:
-    text = path.read_text()
-    expects = re.findall(r"^# expect: (.+)$", text, flags=re.M)
-    line = int(re.search(r"^# expect-line: (\d+)$", text, flags=re.M).group(1))
-    return expects, line
 
 
 def test_corpus_covers_every_failure_class():
