@@ -394,10 +394,8 @@ def _rows_form(m: IndexMap) -> tuple[ex.Expr, ex.Expr | None] | None:
         return None
     terms = m.valid.args if isinstance(m.valid, ex.And) else (m.valid,)
     on_last = [c for c in terms if last in ex.free_vars(c)]
-    if not on_last:
-        # A last axis cut shorter needs no bound; one whose lengths differ otherwise (a crop to a
-        # size the call may make larger than the axis) reads no further than the source row.
-        return m.valid, (None if m.in_shape[-1] == m.out_shape[-1] else m.in_shape[-1])
+    if not on_last:  # the map reads within the source row (a crop's size is checked on each call)
+        return m.valid, None
     bound = on_last[0]
     coords = {f"o{k}" for k in range(m.out_rank)}
     if len(on_last) > 1 or not (isinstance(bound, ex.Lt) and bound.lhs == ex.Var(last)
