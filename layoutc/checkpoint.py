@@ -51,14 +51,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import attrs
 import torch
 
-from . import shardfile, shardio
+from . import shardfile, shardio, trust
 from ._version import __version__
 from .api import CompiledSpec
 from .dtypes import bit_view
 from .lower.runtime import LayoutError
 
 INDEX = "model.safetensors.index.json"
-MANIFEST = "layoutc_manifest.json"
+MANIFEST = trust.MANIFEST  # also read by layoutc.guard.trust_checkpoint
 DONE = ".layoutc-done"
 RUN = ".layoutc-run.json"  # which spec, parameters and names this folder holds a conversion of
 LOCK = ".layoutc-lock"
@@ -596,6 +596,7 @@ class _Run:
         self.reader = _Reader(in_dir, weight_map)
         self.cuda = torch.device(device).type == "cuda"
         self._events: list[tuple[str, Any, Any]] = []
+        self.fingerprints: dict[tuple[Path, str], list] = {}  # (folder, shard) -> manifest entries pending
         for t in targets:
             t.done_dir.mkdir(exist_ok=True)
 
@@ -606,6 +607,7 @@ class _Run:
         stamp = _read_json(target.done_dir / f"{shard}.json")
         out = target.out_dir / shard
         return (isinstance(stamp, dict) and out.is_file() and stamp.get("run") == target.identity
+                and isinstance(stamp.get(trust.TENSORS), dict)  # a stamp without fingerprints: redone
                 and stamp.get("input_size") == size and stamp.get("output_size") == out.stat().st_size)
 
     def stamp_digest(self, target: _Target, shard: str) -> Any:
@@ -636,6 +638,9 @@ class _Run:
         if self.verify and first:
             self._timed("verify", lambda: _verify_sample(spec, inputs, out, layer))
             self.summary["verified_layers"] += 1
+        # The fingerprints of this shard's outputs, for the manifest (queued on the device; read at the stamp)
+        mine = {n: name for n, name in self.groups[layer].items() if self.weight_map[name] == shard}
+        self.fingerprints.setdefault((target.out_dir, shard), []).extend(trust.layer_entries(layer, out, mine))
         self.summary["converted_layers"] += 1
         return out
 
@@ -721,6 +726,7 @@ class _Run:
             _write_atomically(target.done_dir / f"{shard}.json", json.dumps({
                 "run": target.identity, "input_digest": digest, "input_size": size,
                 "output_size": (target.out_dir / shard).stat().st_size,
+                trust.TENSORS: trust.manifest_entries(self.fingerprints.pop((target.out_dir, shard), [])),
             }, sort_keys=True))
         self.summary["written_shards"] += 1
 
@@ -874,4 +880,7 @@ def finish(spec: CompiledSpec, in_dir: str | Path, out_dir: str | Path, names: s
         _write_atomically(out_dir / INDEX, json.dumps(index, indent=2))
     manifest = metadata(spec) | {"names": str(names), "shards": sorted(set(weight_map.values())),
                                  "source": str(in_dir)}
+    manifest[trust.TENSORS] = {}  # every converted tensor's fingerprint (layoutc.guard.trust_checkpoint)
+    for s in manifest["shards"]:
+        manifest[trust.TENSORS].update((_read_json(out_dir / DONE / f"{s}.json") or {}).get(trust.TENSORS, {}))
     _write_atomically(out_dir / MANIFEST, json.dumps(manifest, indent=2))

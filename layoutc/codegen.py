@@ -29,14 +29,14 @@ from ._version import __version__
 from . import expr as ex
 from .compiler import Chain, Compiled, Constraint, Variant, shape_axes
 from .ir import TensorSpec
-from .lower import eager, guard_rt, registry, runtime
+from .lower import eager, fingerprint, guard_rt, registry, runtime
 from .text import comment
 from .versions import distribution
 
 #: The run-time modules copied whole into every converter, in this order.
-RUNTIME_MODULES = (dimsolve, runtime, guard_rt)
+RUNTIME_MODULES = (dimsolve, runtime, fingerprint, guard_rt)
 #: What the copied modules may import (the converter imports these at its top).
-RUNTIME_IMPORTS = frozenset({"importlib.metadata", "importlib.util", "itertools", "linecache", "os", "sys", "types", "fractions", "torch"})
+RUNTIME_IMPORTS = frozenset({"hashlib", "importlib.metadata", "importlib.util", "itertools", "linecache", "os", "sys", "types", "fractions", "torch"})
 
 
 def text_literal(text: str) -> str:
@@ -374,6 +374,7 @@ def generate(compiled: Compiled) -> str:
         f"# Parameters: {comment(', '.join(f'{k}={v!r}' for k, v in params.items()) or 'none')}",
         text_literal(doc),
         "",
+        "import hashlib",
         "import importlib.metadata",
         "import importlib.util",
         "import itertools",
@@ -462,12 +463,15 @@ PUBLIC_FUNCTIONS = [
     "    return _solve_dims(given, _INPUT_AXES, dims, DIMS, 'convert', LayoutError)[0]",
     "",
     "",
-    "def guard(tensors, same_call=False):",
+    "def guard(tensors, same_call=False, dims=None, rehash=False):",
     '    """Right before the kernel: assert that these outputs (one layer) all come from this spec,',
-    "    with these parameters, unmodified since conversion, with the contract's names, dtypes and shapes.",
-    '    Returns the provenance record. Costs microseconds (no device work)."""',
-    "    record = _guard_layer(tensors, SPEC_SHA256, PARAMS, same_call, 'guard')",
-    "    _check_tensors(tensors, OUTPUTS, _OUTPUT_SHAPES, _OUTPUT_AXES, None, DIMS, 'guard')",
+    "    with these parameters, unmodified since conversion, with the contract's names, dtypes and shapes",
+    "    (for the dims of the conversion, or ``dims``). A copy of converted tensors is fingerprinted once,",
+    "    where it lies, and accepted when its bytes are those converted; later calls cost microseconds.",
+    '    rehash=True fingerprints every tensor again (sees .data edits). Returns the provenance record."""',
+    "    record = _guard_layer(tensors, SPEC_SHA256, PARAMS, same_call, 'guard', rehash)",
+    "    _check_tensors(tensors, OUTPUTS, _OUTPUT_SHAPES, _OUTPUT_AXES, dims if dims is not None else record.get('dims'),",
+    "                   DIMS, 'guard')",
     "    return record",
     "",
     "",

@@ -59,7 +59,9 @@ def test_foreign_and_misplaced_tensors_are_caught(bf16):
     x = synthetic_inputs(bf16, DIMS, 3)
     out = bf16.convert(x)
     with pytest.raises(layoutc.LayoutError, match="w2_bias was not produced by a layoutc converter"):
-        guard.check({**out, "w2_bias": x["w2_bias"].to(torch.bfloat16)}, bf16)
+        guard.check({**out, "w2_bias": x["w2_bias"].to(torch.bfloat16) + 1}, bf16)
+    # the guard follows bytes: the same bytes made another way (this spec copies the bias) are the converted ones
+    guard.check({**out, "w2_bias": x["w2_bias"].to(torch.bfloat16)}, bf16)
     with pytest.raises(layoutc.LayoutError, match="w13_bias holds the converted w2_bias"):
         guard.check({**out, "w13_bias": out["w2_bias"]}, bf16)
 

@@ -1,0 +1,187 @@
+"""Fingerprints of tensor bytes: a digest of every byte, computed on the device that holds them.
+
+Copied into generated converters (torch and the standard library only). The guard uses them to
+follow converted bytes through copies (``clone``, ``.to(device)``, ``copy_``): a copy is accepted
+when its fingerprint is that of a tensor layoutc converted (or a checkpoint it trusted).
+
+Definition (scheme ``layoutc-fp1``), for a tensor's N bytes in row-major order:
+
+* the bytes, as int8, cut into segments of at most ``_FP_SEGMENT_ROWS * _FP_ROW`` bytes, each segment into
+  rows of ``_FP_ROW`` bytes (32 KiB) (the last row padded with zeros): a matrix X of at most 2^16 rows;
+* Y = X @ R, R a fixed ``_FP_ROW x 16`` int8 matrix: exact in int32 (|sum| <= 2^15 * 2^14 = 2^29);
+* Z = bytes(Y)^T @ R2[:rows], bytes(Y) the int8 view of Y (``[rows, 64]``), R2 a fixed
+  ``2^16 x 16`` int8 matrix: exact in int32 (|sum| <= 2^16 * 2^14 = 2^30);
+* the fingerprint is ``layoutc-fp1:`` + sha256(scheme, N, every segment's Z as little-endian int32).
+
+R and R2 are SHAKE-256 output of a fixed seed, so the value is the same in every process, on every
+device and in a manifest written by ``layoutc convert``. Both products are integer GEMMs on the
+bytes where they lie (``torch._int_mm``: cuBLAS int8 on CUDA, zero-copy views of the tensor), with
+no rounding anywhere, so the CPU and the GPU compute the same integers. The only host work is
+reading back Z (4 KiB per 2 GiB segment) and one sha256 of it, once.
+
+Strength: for two different byte strings of one length, over the choice of R and R2, the chance of
+equal fingerprints is at most 2 * 256^-16 = 2^-127 (a row differs, so some product column differs
+unless a uniform int8 entry hits one value: 1/256 per column, 16 independent columns; the same for
+the bytes of Y against R2). That bound holds for any change made without regard to R and R2 (bugs,
+lost layouts, corruption, edits): it is a universal hash, not a cryptographic one. R and R2 are
+public; someone who wants a collision can solve a linear system for one. The guard does not defend
+against that adversary: one who can write the bytes can as well edit them through ``.data`` or
+rewrite the manifest beside a checkpoint.
+"""
+
+import hashlib
+
+import torch
+
+_FP_SCHEME = "layoutc-fp1"
+#: Bytes per row of the first product (a multiple of 8, at most 2^17 for exact int32 sums).
+_FP_ROW = 1 << 15
+#: Columns of R and R2 (a multiple of 8: cuBLAS int8 GEMMs need it).
+_FP_COLS = 16
+#: Rows per segment (at most 2^16 for exact int32 sums in the second product): 2 GiB per segment.
+_FP_SEGMENT_ROWS = 1 << 16
+#: cuBLAS int8 GEMMs need more than 16 rows: rows of a smaller part go through a staging buffer.
+_FP_MIN_ROWS = 17
+_FP_SEED = b"layoutc fingerprint v1 "
+
+_FP_MATRICES = {}
+_FP_BLOCKS = {}
+
+
+def _fp_matrix(which, rows, device):
+    # R (b"R") or R2 (b"R2"), SHAKE-256 of the seed: a prefix of the stream for fewer rows.
+    key = (which, rows, str(device))
+    m = _FP_MATRICES.get(key)
+    if m is None:
+        data = bytearray(hashlib.shake_256(_FP_SEED + which).digest(rows * _FP_COLS))
+        m = _FP_MATRICES[key] = torch.frombuffer(data, dtype=torch.int8).reshape(rows, _FP_COLS).to(device)
+    return m
+
+
+def _fp_bytes_of(t):
+    # The tensor's bytes in row-major order as a flat int8 tensor on a device with int8 GEMMs.
+    x = t.detach()
+    if x.device.type not in ("cpu", "cuda"):
+        x = x.cpu()  # same integers, computed on the host
+    if not x.is_contiguous():
+        x = x.contiguous()
+    x = x.reshape(-1).view(torch.uint8).view(torch.int8)
+    if x.is_cuda and x.data_ptr() % 16:
+        x = x.clone()  # cuBLAS wants aligned operands; a slice of a larger buffer may _fingerprint_start anywhere
+    return x
+
+
+def _fingerprint_start(tensors):
+    """Queue the _fingerprints of ``tensors`` (one device, or several: grouped) without waiting for
+    them. Returns a handle for :func:`_fingerprint_finish`."""
+    groups = {}
+    for i, t in enumerate(tensors):
+        key = "meta" if t.is_meta else "none" if not t.numel() else str(_fp_bytes_of(t).device)
+        groups.setdefault(key, []).append(i)
+    parts = []
+    for key, idx in groups.items():
+        if key in ("none", "meta"):  # no bytes: the fingerprint of none; a meta tensor has none to read
+            parts.append((idx, key, [[] for _ in idx], [0 for _ in idx]))
+        else:
+            parts.append(_fp_start_group([tensors[i] for i in idx], idx))
+    return parts
+
+
+def _fp_start_group(tensors, idx):
+    # One batch: the bulk of every segment straight from the tensor (one int8 GEMM per segment),
+    # the rest (a last partial row, or every row of a small segment) through one staging buffer,
+    # then one GEMM with R2 laid out per segment in column blocks.
+    with torch.no_grad():
+        xs = [_fp_bytes_of(t) for t in tensors]
+        device = xs[0].device
+        seg_bytes = _FP_SEGMENT_ROWS * _FP_ROW
+        segs = []  # (tensor index, flat bytes of the segment, bulk rows, staged rows)
+        for j, x in enumerate(xs):
+            for s in range(0, x.numel(), seg_bytes):
+                part = x[s: s + seg_bytes]
+                full = part.numel() // _FP_ROW
+                bulk = full if full >= _FP_MIN_ROWS else 0
+                segs.append((j, part, bulk, -(-(part.numel() - bulk * _FP_ROW) // _FP_ROW)))
+        bulk_rows = sum(b for _, _, b, _ in segs)
+        staged = sum(st for _, _, _, st in segs)
+        pad = 0 if staged == 0 else max(_FP_MIN_ROWS, staged)
+        pad += (-(bulk_rows + pad)) % 8  # the second product needs a multiple of 8 rows
+        rows = bulk_rows + pad
+        y = torch.empty((rows, _FP_COLS), dtype=torch.int32, device=device)
+        r = _fp_matrix(b"R", _FP_ROW, device)
+        at = 0
+        for _, part, bulk, _ in segs:
+            if bulk:
+                torch._int_mm(part[: bulk * _FP_ROW].view(bulk, _FP_ROW), r, out=y[at: at + bulk])
+                at += bulk
+        if staged:
+            buf = torch.zeros((pad, _FP_ROW), dtype=torch.int8, device=device)
+            flat, row = buf.view(-1), 0
+            for _, part, bulk, st in segs:
+                if st:
+                    rest = part[bulk * _FP_ROW:]
+                    flat[row * _FP_ROW: row * _FP_ROW + rest.numel()].copy_(rest)
+                    row += st
+            torch._int_mm(buf, r, out=y[bulk_rows:])
+        elif pad:
+            y[bulk_rows:].zero_()
+        layout = tuple((bulk, st) for _, _, bulk, st in segs)
+        z = torch._int_mm(y.view(torch.int8).t().contiguous(), _fp_blocks(layout, rows, bulk_rows, device))
+        event = None
+        if device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+    cols = [[] for _ in xs]
+    for k, (j, _, _, _) in enumerate(segs):
+        cols[j].append(k)
+    return idx, (z, event), cols, [x.numel() for x in xs]
+
+
+def _fp_blocks(layout, rows, bulk_rows, device):
+    # R2 placed for a batch: column block k holds R2's rows for segment k's rows of Y (its bulk
+    # rows, then its staged rows), zeros elsewhere: block k of the product is segment k's Z.
+    key = (layout, str(device), _FP_ROW, _FP_SEGMENT_ROWS)
+    m = _FP_BLOCKS.get(key)
+    if m is None:
+        r2 = _fp_matrix(b"R2", _FP_SEGMENT_ROWS, device)
+        m = torch.zeros((rows, _FP_COLS * len(layout)), dtype=torch.int8, device=device)
+        at, staged_at = 0, bulk_rows
+        for k, (bulk, st) in enumerate(layout):
+            cols = slice(k * _FP_COLS, (k + 1) * _FP_COLS)
+            if bulk:
+                m[at: at + bulk, cols] = r2[:bulk]
+                at += bulk
+            if st:
+                m[staged_at: staged_at + st, cols] = r2[bulk: bulk + st]
+                staged_at += st
+        if len(_FP_BLOCKS) >= 64:
+            _FP_BLOCKS.clear()
+        _FP_BLOCKS[key] = m
+    return m
+
+
+def _fingerprint_finish(handle, count):
+    """The fingerprints (strings) of the tensors given to :func:`_fingerprint_start`, in order: waits
+    for the device and reads back the small products."""
+    out = [None] * count
+    for idx, work, cols, sizes in handle:
+        z = None
+        if work == "meta":
+            continue
+        if work != "none":
+            z, event = work
+            if event is not None:
+                event.synchronize()
+            z = z.cpu()
+        for i, ks, n in zip(idx, cols, sizes):
+            h = hashlib.sha256(f"{_FP_SCHEME}\0{n}\0".encode())
+            for k in ks:
+                block = z[:, k * _FP_COLS: (k + 1) * _FP_COLS].contiguous().view(torch.uint8).reshape(-1)
+                h.update(bytes(block.tolist()))
+            out[i] = f"{_FP_SCHEME}:{h.hexdigest()}"
+    return out
+
+
+def _fingerprints(tensors):
+    """The _fingerprints of ``tensors`` (a list), computed where they lie."""
+    return _fingerprint_finish(_fingerprint_start(tensors), len(tensors))
