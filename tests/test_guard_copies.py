@@ -55,7 +55,9 @@ def reference(t: torch.Tensor) -> str:
 SIZES = [1, 7, 4096, 32768 * 17, 32768 * 17 + 5, 32768 * 20 + 32767, 100003]
 
 
-def test_the_fingerprint_is_its_definition():
+@pytest.mark.parametrize("min_rows", [1, 17])  # 17: the staging CUDA needs (cuBLAS takes > 16 rows), run here
+def test_the_fingerprint_is_its_definition(monkeypatch, min_rows):
+    monkeypatch.setitem(fp._FP_MIN_ROWS, "cpu", min_rows)
     g = torch.Generator().manual_seed(0)
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in SIZES]
     ts += [torch.randn(3, 5, generator=g).to(torch.bfloat16), torch.empty(0), torch.randn(64, 48, generator=g).t()]
@@ -65,8 +67,10 @@ def test_the_fingerprint_is_its_definition():
     assert len(set(batch)) == len(batch)
 
 
-def test_segments_and_staged_rows_with_small_constants(monkeypatch):
+@pytest.mark.parametrize("min_rows", [1, 17])
+def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows):
     # 2 GiB segments cannot be tried here: the same code with 64-byte rows and 24-row segments
+    monkeypatch.setitem(fp._FP_MIN_ROWS, "cpu", min_rows)
     monkeypatch.setattr(fp, "_FP_ROW", 64)
     monkeypatch.setattr(fp, "_FP_SEGMENT_ROWS", 24)
     g = torch.Generator().manual_seed(1)
@@ -230,7 +234,8 @@ def test_the_standalone_module_follows_copies_of_a_padded_layout(tmp_path):
 def test_tensor_parallel_copies_name_their_rank():
     r0, r1 = (layoutc.compile_file(SPECS / "flashinfer_trtllm_bf16.lyt", {"tp_size": 2, "tp_rank": r})
               for r in (0, 1))
-    full = synthetic_inputs(layoutc.compile_file(SPECS / "flashinfer_trtllm_bf16.lyt"), {"E": 1, "I": 384, "H": 128}, 18)
+    base = layoutc.compile_file(SPECS / "flashinfer_trtllm_bf16.lyt")
+    full = synthetic_inputs(base, {"E": 1, "I": 384, "H": 128}, 18)
     c0 = {k: v.clone() for k, v in r0.convert(full).items()}
     c1 = {k: v.clone() for k, v in r1.convert(full).items()}
     assert guard.check(c0, r0)["params"]["tp_rank"] == 0

@@ -40,8 +40,9 @@ _FP_ROW = 1 << 15
 _FP_COLS = 16
 #: Rows per segment (at most 2^16 for exact int32 sums in the second product): 2 GiB per segment.
 _FP_SEGMENT_ROWS = 1 << 16
-#: cuBLAS int8 GEMMs need more than 16 rows: rows of a smaller part go through a staging buffer.
-_FP_MIN_ROWS = 17
+#: Fewest rows an int8 GEMM takes straight from a tensor, per device type (cuBLAS needs more than
+#: 16; the CPU takes any): the rows of a smaller part go through a zero-padded staging buffer.
+_FP_MIN_ROWS = {"cuda": 17}
 _FP_SEED = b"layoutc fingerprint v1 "
 
 _FP_MATRICES = {}
@@ -94,17 +95,19 @@ def _fp_start_group(tensors, idx):
     with torch.no_grad():
         xs = [_fp_bytes_of(t) for t in tensors]
         device = xs[0].device
+        # The same integers whichever rows are staged: a row's place in R2 is its place in the tensor.
+        min_rows = _FP_MIN_ROWS.get(device.type, 1)
         seg_bytes = _FP_SEGMENT_ROWS * _FP_ROW
         segs = []  # (tensor index, flat bytes of the segment, bulk rows, staged rows)
         for j, x in enumerate(xs):
             for s in range(0, x.numel(), seg_bytes):
                 part = x[s: s + seg_bytes]
                 full = part.numel() // _FP_ROW
-                bulk = full if full >= _FP_MIN_ROWS else 0
+                bulk = full if full >= min_rows else 0
                 segs.append((j, part, bulk, -(-(part.numel() - bulk * _FP_ROW) // _FP_ROW)))
         bulk_rows = sum(b for _, _, b, _ in segs)
         staged = sum(st for _, _, _, st in segs)
-        pad = 0 if staged == 0 else max(_FP_MIN_ROWS, staged)
+        pad = 0 if staged == 0 else max(min_rows, staged)
         pad += (-(bulk_rows + pad)) % 8  # the second product needs a multiple of 8 rows
         rows = bulk_rows + pad
         y = torch.empty((rows, _FP_COLS), dtype=torch.int32, device=device)
@@ -140,7 +143,7 @@ def _fp_start_group(tensors, idx):
 def _fp_blocks(layout, rows, bulk_rows, device):
     # R2 placed for a batch: column block k holds R2's rows for segment k's rows of Y (its bulk
     # rows, then its staged rows), zeros elsewhere: block k of the product is segment k's Z.
-    key = (layout, str(device), _FP_ROW, _FP_SEGMENT_ROWS)
+    key = (layout, rows, bulk_rows, str(device), _FP_ROW, _FP_SEGMENT_ROWS)
     m = _FP_BLOCKS.get(key)
     if m is None:
         r2 = _fp_matrix(b"R2", _FP_SEGMENT_ROWS, device)
