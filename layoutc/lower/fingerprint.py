@@ -55,7 +55,10 @@ def _fp_matrix(which, rows, device):
     m = _FP_MATRICES.get(key)
     if m is None:
         data = bytearray(hashlib.shake_256(_FP_SEED + which).digest(rows * _FP_COLS))
-        m = _FP_MATRICES[key] = torch.frombuffer(data, dtype=torch.int8).reshape(rows, _FP_COLS).to(device)
+        m = torch.frombuffer(data, dtype=torch.int8).reshape(rows, _FP_COLS).to(device)
+        # column-major (the transpose of a contiguous matrix): cuBLAS's fast int8 GEMMs take the
+        # second operand so ("TN"); a row-major one is slower, and wrong on some torch versions
+        m = _FP_MATRICES[key] = m.t().contiguous().t()
     return m
 
 
@@ -147,7 +150,7 @@ def _fp_blocks(layout, rows, bulk_rows, device):
     m = _FP_BLOCKS.get(key)
     if m is None:
         r2 = _fp_matrix(b"R2", _FP_SEGMENT_ROWS, device)
-        m = torch.zeros((rows, _FP_COLS * len(layout)), dtype=torch.int8, device=device)
+        m = torch.zeros((_FP_COLS * len(layout), rows), dtype=torch.int8, device=device).t()  # column-major
         at, staged_at = 0, bulk_rows
         for k, (bulk, st) in enumerate(layout):
             cols = slice(k * _FP_COLS, (k + 1) * _FP_COLS)
