@@ -6,7 +6,8 @@
 
 Times (median of several, synchronised):
 
-* ``convert``: one conversion of the layer (it stamps provenance and queues the fingerprints);
+* ``convert``: one conversion of the layer (it stamps provenance and queues the fingerprints), and
+  its host time alone (``convert_host``: the call returns before the device finishes);
 * ``fingerprint``: the fingerprints of the layer's outputs alone (a pass over their bytes on the
   device, one read-back); ``fingerprint_host``: the host time to queue them (what the stamp adds
   to a warm convert call on CUDA, where the device work overlaps);
@@ -17,8 +18,8 @@ Times (median of several, synchronised):
   work); ``module_guard``: the standalone module's guard; ``rehash``: ``check(rehash=True)``.
 
 It also asserts what the numbers rely on: the fingerprint of each tensor is the same on the host and
-on the device (exact integer GEMMs), the moved copy is accepted, and a copy with one byte changed
-is rejected.
+on the device (exact integer GEMMs) and equals the one the stamp queued, the moved copy is
+accepted, and a copy with one byte changed is rejected.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def main() -> None:
     nbytes = sum(v.numel() * v.element_size() for v in out.values())
     res = {"spec": spec.name, "shape": shape, "device": args.device, "layer_bytes": nbytes}
     res["convert"] = median_s(lambda: spec.convert(x), reps, sync)
+    res["convert_host"] = host_s(lambda: spec.convert(x), reps, sync)
     res["fingerprint"] = median_s(lambda: _fingerprint_finish(_fingerprint_start(list(out.values())), len(out)),
                                   reps, sync)
     res["fingerprint_host"] = host_s(lambda: _fingerprint_start(list(out.values())), reps, sync)
@@ -102,6 +104,7 @@ def main() -> None:
     gpu_fp = [guard.fingerprint(v) for v in out.values()]
     cpu_fp = [guard.fingerprint(v) for v in host.values()]
     assert gpu_fp == cpu_fp, "the fingerprints differ between the device and the host"
+    assert gpu_fp == [guard.fingerprint(v, converted=True) for v in out.values()], "the stamp's fingerprints differ"
     pinned = {k: v.pin_memory() for k, v in host.items()} if cuda else None
     if pinned is not None:
         guard.check(pinned, spec)
@@ -130,7 +133,8 @@ def main() -> None:
 
     gb = nbytes / 1e9
     print(f"{spec.name} {shape} on {args.device}: layer {gb:.3f} GB")
-    print(f"  convert          {res['convert'] * 1e3:9.3f} ms  ({gb / res['convert']:.1f} GB/s)")
+    print(f"  convert          {res['convert'] * 1e3:9.3f} ms  ({gb / res['convert']:.1f} GB/s); host time "
+          f"{res['convert_host'] * 1e6:.1f} us")
     print(f"  fingerprint      {res['fingerprint'] * 1e3:9.3f} ms  ({gb / res['fingerprint']:.1f} GB/s, "
           f"{res['fingerprint'] / res['convert']:.2f} of convert); host time to queue it "
           f"{res['fingerprint_host'] * 1e6:.1f} us")
