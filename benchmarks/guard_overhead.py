@@ -132,7 +132,7 @@ def main() -> None:
         pass
 
     gb = nbytes / 1e9
-    print(f"{spec.name} {shape} on {args.device}: layer {gb:.3f} GB")
+    print(f"{spec.name} {shape} on {args.device}: layer {nbytes / 1e6:.1f} MB")
     print(f"  convert          {res['convert'] * 1e3:9.3f} ms  ({gb / res['convert']:.1f} GB/s); host time "
           f"{res['convert_host'] * 1e6:.1f} us")
     print(f"  fingerprint      {res['fingerprint'] * 1e3:9.3f} ms  ({gb / res['fingerprint']:.1f} GB/s, "
