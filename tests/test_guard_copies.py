@@ -332,3 +332,20 @@ def test_a_stamp_without_fingerprints_is_converted_again(tmp_path, bf16):
     again = convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
     assert again["written_shards"] == 1 and again["skipped_shards"] == 0
     assert "tensors" in json.loads(done.read_text())
+
+
+@pytest.mark.slow  # nine folders converted and verified
+@pytest.mark.parametrize("stem", shipped.names())
+def test_every_shipped_spec_is_trusted_from_a_converted_checkpoint(tmp_path, stem, monkeypatch):
+    import tests.test_checkpoint as ckpt
+
+    spec = layoutc.compile_file(SPECS / f"{stem}.lyt")
+    monkeypatch.setattr(ckpt, "DIMS", {"E": 2, "I": 256, "H": 256})
+    make_checkpoint(tmp_path / "in", spec, layers=2, shards=1)
+    convert_checkpoint(spec, tmp_path / "in", tmp_path / "out")
+    finish(spec, tmp_path / "in", tmp_path / "out", "vllm")
+    loaded = _load(tmp_path / "out")
+    assert len(guard.trust_checkpoint(tmp_path / "out", loaded, spec)) == 2 * len(spec.module.OUTPUTS)
+    for layer in range(2):
+        params = {k: torch.nn.Parameter(v.clone(), requires_grad=False) for k, v in _layer(loaded, layer).items()}
+        assert guard.check(params, spec, same_call=True)["dims"]["I"] == 256

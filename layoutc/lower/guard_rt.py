@@ -36,7 +36,7 @@ from .fingerprint import _fingerprint_finish, _fingerprint_start
 from .runtime import LayoutError  # generated converters define their own copy
 
 #: Fingerprints kept in the index (provenance of converted bytes that may have been freed since).
-_INDEX_LIMIT = 1 << 16
+_INDEX_LIMIT = 1 << 14
 #: Conversions whose fingerprints are still on the device before the stamp reads back finished ones.
 _PENDING_LIMIT = 64
 
