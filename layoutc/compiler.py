@@ -14,6 +14,7 @@ that names the tensor, the statement and the dims.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Iterable
 
 import attrs
@@ -175,7 +176,9 @@ class _Builder:
     def __init__(self, program: Program):
         self.program = program
         self.diags = Reporter()
-        self.assumptions = {a.dim: a.multiple for a in program.assumptions}
+        self.assumptions: dict[str, int] = {}
+        for a in program.assumptions:  # several lines on one dim (a multiple and a lower bound): all hold
+            self.assumptions[a.dim] = math.lcm(self.assumptions.get(a.dim, 1), a.multiple)
         self.dims = set(program.dims)
 
     def error(self, message, pos, hint=None, tensors=(), related=()):
@@ -450,7 +453,7 @@ def build(program: Program) -> Compiled:
             else:
                 inv_chains.append(inv)
         known = [(k.value, k.multiple) for c in chains for k in c.constraints]
-        known += [(ex.Var(a.dim), a.multiple) for a in program.assumptions]
+        known += program.assumed
         # Shapes are cheap to compare, so they are also compared on large sizes: round_up and
         # padding hide a missing division (a forgotten shard) on sizes below the padding multiple.
         samples = sample_dims(program.dims, known) + sample_dims(

@@ -168,7 +168,10 @@ def _bound(cond, holds: bool) -> tuple[str, int | None, int | None] | None:
 def variant_instances(program, present, constraints: Iterable[tuple[ex.Expr, int]], per_dim: int = 4) -> list[dict]:
     """Instances for one variant of a program: its divisibility rules, its ``assume`` lower bounds, and
     its size conditions holding (or not) as the variant says."""
-    minimum = {a.dim: a.minimum for a in program.assumptions if a.minimum > 1}
+    minimum: dict[str, int] = {}
+    for a in program.assumptions:
+        if a.minimum > 1:
+            minimum[a.dim] = max(minimum.get(a.dim, 1), a.minimum)
     maximum: dict[str, int] = {}
     conditions = [(c, c.label in present) for c in program.conditions]
     for cond, holds in conditions:

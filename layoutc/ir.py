@@ -64,7 +64,8 @@ class TensorSpec:
     packing: str | None
     pos: ast.Pos
     divisions: tuple[tuple[ex.Expr, ex.Expr, ast.Pos], ...] = ()
-    packing_args: tuple[tuple[str, str, int, ast.Pos], ...] = ()  # trtllm(epilogue_tile=64): the kernel's parameters
+    # trtllm(epilogue_tile=64), F(w=num_warps), F(g=K/32): the kernel's parameters, an int or a size expression
+    packing_args: tuple[tuple[str, str, int | ex.Expr, ast.Pos], ...] = ()
     accepts: tuple[ElemType, ...] = ()  # narrower input types widened exactly to elem before the transforms
 
     @property
@@ -157,6 +158,44 @@ class Assumption:
 
 
 @attrs.frozen
+class SizeAssumption:
+    """``assume N != 96``, ``assume 1 <= N <= 65536``, ``assume I < 16 or I >= 64``: ``condition`` (an
+    expression of the dims, true (non-zero) for the sizes the spec accepts) as ``text`` says it."""
+
+    text: str
+    condition: ex.Expr
+    pos: ast.Pos
+
+    def holds(self, dims: Mapping[str, int]) -> bool:
+        return bool(ex.evaluate(self.condition, dims))
+
+
+def comparison(lhs: ex.Expr, op: str, rhs: ex.Expr) -> ex.Expr:
+    """``lhs op rhs`` on integers as an expression (non-zero when it holds)."""
+    if op == "<":
+        return ex.lt(lhs, rhs)
+    if op == "<=":
+        return ex.lt(lhs, ex.add(rhs, 1))
+    if op == ">":
+        return ex.lt(rhs, lhs)
+    if op == ">=":
+        return ex.lt(rhs, ex.add(lhs, 1))
+    if op == "==":
+        return ex.and_(ex.lt(lhs, ex.add(rhs, 1)), ex.lt(rhs, ex.add(lhs, 1)))
+    if op == "!=":
+        return ex.add(ex.lt(lhs, rhs), ex.lt(rhs, lhs))
+    raise ValueError(f"unknown comparison {op!r}")
+
+
+def any_of(conditions: Iterable[ex.Expr]) -> ex.Expr:
+    """Non-zero when one of ``conditions`` is."""
+    out: ex.Expr | None = None
+    for c in conditions:
+        out = c if out is None else ex.where(out, 1, c)
+    return out if out is not None else ex.Const(0)
+
+
+@attrs.frozen
 class Program:
     name: str
     filename: str
@@ -172,6 +211,14 @@ class Program:
     dim_pos: tuple[ast.Pos, ...] = ()  # where each dim is declared
     conditions: tuple[SizeCondition, ...] = ()  # size conditions (run-time branches)
     families: tuple[Any, ...] = ()  # packing families in scope (layoutc.families.Family)
+    size_assumptions: tuple[SizeAssumption, ...] = ()  # assume N != 96, ranges, 'or'
+
+    @property
+    def assumed(self) -> list[tuple[ex.Expr, int]]:
+        """Every ``assume`` line as constraints for :func:`layoutc.instances.sample_dims`: multiples
+        ``(dim, m)`` and conditions ``(condition, 0)``."""
+        return [(ex.Var(a.dim), a.multiple) for a in self.assumptions] + [
+            (a.condition, 0) for a in self.size_assumptions]
 
     def dim_position(self, dim: str) -> ast.Pos | None:
         return self.dim_pos[self.dims.index(dim)] if dim in self.dims and self.dim_pos else None
@@ -271,6 +318,7 @@ class _Resolver:
         self.dims: list[str] = []
         self.dim_pos: dict[str, ast.Pos] = {}
         self.assumptions: list[Assumption] = []
+        self.size_assumptions: list[SizeAssumption] = []
         self.requires: list[VersionPin] = []
         self.inputs: dict[str, TensorSpec] = {}
         self.outputs: dict[str, TensorSpec] = {}
@@ -431,6 +479,8 @@ class _Resolver:
                         self.dim_pos[n.text] = n.pos
             elif isinstance(item, ast.Assume):
                 self.assume(item)
+            elif isinstance(item, ast.SizeAssume):
+                self.size_assume(item, guards)
             elif isinstance(item, ast.Param):
                 pass  # handled in collect_params
             elif isinstance(item, ast.TensorDecl):
@@ -498,6 +548,46 @@ class _Resolver:
                            item.multiple.pos)
             else:
                 self.assumptions.append(Assumption(e.name, m.value, item.pos))
+
+    def size_assume(self, item: ast.SizeAssume, guards: tuple[Guard, ...]) -> None:
+        """``assume N != 96``, ranges and 'or': a condition on the dims, checked on every call and holding
+        on every size the tools sample. A lower bound of one dim (``1 <= N``, ``N in 64..8192``) also
+        starts the sampled sizes there, as ``assume N >= 64`` does."""
+        if guards:
+            self.error("assume is said at top level, not under a condition", item.pos)
+            return
+        alternatives = []
+        for conj in item.alternatives:
+            parts = []
+            for cmp in conj:
+                lhs, rhs = self.constants(cmp.lhs), self.constants(cmp.rhs)
+                for side in (lhs, rhs):
+                    unknown = sorted(ex.free_vars(side.expr) - set(self.dims))
+                    if unknown:
+                        self.error(f"assume names {unknown[0]!r}, which is not a declared dim", side.pos,
+                                   suggest(unknown[0], self.dims))
+                        return
+                    if side.divisions:
+                        self.error("assume compares sizes without '/': write 2*N <= 8192 rather than N/2 ...",
+                                   side.pos)
+                        return
+                parts.append((lhs.expr, cmp.op, rhs.expr))
+            alternatives.append(parts)
+        if not any(ex.free_vars(a) | ex.free_vars(b) for conj in alternatives for a, _, b in conj):
+            self.error(f"assume {item.text} names no dim", item.pos)
+            return
+        condition = any_of(ex.and_(*(comparison(a, op, b) for a, op, b in conj)) for conj in alternatives)
+        if isinstance(condition, ex.Const):
+            if not condition.value:
+                self.error(f"assume {item.text} never holds", item.pos)
+            return
+        if len(alternatives) == 1:
+            for a, op, b in alternatives[0]:
+                if op in ("<", "<="):
+                    a, op, b = b, {"<": ">", "<=": ">="}[op], a
+                if op in (">", ">=") and isinstance(a, ex.Var) and isinstance(b, ex.Const):
+                    self.assumptions.append(Assumption(a.name, 1, item.pos, b.value + (op == ">")))
+        self.size_assumptions.append(SizeAssumption(item.text, condition, item.pos))
 
     def constants(self, value: ast.ExprValue) -> ast.ExprValue:
         """Integer parameters are constants inside expressions (``2*I/tp_size``, ``rank=tp_rank``)."""
@@ -602,7 +692,8 @@ class _Resolver:
                     self.error(f"family {fam} has no parameter {key.text!r}", key.pos,
                                suggest(key.text, list(known.param_names)) or
                                f"parameters of {fam}: {', '.join(known.param_names) or 'none'}")
-        packing_args = tuple((fam, key.text, value, key.pos) for fam, key, value in d.packing.args) if d.packing else ()
+        packing_args = tuple((fam, key.text, self.family_arg(value), key.pos)
+                             for fam, key, value in d.packing.args) if d.packing else ()
         divisions = tuple((num, den, v.pos) for v in shape for num, den in v.divisions)
         accepts = self.accepted_types(d, elem)
         table[name] = TensorSpec(
@@ -610,6 +701,15 @@ class _Resolver:
             tuple(v.text if v is w else ex.to_str(v.expr, slash=True) for v, w in zip(shape, d.shape)),
             d.optional, tie, rows, packing, d.pos, divisions, packing_args, accepts,
         )
+
+    def family_arg(self, value: ast.ExprValue) -> int | ex.Expr:
+        """``packing F(w=num_warps)``, ``F(g=K/32)``: an integer once integer parameters are substituted, or
+        a size expression of the dims (the family is then read with that size on every call)."""
+        v = self.constants(value)
+        if isinstance(v.expr, ex.Const):
+            return v.expr.value
+        self.check_dims_in(v, "a family argument")
+        return v.expr
 
     def accepted_types(self, d: ast.TensorDecl, elem: ElemType) -> tuple[ElemType, ...]:
         """`accepts T`: T must widen exactly into the declared type, and be told apart from it."""
@@ -696,7 +796,7 @@ class _Resolver:
             self.name, self.spec.filename, self.spec.source, tuple(sorted(self.params.items())), tuple(self.dims),
             tuple(self.assumptions), tuple(self.requires), tuple(self.inputs.values()), tuple(self.outputs.values()),
             tuple(self.statements), self.spec.sha256, tuple(self.dim_pos[d] for d in self.dims),
-            tuple(self.conditions.values()), tuple(self.families.values()),
+            tuple(self.conditions.values()), tuple(self.families.values()), tuple(self.size_assumptions),
         )
 
 

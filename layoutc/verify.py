@@ -95,7 +95,7 @@ class Verifier:
     # -- checks --
     def check_ties_declared(self) -> None:
         inputs = {t.name: t for t in self.program.inputs}
-        samples = sample_dims(self.program.dims, [(ex.Var(a.dim), a.multiple) for a in self.program.assumptions]
+        samples = sample_dims(self.program.dims, self.program.assumed
                               + [(n, int(d.value)) for t in self.program.inputs for n, d, _ in t.divisions
                                  if isinstance(d, ex.Const)])
         for t in self.program.inputs:
@@ -482,7 +482,7 @@ def verification_dims(program: Program, variant: Variant) -> list[dict]:
     from .instances import variant_instances
 
     known = [(k.value, k.multiple) for c in variant.chains for k in c.constraints]
-    known += [(ex.Var(a.dim), a.multiple) for a in program.assumptions]
+    known += program.assumed
     return _pick(variant_instances(program, variant.present, known))
 
 
