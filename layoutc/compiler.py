@@ -21,13 +21,13 @@ import attrs
 
 from . import expr as ex
 from .ast import Pos
-from .errors import Diagnostic, Reporter
+from .errors import Diagnostic, Reporter, SpecError
 from .indexmap import IndexMap, compose_all, identity
 from .dimsolve import solve_order
 from .instances import classify, sample_dims
-from .limits import MAX_STEPS_PER_TENSOR
+from .limits import MAX_OPTIONAL_INPUTS, MAX_STEPS_PER_TENSOR
 from .ir import Program, Statement, TensorSpec
-from .expand import ExpandError, PackingTag, statement_ops
+from .expand import ExpandError, NeedCondition, PackingTag, statement_ops
 from .ops import FAMILY_STATEMENTS, Op, OpTypeError, TensorType
 
 #: Sizes from which output shapes are also compared (above any realistic padding multiple).
@@ -112,6 +112,8 @@ class Chain:
     target: TensorSpec | None
     steps: tuple[Step, ...]
     constraints: tuple[Constraint, ...]
+    # Family applications that gave this tensor no step (a family's ``if`` on sizes): applied all the same.
+    empty_packings: tuple[PackingTag, ...] = ()
 
     @property
     def in_type(self) -> TensorType:
@@ -136,7 +138,8 @@ class Chain:
 
     def packings(self) -> tuple[str, ...]:
         """The kernel families whose packing the chain applies, in order."""
-        return tuple(dict.fromkeys(s.tag.family for s in self.steps if s.tag is not None))
+        tags = [s.tag for s in self.steps if s.tag is not None] + list(self.empty_packings)
+        return tuple(dict.fromkeys(t.family for t in sorted(tags, key=lambda t: t.instance)))
 
     def applications(self) -> dict[tuple[int, int], list[Step]]:
         """The steps of each family application (one ``interleave`` statement), in order."""
@@ -225,6 +228,7 @@ class _Builder:
     def chain(self, spec: TensorSpec, present: frozenset[str]) -> Chain | None:
         t = TensorType(spec.elem, spec.shape)
         steps: list[Step] = []
+        empty: list[PackingTag] = []
         constraints = self.input_constraints(spec)
         for st in self.program.statements:
             if not st.applies(present) or spec.name not in {n for n, _ in st.tensors}:
@@ -236,7 +240,10 @@ class _Builder:
                 self.error(message, pos, hint, tensors=[spec.name], related=related)
                 return None
             try:
-                for op, tag in statement_ops(st, lambda: current[0], spec.role, self.dims, self.program):
+                for op, tag in statement_ops(st, lambda: current[0], spec.role, self.dims, self.program, present):
+                    if op is None:  # a family that leaves tensors of these sizes as they are
+                        empty.append(tag)
+                        continue
                     inferred = op.infer(current[0])
                     context = f"{st.text} at {_where(self.program, st.pos)}"
                     why = _block_rows_reason(spec, op, current[0])
@@ -263,13 +270,18 @@ class _Builder:
                 self.error(f"{spec.name}: {err.message}", st.pos, err.hint, tensors=[spec.name])
                 return None
             t = current[0]
-        target = next((o for o in self.program.outputs if o.name == spec.name), None)
-        return Chain(spec.name, spec, target, tuple(steps), tuple(constraints))
+        target = self.program.output_for(spec.name, present)
+        return Chain(spec.name, spec, target, tuple(steps), tuple(constraints), tuple(empty))
 
     def check_output(self, chain: Chain, samples: list[dict]) -> None:
         spec, out = chain.source, chain.target
         last = chain.steps[-1].statement.pos if chain.steps and chain.steps[-1].statement else spec.pos
         related = (("the last statement on this tensor", last),) if chain.steps else ()
+        if out is None and any(o.name == spec.name for o in self.program.outputs):
+            where = " and ".join(sorted(present & set(self.program.variant_keys))) or "none of its conditions hold"
+            self.error(f"{spec.name} has no output declaration for these sizes ({where})", spec.pos,
+                       f"declare output {spec.name} in every branch of the size condition", tensors=[spec.name])
+            return
         if out is None:
             self.error(f"input {spec.name} has no output declaration", spec.pos,
                        f"declare the kernel contract: output {spec.name} : {chain.out_type}", tensors=[spec.name])
@@ -306,15 +318,16 @@ class _Builder:
                     out.pos, tensors=[spec.name], related=related,
                 )
         applied = chain.packings()
+        region = f" (where {' and '.join(str(g) for g in out.guards)})" if out.guards else ""
         for fam in out.packings:
             if fam not in applied:
-                self.error(f"{spec.name}: the output declares packing {fam} but no {fam} packing is applied",
+                self.error(f"{spec.name}: the output declares packing {fam} but no {fam} packing is applied{region}",
                            out.pos, tensors=[spec.name], related=related)
         for fam, key, value, pos in out.packing_args:
             uses = {s.tag.instance: s for s in chain.steps if s.tag is not None and s.tag.family == fam}
             for s in uses.values():
                 used = dict(s.tag.args).get(key)
-                if used != value:
+                if not _same_arg(used, value):
                     self.error(
                         f"{spec.name}: the kernel reads the {fam} packing with {key}={value}, but "
                         f"{s.statement.text if s.statement else fam} applies it with {key}={used}",
@@ -325,7 +338,7 @@ class _Builder:
             if fam not in out.packings:
                 declared = "packing " + " + ".join(out.packings) if out.packings else "no packing"
                 self.error(
-                    f"{spec.name}: a {fam} packing is applied but the output declares {declared}",
+                    f"{spec.name}: a {fam} packing is applied but the output declares {declared}{region}",
                     out.pos, f"declare it: output {spec.name} : ... packing {' + '.join(out.packings + (fam,))}",
                     tensors=[spec.name], related=related,
                 )
@@ -363,6 +376,13 @@ class _Builder:
                 self.error(f"dim {d} cannot be inferred from the shapes of the required inputs",
                            self.program.dim_position(d), f"use {d} linearly in some input shape, e.g. [{d}, ...], "
                            f"or remove it from 'dims'")
+
+
+def _same_arg(a, b) -> bool:
+    """A family argument as applied and as declared: equal integers, or size expressions equal for all dims."""
+    if isinstance(a, int) and isinstance(b, int) or a is None or b is None:
+        return a == b
+    return ex.same_value(ex.as_expr(a), ex.as_expr(b)) is True
 
 
 def shape_axes(specs: Iterable[TensorSpec]) -> list[tuple]:
@@ -427,7 +447,24 @@ def presence_sets(program: Program) -> list[frozenset[str]]:
 
 
 def build(program: Program) -> Compiled:
-    """Type every chain of every variant; raise :class:`SpecError` with all problems found."""
+    """Type every chain of every variant; raise :class:`SpecError` with all problems found.
+
+    A family's ``if`` on the sizes its role binds (``if rows >= 32``) becomes a size condition of the spec
+    when first met: it is added to the program and the chains are built again (so the compiled program
+    can have more conditions than the resolved one)."""
+    while True:
+        try:
+            return _build(program)
+        except NeedCondition as need:
+            if len(program.variant_keys) >= MAX_OPTIONAL_INPUTS:
+                raise SpecError([Diagnostic("error", f"a spec has at most {MAX_OPTIONAL_INPUTS} optional inputs and "
+                                                     f"size conditions together, counting its families' conditions "
+                                                     f"on sizes ({need.condition.label})", None)],
+                                program.filename, program.source) from None
+            program = attrs.evolve(program, conditions=program.conditions + (need.condition,))
+
+
+def _build(program: Program) -> Compiled:
     b = _Builder(program)
     b.check_dims_inferable()
     for o in program.outputs:

@@ -67,6 +67,11 @@ class TensorSpec:
     # trtllm(epilogue_tile=64), F(w=num_warps), F(g=K/32): the kernel's parameters, an int or a size expression
     packing_args: tuple[tuple[str, str, int | ex.Expr, ast.Pos], ...] = ()
     accepts: tuple[ElemType, ...] = ()  # narrower input types widened exactly to elem before the transforms
+    # An output declared under size conditions (``if 2*I >= 32 { output ... }``): the variants it holds in.
+    guards: tuple[Guard, ...] = ()
+
+    def holds_in(self, present: frozenset[str]) -> bool:
+        return all((g.key in present) == g.present for g in self.guards)
 
     @property
     def role(self) -> str:
@@ -212,6 +217,13 @@ class Program:
     conditions: tuple[SizeCondition, ...] = ()  # size conditions (run-time branches)
     families: tuple[Any, ...] = ()  # packing families in scope (layoutc.families.Family)
     size_assumptions: tuple[SizeAssumption, ...] = ()  # assume N != 96, ranges, 'or'
+    # Further declarations of outputs under size conditions (the first of each name is in ``outputs``).
+    conditional_outputs: tuple[TensorSpec, ...] = ()
+
+    def output_for(self, name: str, present: frozenset[str]) -> TensorSpec | None:
+        """The declaration of output ``name`` in the variant keyed by ``present`` (None where none holds)."""
+        return next((o for o in self.outputs + self.conditional_outputs if o.name == name and o.holds_in(present)),
+                    None)
 
     @property
     def assumed(self) -> list[tuple[ex.Expr, int]]:
@@ -322,6 +334,7 @@ class _Resolver:
         self.requires: list[VersionPin] = []
         self.inputs: dict[str, TensorSpec] = {}
         self.outputs: dict[str, TensorSpec] = {}
+        self.conditional_outputs: list[TensorSpec] = []
         self.statements: list[Statement] = []
         self.conditions: dict[str, SizeCondition] = {}
         self.families: dict[str, Any] = {}
@@ -484,11 +497,16 @@ class _Resolver:
             elif isinstance(item, ast.Param):
                 pass  # handled in collect_params
             elif isinstance(item, ast.TensorDecl):
-                if guards:
-                    what = "an optional tensor" if guards[-1].key in self.inputs else f"a size ({guards[-1].key})"
-                    self.error(f"tensors cannot be declared under a condition on {what}", item.pos)
+                on_tensor = next((g for g in guards if g.key not in self.conditions), None)
+                if on_tensor is not None:
+                    self.error(f"tensors cannot be declared under a condition on an optional tensor "
+                               f"({on_tensor.key})", item.pos)
+                elif guards and item.direction == "input":
+                    self.error(f"inputs cannot be declared under a condition on a size ({guards[-1].key}): the "
+                               f"checkpoint's tensors are the same whatever the sizes; declare the kernel's "
+                               f"layout per size with 'output' under the condition", item.pos)
                 else:
-                    self.declare(item)
+                    self.declare(item, guards)
             elif isinstance(item, ast.Transform):
                 self.statement(item, guards)
             elif isinstance(item, (ast.FamilyDef, ast.Import)):
@@ -637,11 +655,13 @@ class _Resolver:
                        f"{close} (or declare it: dims {', '.join(self.dims + [name])})" if close
                        else f"declare it: dims {', '.join(self.dims + [name])}")
 
-    def declare(self, d: ast.TensorDecl) -> None:
+    def declare(self, d: ast.TensorDecl, guards: tuple[Guard, ...] = ()) -> None:
         name = d.name.text
         table = self.inputs if d.direction == "input" else self.outputs
-        if name in table:
-            self.error(f"{d.direction} {name!r} is declared twice", d.name.pos, tensors=[name])
+        first = table.get(name)
+        if first is not None and not (guards and d.direction == "output" and self.exclusive(name, guards)):
+            self.error(f"{d.direction} {name!r} is declared twice" +
+                       (" under conditions that can hold together" if guards else ""), d.name.pos, tensors=[name])
             return
         elem = ELEMENT_TYPES.get(d.elem.text)
         if elem is None:
@@ -696,11 +716,29 @@ class _Resolver:
                              for fam, key, value in d.packing.args) if d.packing else ()
         divisions = tuple((num, den, v.pos) for v in shape for num, den in v.divisions)
         accepts = self.accepted_types(d, elem)
-        table[name] = TensorSpec(
+        spec = TensorSpec(
             name, d.direction, elem, tuple(v.expr for v in shape),
             tuple(v.text if v is w else ex.to_str(v.expr, slash=True) for v, w in zip(shape, d.shape)),
-            d.optional, tie, rows, packing, d.pos, divisions, packing_args, accepts,
+            d.optional, tie, rows, packing, d.pos, divisions, packing_args, accepts, guards,
         )
+        if first is None:
+            table[name] = spec
+            return
+        # One contract per output whatever the sizes: its type and shape (what the caller allocates and the
+        # converter checks); the rows and packing are what a size condition may change.
+        if spec.elem != first.elem or spec.optional != first.optional or len(spec.shape) != len(first.shape) \
+                or not all(ex.same_value(a, b) for a, b in zip(spec.shape, first.shape)):
+            self.error(f"output {name} is declared {spec.elem.name}{spec.shape_str()}{'?' * spec.optional} here but "
+                       f"{first.elem.name}{first.shape_str()}{'?' * first.optional} on line {first.pos.line}: "
+                       f"declarations under size conditions may change the rows and packing, not the type or shape",
+                       d.pos, tensors=[name])
+            return
+        self.conditional_outputs.append(spec)
+
+    def exclusive(self, name: str, guards: tuple[Guard, ...]) -> bool:
+        """Whether an output declared under ``guards`` never holds together with an earlier declaration."""
+        earlier = [self.outputs[name]] + [o for o in self.conditional_outputs if o.name == name]
+        return all(any(Guard(g.key, not g.present) in o.guards for g in guards) for o in earlier)
 
     def family_arg(self, value: ast.ExprValue) -> int | ex.Expr:
         """``packing F(w=num_warps)``, ``F(g=K/32)``: an integer once integer parameters are substituted, or
@@ -797,6 +835,7 @@ class _Resolver:
             tuple(self.assumptions), tuple(self.requires), tuple(self.inputs.values()), tuple(self.outputs.values()),
             tuple(self.statements), self.spec.sha256, tuple(self.dim_pos[d] for d in self.dims),
             tuple(self.conditions.values()), tuple(self.families.values()), tuple(self.size_assumptions),
+            tuple(self.conditional_outputs),
         )
 
 
