@@ -93,6 +93,7 @@ class Constraint:
     pos: Pos | None
     status: str  # "proven" | "runtime" | "impossible"
     why: str = ""  # the reason, where it is not the op's own arithmetic
+    everywhere: bool = False  # a condition the op needs on every accepted size (a reshape's element count)
 
     def message(self) -> str:
         if self.multiple == 0:
@@ -188,9 +189,9 @@ class _Builder:
         self.diags.error(message, pos, hint, tensors, related)
 
     def constraint(self, tensor: str, value: ex.Expr, multiple: int, what: str, context: str, pos,
-                   why: str = "") -> Constraint:
+                   why: str = "", everywhere: bool = False) -> Constraint:
         status = classify(value, multiple, self.assumptions)
-        c = Constraint(tensor, value, multiple, what, context, pos, status, why)
+        c = Constraint(tensor, value, multiple, what, context, pos, status, why, everywhere)
         if status == "impossible":
             self.error(f"{c.message()}, which can never hold ({ex.to_str(value)} is fixed)", pos, tensors=[tensor])
         return c
@@ -249,7 +250,8 @@ class _Builder:
                     why = _block_rows_reason(spec, op, current[0])
                     for r in inferred.requires:
                         what = (tag.axis_name(r.value) if tag is not None else None) or r.what
-                        constraints.append(self.constraint(spec.name, r.value, r.multiple, what, context, st.pos, why))
+                        constraints.append(self.constraint(spec.name, r.value, r.multiple, what, context, st.pos, why,
+                                                           r.everywhere))
                     if not op.is_identity:
                         if len(steps) >= MAX_STEPS_PER_TENSOR:
                             self.error(f"{spec.name} takes more than {MAX_STEPS_PER_TENSOR} transforms; its chain is "
@@ -342,6 +344,37 @@ class _Builder:
                     out.pos, f"declare it: output {spec.name} : ... packing {' + '.join(out.packings + (fam,))}",
                     tensors=[spec.name], related=related,
                 )
+
+    def check_everywhere(self, chains: list[Chain], present: frozenset[str], known: list) -> None:
+        """A condition an op needs on every size (a reshape's element count), broken at a size the spec accepts
+        in this variant, is an error at the statement, with that size: the converter would refuse it on every
+        call (LayoutError), so the spec does not describe the layout there."""
+        pending = [k for c in chains for k in c.constraints if k.everywhere and k.status == "runtime"]
+        if not pending:
+            return
+        conditions = self.program.conditions
+
+        def accepted(env: dict) -> bool:
+            return all(c.holds(env) == (c.label in present) for c in conditions)
+
+        # The sizes the variant accepts, without the conditions being checked (sampling keeps to conditions).
+        own = {(k.value, k.multiple) for k in pending}
+        known = [rule for rule in known if rule not in own]
+        tries = sample_dims(self.program.dims, known)
+        for base in (5, 100, 1000, LARGE_SIZE):
+            minimum = {d: base + 37 * i for i, d in enumerate(self.program.dims)}
+            tries += sample_dims(self.program.dims, known, per_dim=2, minimum=minimum)
+        envs = [env for env in tries if accepted(env)]
+        reported = set()
+        for k in pending:
+            if (k.pos, k.message()) in reported:
+                continue
+            bad = next((env for env in envs if not ex.evaluate(k.value, env)), None)
+            if bad is not None:
+                reported.add((k.pos, k.message()))
+                at = ", ".join(f"{d}={v}" for d, v in bad.items())
+                self.error(f"{k.message()}, which fails at {at}, a size the spec accepts", k.pos,
+                           "make the sizes agree for every size (or assume the sizes it holds for)", tensors=[k.tensor])
 
     def inverse_chain(self, chain: Chain) -> Chain | None:
         """Steps that take the output back to the input, or None where an op has no inverse."""
@@ -497,6 +530,7 @@ def _build(program: Program) -> Compiled:
             program.dims, known, per_dim=2, minimum={d: LARGE_SIZE for d in program.dims})
         for c in chains:
             b.check_output(c, samples)
+        b.check_everywhere(chains, present, known)
         variants.append(Variant(present, tuple(chains)))
         inverses.append(Variant(present, tuple(inv_chains)))
     b.diags.raise_if_errors(program.filename, program.source)
