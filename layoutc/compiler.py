@@ -26,7 +26,7 @@ from .indexmap import IndexMap, compose_all, identity
 from .dimsolve import solve_order
 from .instances import classify, sample_dims
 from .limits import MAX_OPTIONAL_INPUTS, MAX_STEPS_PER_TENSOR
-from .ir import Program, Statement, TensorSpec
+from .ir import Guard, Program, Statement, TensorSpec
 from .expand import ExpandError, NeedCondition, PackingTag, statement_ops
 from .ops import FAMILY_STATEMENTS, Op, OpTypeError, TensorType
 
@@ -275,12 +275,12 @@ class _Builder:
         target = self.program.output_for(spec.name, present)
         return Chain(spec.name, spec, target, tuple(steps), tuple(constraints), tuple(empty))
 
-    def check_output(self, chain: Chain, samples: list[dict]) -> None:
+    def check_output(self, chain: Chain, samples: list[dict], present: frozenset[str] = frozenset()) -> None:
         spec, out = chain.source, chain.target
         last = chain.steps[-1].statement.pos if chain.steps and chain.steps[-1].statement else spec.pos
         related = (("the last statement on this tensor", last),) if chain.steps else ()
         if out is None and any(o.name == spec.name for o in self.program.outputs):
-            where = " and ".join(sorted(present & set(self.program.variant_keys))) or "none of its conditions hold"
+            where = " and ".join(str(Guard(c.label, c.label in present)) for c in self.program.conditions)
             self.error(f"{spec.name} has no output declaration for these sizes ({where})", spec.pos,
                        f"declare output {spec.name} in every branch of the size condition", tensors=[spec.name])
             return
@@ -529,7 +529,7 @@ def _build(program: Program) -> Compiled:
         samples = sample_dims(program.dims, known) + sample_dims(
             program.dims, known, per_dim=2, minimum={d: LARGE_SIZE for d in program.dims})
         for c in chains:
-            b.check_output(c, samples)
+            b.check_output(c, samples, present)
         b.check_everywhere(chains, present, known)
         variants.append(Variant(present, tuple(chains)))
         inverses.append(Variant(present, tuple(inv_chains)))
