@@ -145,6 +145,7 @@ class ScaleTie:
     block: int
     pos: Pos
     row_block: int = 1
+    along: Name | None = None  # ``scales W block 32 along K``: the dim that names the block axis (K-major weights)
 
 
 @attrs.frozen

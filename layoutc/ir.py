@@ -33,6 +33,7 @@ class Tie:
     block: int | None  # K elements per scale (scales only)
     pos: ast.Pos
     row_block: int = 1  # weight rows per scale row (128 for 128x128 FP8 block scales)
+    k_major: bool = False  # ``along K`` names the axis before the last: weight [E, K, N], scales [E, K/32, N]
 
 
 @attrs.frozen
@@ -69,6 +70,9 @@ class TensorSpec:
     accepts: tuple[ElemType, ...] = ()  # narrower input types widened exactly to elem before the transforms
     # An output declared under size conditions (``if 2*I >= 32 { output ... }``): the variants it holds in.
     guards: tuple[Guard, ...] = ()
+    # K-major ([E, K, N], GPTQ-style): K is the axis before the last and the rows are the last. A weight is
+    # K-major when its scales say ``along K`` of that axis.
+    k_major: bool = False
 
     def holds_in(self, present: frozenset[str]) -> bool:
         return all((g.key in present) == g.present for g in self.guards)
@@ -682,7 +686,8 @@ class _Resolver:
                 self.error(f"{name} is tied to {target!r}, which is not a declared input (declare it first)",
                            d.tie.weight.pos, suggest(target, list(self.inputs)), tensors=[name])
             if isinstance(d.tie, ast.ScaleTie):
-                tie = Tie("scales", target, d.tie.block, d.tie.pos, d.tie.row_block)
+                tie = Tie("scales", target, d.tie.block, d.tie.pos, d.tie.row_block,
+                          self.block_axis(d.tie, target, len(d.shape)))
             else:
                 tie = Tie("bias", target, None, d.tie.pos)
         rows = None
@@ -720,6 +725,7 @@ class _Resolver:
             name, d.direction, elem, tuple(v.expr for v in shape),
             tuple(v.text if v is w else ex.to_str(v.expr, slash=True) for v, w in zip(shape, d.shape)),
             d.optional, tie, rows, packing, d.pos, divisions, packing_args, accepts, guards,
+            tie is not None and tie.k_major,
         )
         if first is None:
             table[name] = spec
@@ -739,6 +745,36 @@ class _Resolver:
         """Whether an output declared under ``guards`` never holds together with an earlier declaration."""
         earlier = [self.outputs[name]] + [o for o in self.conditional_outputs if o.name == name]
         return all(any(Guard(g.key, not g.present) in o.guards for g in guards) for o in earlier)
+
+    def block_axis(self, tie: ast.ScaleTie, weight: str, rank: int) -> bool:
+        """``along K``: whether the block axis (the weight's axis whose size names K) is the one before the last
+        (a K-major weight) rather than the last. The weight is marked K-major here, and must hold one value per
+        element along K (a packed type packs along its last axis, the rows of a K-major weight)."""
+        if tie.along is None:
+            return False
+        dim = tie.along.text
+        w = self.inputs.get(weight)
+        if dim not in self.dims:
+            self.error(f"along {dim}: {dim!r} is not a declared dim", tie.along.pos, suggest(dim, self.dims))
+            return False
+        if w is None:
+            return False
+        axes = [i for i, e in enumerate(w.shape) if dim in ex.free_vars(e)]
+        rank_w = len(w.shape)
+        if len(axes) != 1 or axes[0] not in (rank_w - 1, rank_w - 2) or rank_w != rank or rank < 2:
+            self.error(f"along {dim}: the block axis is the one axis of {weight}{w.shape_str()} whose size names "
+                       f"{dim}, the last or the one before it, and {w.name} and its scales have the same rank",
+                       tie.along.pos)
+            return False
+        k_major = axes[0] == rank_w - 2
+        if k_major:
+            if w.elem.values != 1:
+                self.error(f"{weight} is K-major ({dim} is the axis before the last) but {w.elem.name} packs "
+                           f"{w.elem.values} values per element along the last axis, its rows", tie.along.pos,
+                           "declare K-major weights with one value per element (int8, e4m3, bf16, ...)")
+                return False
+            self.inputs[weight] = attrs.evolve(w, k_major=True)
+        return k_major
 
     def family_arg(self, value: ast.ExprValue) -> int | ex.Expr:
         """``packing F(w=num_warps)``, ``F(g=K/32)``: an integer once integer parameters are substituted, or
@@ -830,6 +866,10 @@ class _Resolver:
         if self.name is None:
             self.name = _default_name(self.spec.filename)
         self.diags.raise_if_errors(self.spec.filename, self.spec.source)
+        k_major = {t.name for t in self.inputs.values() if t.k_major}  # an output keeps its input's axes
+        if k_major:
+            self.outputs = {n: attrs.evolve(o, k_major=n in k_major) for n, o in self.outputs.items()}
+            self.conditional_outputs = [attrs.evolve(o, k_major=o.name in k_major) for o in self.conditional_outputs]
         return Program(
             self.name, self.spec.filename, self.spec.source, tuple(sorted(self.params.items())), tuple(self.dims),
             tuple(self.assumptions), tuple(self.requires), tuple(self.inputs.values()), tuple(self.outputs.values()),

@@ -221,7 +221,7 @@ class _ToAst(Transformer):
         return children[0]
 
     def scales_attr(self, meta, children):
-        weight, block = children
+        weight, block, along = children
         rows, _, k = str(block).rpartition("x")
         for part in (rows, k):
             if len(part) > MAX_INT_DIGITS or (part and int(part) > MAX_INT):
@@ -229,7 +229,8 @@ class _ToAst(Transformer):
         row_block, block_k = int(rows or 1), int(k)
         if row_block <= 0 or block_k <= 0:
             raise _Fail("a scale block must be a positive number of elements (32, or rows x K: 128x128)", _pos(block))
-        return ast.ScaleTie(self._name(weight), block_k, _pos(meta), row_block)
+        return ast.ScaleTie(self._name(weight), block_k, _pos(meta), row_block,
+                            self._name(along) if along is not None else None)
 
     def bias_attr(self, meta, children):
         return ast.BiasTie(self._name(children[0]), _pos(meta))

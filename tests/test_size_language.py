@@ -231,3 +231,44 @@ def test_reshape_count_is_checked_on_every_call_in_every_lowering(lowering):
     assert spec.convert({"w": torch.ones(1, 6, 1, dtype=torch.bfloat16)}, lowering=lowering)["w"].shape == (1, 8, 1)
     with pytest.raises(LayoutError, match=r"reshape\(w, .*size_lang.lyt:6 needs the same number of elements"):
         spec.convert({"w": torch.ones(1, 100001, 1, dtype=torch.bfloat16)}, lowering=lowering)
+
+
+# -- K-major weights tied to their scales -----------------------------------------------------------
+
+K_MAJOR = """
+spec k_major
+dims E, N, K
+input w  : e4m3[E, K, N]      rows [w1; w3]
+input sf : f32[E, K/128, N]   scales w block 128 along K
+swap_halves([w, sf], dim=2)
+output w  : e4m3[E, K, N]     rows [w3; w1]
+output sf : f32[E, K/128, N]
+"""
+
+
+def test_k_major_weight_tied_to_its_scales_is_verified():
+    spec = _compile(K_MAJOR)
+    assert spec.program.input("w").k_major and spec.program.input("sf").k_major
+    w = torch.arange(256 * 8, dtype=torch.int32).reshape(1, 256, 8).to(torch.uint8).view(torch.float8_e4m3fn)
+    sf = torch.arange(2 * 8, dtype=torch.float32).reshape(1, 2, 8)
+    out = spec.convert({"w": w, "sf": sf})
+    assert torch.equal(out["sf"], torch.cat([sf[..., 4:], sf[..., :4]], dim=2))
+
+
+@pytest.mark.parametrize("change, message", [
+    (("swap_halves([w, sf], dim=2)", "swap_halves(w, dim=2)"), "a scale must follow its weight's rows"),
+    (("swap_halves([w, sf], dim=2)", "swap_halves([w, sf], dim=2)\nswap_halves(w, dim=1)"),
+     "w and its scales sf move K differently"),
+    (("input sf : f32[E, K/128, N]", "input sf : f32[E, N, K/128]"), "sf has K/128 rows but its weight w has N"),
+    (("along K", "along N"), "sf has K/128 rows but its weight w has K"),
+])
+def test_k_major_mistakes_are_rejected(change, message):
+    text = K_MAJOR.replace(*change)
+    if "f32[E, N, K/128]" in text:
+        text = text.replace("output sf : f32[E, K/128, N]", "output sf : f32[E, N, K/128]")
+    assert message in _error(text)
+
+
+def test_k_major_packed_weight_is_an_error():
+    text = K_MAJOR.replace("e4m3[E, K, N]", "fp4x2[E, K, N/2]")
+    assert "packs 2 values per element along the last axis" in _error(text)
