@@ -114,7 +114,7 @@ def test_sm12x_w4a16_repack():
     mod = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_w4a16_prepare"
     repack, pack_scales = library(mod, "_repack_weight"), library(mod, "_pack_e8m0_k32_scales")
     compiled = spec("sm12x_w4a16")
-    for E, I, H in [(1, 64, 64), (2, 96, 128)]:
+    for E, I, H in [(1, 32, 64), (1, 64, 64), (2, 96, 128), (1, 32, 128)]:  # I == 32: w2's channelwise table
         # E8M0 bytes up to 247: the library clamps larger ones (a value change the spec does not make)
         x = {"w13": codes(E, 2 * I, H // 2, seed=1), "w13_scale": codes(E, 2 * I, H // 32, seed=2, high=248),
              "w2": codes(E, H, I // 2, seed=3), "w2_scale": codes(E, H, I // 32, seed=4, high=248)}
