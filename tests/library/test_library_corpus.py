@@ -253,6 +253,36 @@ def test_prims_ts_shuffle_bias():
         round_trip(compiled, {"w13": w, "w13_bias": b}, out, {"E": E, "I": I, "H": H})
 
 
+def _marlin_permute_scales(s: torch.Tensor, size_k: int, size_n: int, group_size: int) -> torch.Tensor:
+    """A reference written from vLLM's marlin_permute_scales (github.com/vllm-project/vllm, commit
+    6eb287065174504cb862f792c2150c603e225edb, vllm/model_executor/layers/quantization/utils/marlin_utils.py,
+    with get_scale_perms): [groups, N] scales, every row permuted in blocks. vLLM is not installed here
+    (its kernels need CUDA); the tables are rebuilt from their definitions: with group_size < size_k (and
+    not -1), block 64 with position 8i + j taking i + 8j; else block 32 with position 8i + c taking
+    2i + [0, 1, 8, 9, 16, 17, 24, 25][c]."""
+    if group_size < size_k and group_size != -1:
+        table = [i + 8 * j for i in range(8) for j in range(8)]
+    else:
+        table = [2 * i + j for i in range(4) for j in (0, 1, 8, 9, 16, 17, 24, 25)]
+    blocks = s.reshape(-1, len(table))
+    return blocks[:, torch.tensor(table)].reshape(-1, size_n).contiguous()
+
+
+def test_marlin_gptq_scales():
+    compiled = spec("marlin_gptq_scales")
+    assert [c.label for c in compiled.program.conditions] == ["K/128 > 1"]
+    # K == 128: one group spans all of K (the channelwise table); K > 128: the grouped table
+    for E, K, N in [(1, 128, 64), (2, 128, 128), (1, 256, 64), (2, 384, 192)]:
+        q = torch.randint(-2**31, 2**31 - 1, (E, K // 8, N), dtype=torch.int32, generator=torch.Generator().manual_seed(K))
+        s = torch.randn(E, K // 128, N, generator=torch.Generator().manual_seed(N)).to(torch.float16)
+        for lowering in ("gather", "eager"):
+            out = compiled.convert({"qweight": q, "scales": s}, lowering=lowering)
+            want = torch.stack([_marlin_permute_scales(s[e], K, N, 128) for e in range(E)])
+            same_bits(out["scales"], want, f"marlin_permute_scales K={K} N={N} ({lowering})")
+            same_bits(out["qweight"], q, "qweight passes through")
+        round_trip(compiled, {"qweight": q, "scales": s}, out, {"E": E, "K": K, "N": N})
+
+
 # ---------------------------------------------------------------------------------------------
 # check --strict, the mistakes, the probe
 
