@@ -103,6 +103,28 @@ def test_family_argument_naming_an_unknown_name_is_an_error():
     assert "'tiles'" in out and "not a declared dim" in out
 
 
+FAMILY_SIZE_ARG = """
+spec family_size_arg
+dims E, I, H
+family keep_rows(size = 1) {
+  weight(t[..., rows, k]) {
+    crop(t, dim=-2, size=size)
+  }
+}
+input w : bf16[E, I + 8, H]
+interleave(w, keep_rows, size=I)
+output w : bf16[E, I, H]   packing keep_rows(size=SIZE)
+"""
+
+
+def test_family_argument_is_a_size_expression():
+    spec = _compile(FAMILY_SIZE_ARG.replace("SIZE", "I"))
+    w = torch.arange(2 * 12 * 3, dtype=torch.bfloat16).reshape(2, 12, 3)
+    assert torch.equal(spec.convert({"w": w})["w"], w[:, :4])
+    out = _error(FAMILY_SIZE_ARG.replace("SIZE", "2*I"))
+    assert "the kernel reads the keep_rows packing with size=2*I, but" in out and "applies it with size=I" in out
+
+
 # -- outputs under size conditions ---------------------------------------------------------------
 
 SMALL_SHUFFLE = """
