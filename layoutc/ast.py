@@ -109,6 +109,26 @@ class Assume:
 
 
 @attrs.frozen
+class Compare:
+    """One comparison of an ``assume`` line: ``N != 96``, ``1 <= N`` (``lhs op rhs``)."""
+
+    lhs: ExprValue
+    op: str
+    rhs: ExprValue
+
+
+@attrs.frozen
+class SizeAssume:
+    """``assume N != 96``, ``assume 1 <= N <= 65536``, ``assume N in 64..8192``, ``assume I < 16 or I >= 64``:
+    a condition on the sizes the spec accepts. One of ``alternatives`` holds ('or'); each is a
+    conjunction of comparisons (a range is two)."""
+
+    alternatives: tuple[tuple[Compare, ...], ...]
+    pos: Pos
+    text: str
+
+
+@attrs.frozen
 class Param:
     name: Name
     default: Value
@@ -125,6 +145,7 @@ class ScaleTie:
     block: int
     pos: Pos
     row_block: int = 1
+    along: Name | None = None  # ``scales W block 32 along K``: the dim that names the block axis (K-major weights)
 
 
 @attrs.frozen
@@ -160,7 +181,7 @@ class Packing:
     family: Name
     pos: Pos
     more: tuple[Name, ...] = ()  # ``packing trtllm + sf_128x4``: every family the tensor carries
-    args: tuple[tuple[str, Name, int], ...] = ()  # ``trtllm(epilogue_tile=64)``: (family, key, value)
+    args: tuple[tuple[str, Name, ExprValue], ...] = ()  # ``trtllm(epilogue_tile=64)``, ``F(w=num_warps)``: (family, key, value)
 
     @property
     def families(self) -> tuple[Name, ...]:
@@ -249,7 +270,7 @@ class If:
     pos: Pos
 
 
-Statement = Union[SpecName, Requires, Dims, Assume, Param, TensorDecl, Transform, If, Import, FamilyDef]
+Statement = Union[SpecName, Requires, Dims, Assume, SizeAssume, Param, TensorDecl, Transform, If, Import, FamilyDef]
 
 
 @attrs.frozen

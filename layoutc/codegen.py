@@ -359,6 +359,10 @@ def generate(compiled: Compiled) -> str:
         f"    (None, {_dims_lambda(dims, f'{a.dim} >= {a.minimum}')}, 0, "
         f"{f'the spec assumes {a.dim} >= {a.minimum} ({p.filename}:{a.pos.line})'!r}, None),"
         for a in p.assumptions if a.minimum > 1
+    ] + [
+        f"    (None, {_dims_lambda(dims, ex.to_python(a.condition))}, 0, "
+        f"{f'the spec assumes {a.text} ({p.filename}:{a.pos.line})'!r}, None),"
+        for a in p.size_assumptions
     ]
     doc = "\n".join([
         f"{p.name}: convert checkpoint MoE tensors into the kernel layout, and back.",

@@ -14,19 +14,20 @@ that names the tensor, the statement and the dims.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Iterable
 
 import attrs
 
 from . import expr as ex
 from .ast import Pos
-from .errors import Diagnostic, Reporter
+from .errors import Diagnostic, Reporter, SpecError
 from .indexmap import IndexMap, compose_all, identity
 from .dimsolve import solve_order
 from .instances import classify, sample_dims
-from .limits import MAX_STEPS_PER_TENSOR
-from .ir import Program, Statement, TensorSpec
-from .expand import ExpandError, PackingTag, statement_ops
+from .limits import MAX_OPTIONAL_INPUTS, MAX_STEPS_PER_TENSOR
+from .ir import Guard, Program, Statement, TensorSpec
+from .expand import ExpandError, NeedCondition, PackingTag, statement_ops
 from .ops import FAMILY_STATEMENTS, Op, OpTypeError, TensorType
 
 #: Sizes from which output shapes are also compared (above any realistic padding multiple).
@@ -92,6 +93,7 @@ class Constraint:
     pos: Pos | None
     status: str  # "proven" | "runtime" | "impossible"
     why: str = ""  # the reason, where it is not the op's own arithmetic
+    everywhere: bool = False  # a condition the op needs on every accepted size (a reshape's element count)
 
     def message(self) -> str:
         if self.multiple == 0:
@@ -111,6 +113,8 @@ class Chain:
     target: TensorSpec | None
     steps: tuple[Step, ...]
     constraints: tuple[Constraint, ...]
+    # Family applications that gave this tensor no step (a family's ``if`` on sizes): applied all the same.
+    empty_packings: tuple[PackingTag, ...] = ()
 
     @property
     def in_type(self) -> TensorType:
@@ -135,7 +139,8 @@ class Chain:
 
     def packings(self) -> tuple[str, ...]:
         """The kernel families whose packing the chain applies, in order."""
-        return tuple(dict.fromkeys(s.tag.family for s in self.steps if s.tag is not None))
+        tags = [s.tag for s in self.steps if s.tag is not None] + list(self.empty_packings)
+        return tuple(dict.fromkeys(t.family for t in sorted(tags, key=lambda t: t.instance)))
 
     def applications(self) -> dict[tuple[int, int], list[Step]]:
         """The steps of each family application (one ``interleave`` statement), in order."""
@@ -175,16 +180,18 @@ class _Builder:
     def __init__(self, program: Program):
         self.program = program
         self.diags = Reporter()
-        self.assumptions = {a.dim: a.multiple for a in program.assumptions}
+        self.assumptions: dict[str, int] = {}
+        for a in program.assumptions:  # several lines on one dim (a multiple and a lower bound): all hold
+            self.assumptions[a.dim] = math.lcm(self.assumptions.get(a.dim, 1), a.multiple)
         self.dims = set(program.dims)
 
     def error(self, message, pos, hint=None, tensors=(), related=()):
         self.diags.error(message, pos, hint, tensors, related)
 
     def constraint(self, tensor: str, value: ex.Expr, multiple: int, what: str, context: str, pos,
-                   why: str = "") -> Constraint:
+                   why: str = "", everywhere: bool = False) -> Constraint:
         status = classify(value, multiple, self.assumptions)
-        c = Constraint(tensor, value, multiple, what, context, pos, status, why)
+        c = Constraint(tensor, value, multiple, what, context, pos, status, why, everywhere)
         if status == "impossible":
             self.error(f"{c.message()}, which can never hold ({ex.to_str(value)} is fixed)", pos, tensors=[tensor])
         return c
@@ -222,6 +229,7 @@ class _Builder:
     def chain(self, spec: TensorSpec, present: frozenset[str]) -> Chain | None:
         t = TensorType(spec.elem, spec.shape)
         steps: list[Step] = []
+        empty: list[PackingTag] = []
         constraints = self.input_constraints(spec)
         for st in self.program.statements:
             if not st.applies(present) or spec.name not in {n for n, _ in st.tensors}:
@@ -233,13 +241,17 @@ class _Builder:
                 self.error(message, pos, hint, tensors=[spec.name], related=related)
                 return None
             try:
-                for op, tag in statement_ops(st, lambda: current[0], spec.role, self.dims, self.program):
+                for op, tag in statement_ops(st, lambda: current[0], spec.role, self.dims, self.program, present):
+                    if op is None:  # a family that leaves tensors of these sizes as they are
+                        empty.append(tag)
+                        continue
                     inferred = op.infer(current[0])
                     context = f"{st.text} at {_where(self.program, st.pos)}"
                     why = _block_rows_reason(spec, op, current[0])
                     for r in inferred.requires:
                         what = (tag.axis_name(r.value) if tag is not None else None) or r.what
-                        constraints.append(self.constraint(spec.name, r.value, r.multiple, what, context, st.pos, why))
+                        constraints.append(self.constraint(spec.name, r.value, r.multiple, what, context, st.pos, why,
+                                                           r.everywhere))
                     if not op.is_identity:
                         if len(steps) >= MAX_STEPS_PER_TENSOR:
                             self.error(f"{spec.name} takes more than {MAX_STEPS_PER_TENSOR} transforms; its chain is "
@@ -260,13 +272,18 @@ class _Builder:
                 self.error(f"{spec.name}: {err.message}", st.pos, err.hint, tensors=[spec.name])
                 return None
             t = current[0]
-        target = next((o for o in self.program.outputs if o.name == spec.name), None)
-        return Chain(spec.name, spec, target, tuple(steps), tuple(constraints))
+        target = self.program.output_for(spec.name, present)
+        return Chain(spec.name, spec, target, tuple(steps), tuple(constraints), tuple(empty))
 
-    def check_output(self, chain: Chain, samples: list[dict]) -> None:
+    def check_output(self, chain: Chain, samples: list[dict], present: frozenset[str] = frozenset()) -> None:
         spec, out = chain.source, chain.target
         last = chain.steps[-1].statement.pos if chain.steps and chain.steps[-1].statement else spec.pos
         related = (("the last statement on this tensor", last),) if chain.steps else ()
+        if out is None and any(o.name == spec.name for o in self.program.outputs):
+            where = " and ".join(str(Guard(c.label, c.label in present)) for c in self.program.conditions)
+            self.error(f"{spec.name} has no output declaration for these sizes ({where})", spec.pos,
+                       f"declare output {spec.name} in every branch of the size condition", tensors=[spec.name])
+            return
         if out is None:
             self.error(f"input {spec.name} has no output declaration", spec.pos,
                        f"declare the kernel contract: output {spec.name} : {chain.out_type}", tensors=[spec.name])
@@ -303,15 +320,16 @@ class _Builder:
                     out.pos, tensors=[spec.name], related=related,
                 )
         applied = chain.packings()
+        region = f" (where {' and '.join(str(g) for g in out.guards)})" if out.guards else ""
         for fam in out.packings:
             if fam not in applied:
-                self.error(f"{spec.name}: the output declares packing {fam} but no {fam} packing is applied",
+                self.error(f"{spec.name}: the output declares packing {fam} but no {fam} packing is applied{region}",
                            out.pos, tensors=[spec.name], related=related)
         for fam, key, value, pos in out.packing_args:
             uses = {s.tag.instance: s for s in chain.steps if s.tag is not None and s.tag.family == fam}
             for s in uses.values():
                 used = dict(s.tag.args).get(key)
-                if used != value:
+                if not _same_arg(used, value):
                     self.error(
                         f"{spec.name}: the kernel reads the {fam} packing with {key}={value}, but "
                         f"{s.statement.text if s.statement else fam} applies it with {key}={used}",
@@ -322,10 +340,41 @@ class _Builder:
             if fam not in out.packings:
                 declared = "packing " + " + ".join(out.packings) if out.packings else "no packing"
                 self.error(
-                    f"{spec.name}: a {fam} packing is applied but the output declares {declared}",
+                    f"{spec.name}: a {fam} packing is applied but the output declares {declared}{region}",
                     out.pos, f"declare it: output {spec.name} : ... packing {' + '.join(out.packings + (fam,))}",
                     tensors=[spec.name], related=related,
                 )
+
+    def check_everywhere(self, chains: list[Chain], present: frozenset[str], known: list) -> None:
+        """A condition an op needs on every size (a reshape's element count), broken at a size the spec accepts
+        in this variant, is an error at the statement, with that size: the converter would refuse it on every
+        call (LayoutError), so the spec does not describe the layout there."""
+        pending = [k for c in chains for k in c.constraints if k.everywhere and k.status == "runtime"]
+        if not pending:
+            return
+        conditions = self.program.conditions
+
+        def accepted(env: dict) -> bool:
+            return all(c.holds(env) == (c.label in present) for c in conditions)
+
+        # The sizes the variant accepts, without the conditions being checked (sampling keeps to conditions).
+        own = {(k.value, k.multiple) for k in pending}
+        known = [rule for rule in known if rule not in own]
+        tries = sample_dims(self.program.dims, known)
+        for base in (5, 100, 1000, LARGE_SIZE):
+            minimum = {d: base + 37 * i for i, d in enumerate(self.program.dims)}
+            tries += sample_dims(self.program.dims, known, per_dim=2, minimum=minimum)
+        envs = [env for env in tries if accepted(env)]
+        reported = set()
+        for k in pending:
+            if (k.pos, k.message()) in reported:
+                continue
+            bad = next((env for env in envs if not ex.evaluate(k.value, env)), None)
+            if bad is not None:
+                reported.add((k.pos, k.message()))
+                at = ", ".join(f"{d}={v}" for d, v in bad.items())
+                self.error(f"{k.message()}, which fails at {at}, a size the spec accepts", k.pos,
+                           "make the sizes agree for every size (or assume the sizes it holds for)", tensors=[k.tensor])
 
     def inverse_chain(self, chain: Chain) -> Chain | None:
         """Steps that take the output back to the input, or None where an op has no inverse."""
@@ -360,6 +409,13 @@ class _Builder:
                 self.error(f"dim {d} cannot be inferred from the shapes of the required inputs",
                            self.program.dim_position(d), f"use {d} linearly in some input shape, e.g. [{d}, ...], "
                            f"or remove it from 'dims'")
+
+
+def _same_arg(a, b) -> bool:
+    """A family argument as applied and as declared: equal integers, or size expressions equal for all dims."""
+    if isinstance(a, int) and isinstance(b, int) or a is None or b is None:
+        return a == b
+    return ex.same_value(ex.as_expr(a), ex.as_expr(b)) is True
 
 
 def shape_axes(specs: Iterable[TensorSpec]) -> list[tuple]:
@@ -424,7 +480,24 @@ def presence_sets(program: Program) -> list[frozenset[str]]:
 
 
 def build(program: Program) -> Compiled:
-    """Type every chain of every variant; raise :class:`SpecError` with all problems found."""
+    """Type every chain of every variant; raise :class:`SpecError` with all problems found.
+
+    A family's ``if`` on the sizes its role binds (``if rows >= 32``) becomes a size condition of the spec
+    when first met: it is added to the program and the chains are built again (so the compiled program
+    can have more conditions than the resolved one)."""
+    while True:
+        try:
+            return _build(program)
+        except NeedCondition as need:
+            if len(program.variant_keys) >= MAX_OPTIONAL_INPUTS:
+                raise SpecError([Diagnostic("error", f"a spec has at most {MAX_OPTIONAL_INPUTS} optional inputs and "
+                                                     f"size conditions together, counting its families' conditions "
+                                                     f"on sizes ({need.condition.label})", None)],
+                                program.filename, program.source) from None
+            program = attrs.evolve(program, conditions=program.conditions + (need.condition,))
+
+
+def _build(program: Program) -> Compiled:
     b = _Builder(program)
     b.check_dims_inferable()
     for o in program.outputs:
@@ -450,13 +523,14 @@ def build(program: Program) -> Compiled:
             else:
                 inv_chains.append(inv)
         known = [(k.value, k.multiple) for c in chains for k in c.constraints]
-        known += [(ex.Var(a.dim), a.multiple) for a in program.assumptions]
+        known += program.assumed
         # Shapes are cheap to compare, so they are also compared on large sizes: round_up and
         # padding hide a missing division (a forgotten shard) on sizes below the padding multiple.
         samples = sample_dims(program.dims, known) + sample_dims(
             program.dims, known, per_dim=2, minimum={d: LARGE_SIZE for d in program.dims})
         for c in chains:
-            b.check_output(c, samples)
+            b.check_output(c, samples, present)
+        b.check_everywhere(chains, present, known)
         variants.append(Variant(present, tuple(chains)))
         inverses.append(Variant(present, tuple(inv_chains)))
     b.diags.raise_if_errors(program.filename, program.source)

@@ -33,7 +33,7 @@ def _matplotlib():
 def small_dims(spec: CompiledSpec) -> dict:
     variant = spec.compiled.variants[-1]
     known = [(k.value, k.multiple) for c in variant.chains for k in c.constraints]
-    known += [(ex.Var(a.dim), a.multiple) for a in spec.program.assumptions]
+    known += spec.program.assumed
     found = sample_dims(spec.program.dims, known, per_dim=2)
     if not found:
         raise ValueError("no small instance satisfies this spec's size rules")

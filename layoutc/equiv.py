@@ -1123,7 +1123,7 @@ def _value_text(t: torch.Tensor) -> str:
 
 def _constraints(spec, variant: Variant) -> list[tuple[ex.Expr, int]]:
     known = [(k.value, k.multiple) for c in variant.chains for k in c.constraints]
-    known += [(ex.Var(a.dim), a.multiple) for a in spec.program.assumptions]
+    known += spec.program.assumed
     return known
 
 
@@ -1134,6 +1134,9 @@ def _valid(spec, variant: Variant, env: Mapping[str, int]) -> str | None:
         v = env.get(a.dim, 0)
         if v < max(1, a.minimum) or v % a.multiple:
             return f"the spec assumes {a.dim} % {a.multiple} == 0" + (f" and {a.dim} >= {a.minimum}" if a.minimum > 1 else "")
+    for a in program.size_assumptions:
+        if not a.holds(env):
+            return f"the spec assumes {a.text}"
     for c in program.conditions:
         if c.holds(env) != (c.label in variant.present):
             return f"size condition {c.label}"

@@ -44,6 +44,15 @@ class PackingTag:
         return self.family, self.args
 
 
+class NeedCondition(Exception):
+    """A family's ``if`` tests a size (``if rows >= 32`` with rows = 2*I): the compiler adds ``condition``
+    to the spec's size conditions (a run-time branch, one more variant key) and builds again."""
+
+    def __init__(self, condition):
+        super().__init__(condition.label)
+        self.condition = condition
+
+
 class ExpandError(Exception):
     """A statement that cannot apply to this tensor: ``arg`` as in :class:`BindError`."""
 
@@ -54,9 +63,10 @@ class ExpandError(Exception):
 
 
 def statement_ops(st: Statement, t: Callable[[], TensorType], role: str, dims: set[str],
-                  program: Program) -> Iterator[tuple[Op, PackingTag | None]]:
+                  program: Program, present: frozenset[str] = frozenset()) -> Iterator[tuple[Op, PackingTag | None]]:
     """The ops ``st`` applies to a tensor of ``role``; ``t()`` is the tensor's type before the next one
-    (the caller infers each op before asking for the next)."""
+    (the caller infers each op before asking for the next). ``present``: the variant's keys, which decide
+    a family's conditions on sizes."""
     positional = [a for a, _ in st.positional]
     keywords = {k: a for k, a, _ in st.keywords}
     if st.op not in FAMILY_STATEMENTS:
@@ -65,10 +75,10 @@ def statement_ops(st: Statement, t: Callable[[], TensorType], role: str, dims: s
         except BindError as err:
             raise ExpandError(err.message, err.arg, err.hint) from None
         return
-    yield from _family_ops(st, t, role, dims, program, positional, keywords)
+    yield from _family_ops(st, t, role, dims, program, positional, keywords, present)
 
 
-def _family_ops(st, t, role, dims, program, positional, keywords):
+def _family_ops(st, t, role, dims, program, positional, keywords, present=frozenset()):
     if len(positional) != 1 or positional[0].kind != "expr" or not isinstance(positional[0].value, ex.Var):
         known = ", ".join(f.name for f in program.families)
         raise ExpandError(f"{st.op}(tensor, FAMILY, param=value, ...) needs one family name", None,
@@ -89,9 +99,11 @@ def _family_ops(st, t, role, dims, program, positional, keywords):
         if key not in params:
             raise ExpandError(f"family {name} has no parameter {key!r}", key,
                               suggest(key, list(params)) or f"parameters of {name}: {', '.join(params) or 'none'}")
-        if arg.kind != "expr" or not isinstance(arg.value, ex.Const):
-            raise ExpandError(f"{key} must be an integer, got {arg.text}", key)
-        params[key] = arg.value.value
+        unknown = sorted(ex.free_vars(arg.value) - set(dims)) if arg.kind == "expr" else []
+        if arg.kind != "expr" or unknown:
+            raise ExpandError(f"{key} must be an integer or a size expression of the dims, got {arg.text}", key,
+                              f"{unknown[0]!r} is neither a dim nor an integer parameter" if unknown else None)
+        params[key] = arg.value.value if isinstance(arg.value, ex.Const) else arg.value
     start = t()
     if body.elem is not None and start.elem.name != body.elem:
         raise ExpandError(f"{name} packs {role}s of type {body.elem}; this one is {start.elem.name}", 0)
@@ -99,9 +111,13 @@ def _family_ops(st, t, role, dims, program, positional, keywords):
     args = tuple(sorted(params.items()))
     instance = (st.pos.line, st.pos.column)
     axes = tuple((k, v) for k, v in local.items() if k != "...")
-    for item, op in _body_ops(family, body, params, local, t, role, dims):
+    applied = False
+    for item, op in _body_ops(family, body, params, local, t, role, dims, program, present):
         origin = f"{family.where(item.pos)}: {' '.join(item.text.split())}"
+        applied = True
         yield op, PackingTag(name, args, role, instance, origin, axes)
+    if not applied:  # the family leaves tensors of these sizes as they are (``if rows >= 32 {...}``): still applied
+        yield None, PackingTag(name, args, role, instance, f"{family.where(body.pos)}: no step for these sizes", axes)
 
 
 def _bind_axes(body: Role, t: TensorType, family: str) -> dict[str, Any]:
@@ -119,11 +135,12 @@ def _bind_axes(body: Role, t: TensorType, family: str) -> dict[str, Any]:
     return out
 
 
-def _body_ops(family: Family, body: Role, params: Mapping[str, int], local: Mapping[str, Any],
-              t: Callable[[], TensorType], role: str, dims: set[str]):
-    consts = {k: ex.Const(v) for k, v in params.items()}
+def _body_ops(family: Family, body: Role, params: Mapping[str, Any], local: Mapping[str, Any],
+              t: Callable[[], TensorType], role: str, dims: set[str], program: Program | None = None,
+              present: frozenset[str] = frozenset()):
+    consts = {k: ex.as_expr(v) for k, v in params.items()}
     consts.update({k: v for k, v in local.items() if k != "..."})
-    for item in _walk(body.body, params, family):
+    for item in _walk(body.body, consts, family, dims, program, present):
         if item.op.text in FAMILY_STATEMENTS:  # item.op is an ast.Name
             raise ExpandError(f"a family's body applies primitives, not another family ({family.where(item.pos)})")
         if not item.args or item.args[0].name is not None or item.args[0].value.text != body.tensor:
@@ -143,27 +160,38 @@ def _body_ops(family: Family, body: Role, params: Mapping[str, int], local: Mapp
         yield item, op
 
 
-def _walk(items, params: Mapping[str, int], family: Family):
+def _walk(items, env: Mapping[str, ex.Expr], family: Family, dims=frozenset(), program=None, present=frozenset()):
     for item in items:
         if isinstance(item, ast.Transform):
             yield item
         elif isinstance(item, ast.If):
-            yield from _walk(item.then if _decide(item.cond, params, family) else item.other, params, family)
+            branch = item.then if _decide(item.cond, env, family, dims, program, present) else item.other
+            yield from _walk(branch, env, family, dims, program, present)
 
 
-def _decide(cond: ast.Condition, params: Mapping[str, int], family: Family) -> bool:
-    """A condition in a family body, on the family's parameters (decided when the family is applied)."""
+def _decide(cond: ast.Condition, env: Mapping[str, ex.Expr], family: Family, dims=frozenset(), program=None,
+            present: frozenset[str] = frozenset()) -> bool:
+    """A condition in a family body, on the family's parameters and the sizes its role binds (``if rows >= 32``).
+    Decided when the family is applied where parameters decide it; a condition left on the dims is a run-time
+    branch of the spec (a size condition keyed by its label, as ``if 2*I >= 32`` at top level)."""
     where = family.where(cond.pos)
     if cond.kind != "cmp" or not isinstance(cond.value, ast.ExprValue):
-        raise ExpandError(f"{where}: a family's conditions compare its parameters: if {cond.text.strip()}")
-    env = {k: ex.Const(v) for k, v in params.items()}
+        raise ExpandError(f"{where}: a family's conditions compare its parameters or the sizes its role names: "
+                          f"if {cond.text.strip()}")
     a, b = ex.substitute(cond.lhs.expr, env), ex.substitute(cond.value.expr, env)
-    if not isinstance(a, ex.Const) or not isinstance(b, ex.Const):
-        unknown = sorted((ex.free_vars(a) | ex.free_vars(b)))
-        raise ExpandError(f"{where}: {unknown[0]!r} in a family's condition is not one of its parameters")
-    from .ir import compare
+    from .ir import SizeCondition, compare
 
-    return compare(a.value, cond.op, b.value)
+    if isinstance(a, ex.Const) and isinstance(b, ex.Const):
+        return compare(a.value, cond.op, b.value)
+    unknown = sorted((ex.free_vars(a) | ex.free_vars(b)) - set(dims))
+    if unknown or program is None:
+        name = unknown[0] if unknown else sorted(ex.free_vars(a) | ex.free_vars(b))[0]
+        raise ExpandError(f"{where}: {name!r} in a family's condition is not one of its parameters nor a size its "
+                          f"role names")
+    label = f"{ex.to_str(a, slash=True)} {cond.op} {ex.to_str(b, slash=True)}"
+    if not any(c.label == label for c in program.conditions):
+        raise NeedCondition(SizeCondition(label, a, cond.op, b, cond.pos))
+    return label in present
 
 
 def _value(v: ast.Value, consts: Mapping[str, ex.Expr], lead, family: Family, item) -> ArgValue:
@@ -209,6 +237,8 @@ def family_chain(family: str, role: str, t: TensorType, params: Mapping[str, int
                    keywords, (), f"interleave(t, {family})", ast.Pos(0, 0, 0, 0))
     out, current = [], [t]
     for op, tag in statement_ops(st, lambda: current[0], role, set(dims), program):
+        if op is None:
+            continue
         after = op.infer(current[0]).type
         out.append(AppliedStep(op, current[0], after, tag))
         current[0] = after

@@ -86,7 +86,7 @@ def explain(spec: CompiledSpec, tensor: str | None = None) -> dict[str, Any]:
         "params": p.param_values,
         "requires": [str(r) for r in p.requires],
         "dims": list(p.dims),
-        "assume": [f"{a.dim} % {a.multiple} == 0" for a in p.assumptions],
+        "assume": [f"{a.dim} % {a.multiple} == 0" for a in p.assumptions] + [a.text for a in p.size_assumptions],
         "verdict": "verified: types and sizes, sync along ties, kernel contract" + (
             f"; {unchecked} claim{'s' if unchecked != 1 else ''} not checked (see 'not checked' below; "
             "check --strict refuses them)" if unchecked else ""),

@@ -163,7 +163,8 @@ def _contract_ok(program, env: Mapping[str, int]) -> bool:
                 return False
         if any(ex.evaluate(s, env) <= 0 for s in t.shape):
             return False
-    return all(env.get(a.dim, 0) % a.multiple == 0 and env.get(a.dim, 0) >= a.minimum for a in program.assumptions)
+    return all(env.get(a.dim, 0) % a.multiple == 0 and env.get(a.dim, 0) >= a.minimum for a in program.assumptions) \
+        and all(a.holds(env) for a in program.size_assumptions)
 
 
 def _runs(target: Target, program, env, params) -> bool:

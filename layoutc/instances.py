@@ -145,6 +145,20 @@ def small_instances(exprs: Sequence[ex.Expr], constraints: Iterable[tuple[ex.Exp
     return sample_dims(names, list(divisions(exprs)) + list(constraints), per_dim=4) if names else [{}]
 
 
+def unaligned_instances(exprs: Sequence[ex.Expr], constraints: Iterable[tuple[ex.Expr, int]] = ()) -> list[dict]:
+    """Larger dims values, each dim a different one and none a multiple of a power of two beyond what the
+    exact divisions need: where ``round_up`` and padding do not vanish (``round_up(N, 128)`` is not N)."""
+    names = tuple(sorted(set().union(set(), *(ex.free_vars(e) for e in exprs))))
+    if not names:
+        return []
+    rules = list(divisions(exprs)) + list(constraints)
+    out: list[dict] = []
+    for base in (100, 1000, 5000):
+        minimum = {d: base + 37 * i for i, d in enumerate(names)}
+        out += [env for env in sample_dims(names, rules, per_dim=2, minimum=minimum) if env not in out]
+    return out
+
+
 def _bound(cond, holds: bool) -> tuple[str, int | None, int | None] | None:
     """``(dim, lowest, highest)`` a size condition on one dim implies when it ``holds`` (or not)."""
     form = ex.linear_form(ex.add(cond.lhs, ex.mul(-1, cond.rhs)))
@@ -168,7 +182,10 @@ def _bound(cond, holds: bool) -> tuple[str, int | None, int | None] | None:
 def variant_instances(program, present, constraints: Iterable[tuple[ex.Expr, int]], per_dim: int = 4) -> list[dict]:
     """Instances for one variant of a program: its divisibility rules, its ``assume`` lower bounds, and
     its size conditions holding (or not) as the variant says."""
-    minimum = {a.dim: a.minimum for a in program.assumptions if a.minimum > 1}
+    minimum: dict[str, int] = {}
+    for a in program.assumptions:
+        if a.minimum > 1:
+            minimum[a.dim] = max(minimum.get(a.dim, 1), a.minimum)
     maximum: dict[str, int] = {}
     conditions = [(c, c.label in present) for c in program.conditions]
     for cond, holds in conditions:

@@ -33,6 +33,7 @@ class Tie:
     block: int | None  # K elements per scale (scales only)
     pos: ast.Pos
     row_block: int = 1  # weight rows per scale row (128 for 128x128 FP8 block scales)
+    k_major: bool = False  # ``along K`` names the axis before the last: weight [E, K, N], scales [E, K/32, N]
 
 
 @attrs.frozen
@@ -64,8 +65,17 @@ class TensorSpec:
     packing: str | None
     pos: ast.Pos
     divisions: tuple[tuple[ex.Expr, ex.Expr, ast.Pos], ...] = ()
-    packing_args: tuple[tuple[str, str, int, ast.Pos], ...] = ()  # trtllm(epilogue_tile=64): the kernel's parameters
+    # trtllm(epilogue_tile=64), F(w=num_warps), F(g=K/32): the kernel's parameters, an int or a size expression
+    packing_args: tuple[tuple[str, str, int | ex.Expr, ast.Pos], ...] = ()
     accepts: tuple[ElemType, ...] = ()  # narrower input types widened exactly to elem before the transforms
+    # An output declared under size conditions (``if 2*I >= 32 { output ... }``): the variants it holds in.
+    guards: tuple[Guard, ...] = ()
+    # K-major ([E, K, N], GPTQ-style): K is the axis before the last and the rows are the last. A weight is
+    # K-major when its scales say ``along K`` of that axis.
+    k_major: bool = False
+
+    def holds_in(self, present: frozenset[str]) -> bool:
+        return all((g.key in present) == g.present for g in self.guards)
 
     @property
     def role(self) -> str:
@@ -157,6 +167,44 @@ class Assumption:
 
 
 @attrs.frozen
+class SizeAssumption:
+    """``assume N != 96``, ``assume 1 <= N <= 65536``, ``assume I < 16 or I >= 64``: ``condition`` (an
+    expression of the dims, true (non-zero) for the sizes the spec accepts) as ``text`` says it."""
+
+    text: str
+    condition: ex.Expr
+    pos: ast.Pos
+
+    def holds(self, dims: Mapping[str, int]) -> bool:
+        return bool(ex.evaluate(self.condition, dims))
+
+
+def comparison(lhs: ex.Expr, op: str, rhs: ex.Expr) -> ex.Expr:
+    """``lhs op rhs`` on integers as an expression (non-zero when it holds)."""
+    if op == "<":
+        return ex.lt(lhs, rhs)
+    if op == "<=":
+        return ex.lt(lhs, ex.add(rhs, 1))
+    if op == ">":
+        return ex.lt(rhs, lhs)
+    if op == ">=":
+        return ex.lt(rhs, ex.add(lhs, 1))
+    if op == "==":
+        return ex.and_(ex.lt(lhs, ex.add(rhs, 1)), ex.lt(rhs, ex.add(lhs, 1)))
+    if op == "!=":
+        return ex.add(ex.lt(lhs, rhs), ex.lt(rhs, lhs))
+    raise ValueError(f"unknown comparison {op!r}")
+
+
+def any_of(conditions: Iterable[ex.Expr]) -> ex.Expr:
+    """Non-zero when one of ``conditions`` is."""
+    out: ex.Expr | None = None
+    for c in conditions:
+        out = c if out is None else ex.where(out, 1, c)
+    return out if out is not None else ex.Const(0)
+
+
+@attrs.frozen
 class Program:
     name: str
     filename: str
@@ -172,6 +220,21 @@ class Program:
     dim_pos: tuple[ast.Pos, ...] = ()  # where each dim is declared
     conditions: tuple[SizeCondition, ...] = ()  # size conditions (run-time branches)
     families: tuple[Any, ...] = ()  # packing families in scope (layoutc.families.Family)
+    size_assumptions: tuple[SizeAssumption, ...] = ()  # assume N != 96, ranges, 'or'
+    # Further declarations of outputs under size conditions (the first of each name is in ``outputs``).
+    conditional_outputs: tuple[TensorSpec, ...] = ()
+
+    def output_for(self, name: str, present: frozenset[str]) -> TensorSpec | None:
+        """The declaration of output ``name`` in the variant keyed by ``present`` (None where none holds)."""
+        return next((o for o in self.outputs + self.conditional_outputs if o.name == name and o.holds_in(present)),
+                    None)
+
+    @property
+    def assumed(self) -> list[tuple[ex.Expr, int]]:
+        """Every ``assume`` line as constraints for :func:`layoutc.instances.sample_dims`: multiples
+        ``(dim, m)`` and conditions ``(condition, 0)``."""
+        return [(ex.Var(a.dim), a.multiple) for a in self.assumptions] + [
+            (a.condition, 0) for a in self.size_assumptions]
 
     def dim_position(self, dim: str) -> ast.Pos | None:
         return self.dim_pos[self.dims.index(dim)] if dim in self.dims and self.dim_pos else None
@@ -271,9 +334,11 @@ class _Resolver:
         self.dims: list[str] = []
         self.dim_pos: dict[str, ast.Pos] = {}
         self.assumptions: list[Assumption] = []
+        self.size_assumptions: list[SizeAssumption] = []
         self.requires: list[VersionPin] = []
         self.inputs: dict[str, TensorSpec] = {}
         self.outputs: dict[str, TensorSpec] = {}
+        self.conditional_outputs: list[TensorSpec] = []
         self.statements: list[Statement] = []
         self.conditions: dict[str, SizeCondition] = {}
         self.families: dict[str, Any] = {}
@@ -431,14 +496,21 @@ class _Resolver:
                         self.dim_pos[n.text] = n.pos
             elif isinstance(item, ast.Assume):
                 self.assume(item)
+            elif isinstance(item, ast.SizeAssume):
+                self.size_assume(item, guards)
             elif isinstance(item, ast.Param):
                 pass  # handled in collect_params
             elif isinstance(item, ast.TensorDecl):
-                if guards:
-                    what = "an optional tensor" if guards[-1].key in self.inputs else f"a size ({guards[-1].key})"
-                    self.error(f"tensors cannot be declared under a condition on {what}", item.pos)
+                on_tensor = next((g for g in guards if g.key not in self.conditions), None)
+                if on_tensor is not None:
+                    self.error(f"tensors cannot be declared under a condition on an optional tensor "
+                               f"({on_tensor.key})", item.pos)
+                elif guards and item.direction == "input":
+                    self.error(f"inputs cannot be declared under a condition on a size ({guards[-1].key}): the "
+                               f"checkpoint's tensors are the same whatever the sizes; declare the kernel's "
+                               f"layout per size with 'output' under the condition", item.pos)
                 else:
-                    self.declare(item)
+                    self.declare(item, guards)
             elif isinstance(item, ast.Transform):
                 self.statement(item, guards)
             elif isinstance(item, (ast.FamilyDef, ast.Import)):
@@ -499,6 +571,46 @@ class _Resolver:
             else:
                 self.assumptions.append(Assumption(e.name, m.value, item.pos))
 
+    def size_assume(self, item: ast.SizeAssume, guards: tuple[Guard, ...]) -> None:
+        """``assume N != 96``, ranges and 'or': a condition on the dims, checked on every call and holding
+        on every size the tools sample. A lower bound of one dim (``1 <= N``, ``N in 64..8192``) also
+        starts the sampled sizes there, as ``assume N >= 64`` does."""
+        if guards:
+            self.error("assume is said at top level, not under a condition", item.pos)
+            return
+        alternatives = []
+        for conj in item.alternatives:
+            parts = []
+            for cmp in conj:
+                lhs, rhs = self.constants(cmp.lhs), self.constants(cmp.rhs)
+                for side in (lhs, rhs):
+                    unknown = sorted(ex.free_vars(side.expr) - set(self.dims))
+                    if unknown:
+                        self.error(f"assume names {unknown[0]!r}, which is not a declared dim", side.pos,
+                                   suggest(unknown[0], self.dims))
+                        return
+                    if side.divisions:
+                        self.error("assume compares sizes without '/': write 2*N <= 8192 rather than N/2 ...",
+                                   side.pos)
+                        return
+                parts.append((lhs.expr, cmp.op, rhs.expr))
+            alternatives.append(parts)
+        if not any(ex.free_vars(a) | ex.free_vars(b) for conj in alternatives for a, _, b in conj):
+            self.error(f"assume {item.text} names no dim", item.pos)
+            return
+        condition = any_of(ex.and_(*(comparison(a, op, b) for a, op, b in conj)) for conj in alternatives)
+        if isinstance(condition, ex.Const):
+            if not condition.value:
+                self.error(f"assume {item.text} never holds", item.pos)
+            return
+        if len(alternatives) == 1:
+            for a, op, b in alternatives[0]:
+                if op in ("<", "<="):
+                    a, op, b = b, {"<": ">", "<=": ">="}[op], a
+                if op in (">", ">=") and isinstance(a, ex.Var) and isinstance(b, ex.Const):
+                    self.assumptions.append(Assumption(a.name, 1, item.pos, b.value + (op == ">")))
+        self.size_assumptions.append(SizeAssumption(item.text, condition, item.pos))
+
     def constants(self, value: ast.ExprValue) -> ast.ExprValue:
         """Integer parameters are constants inside expressions (``2*I/tp_size``, ``rank=tp_rank``)."""
         ints = {k: v for k, v in self.params.items() if type(v) is int}
@@ -547,11 +659,13 @@ class _Resolver:
                        f"{close} (or declare it: dims {', '.join(self.dims + [name])})" if close
                        else f"declare it: dims {', '.join(self.dims + [name])}")
 
-    def declare(self, d: ast.TensorDecl) -> None:
+    def declare(self, d: ast.TensorDecl, guards: tuple[Guard, ...] = ()) -> None:
         name = d.name.text
         table = self.inputs if d.direction == "input" else self.outputs
-        if name in table:
-            self.error(f"{d.direction} {name!r} is declared twice", d.name.pos, tensors=[name])
+        first = table.get(name)
+        if first is not None and not (guards and d.direction == "output" and self.exclusive(name, guards)):
+            self.error(f"{d.direction} {name!r} is declared twice" +
+                       (" under conditions that can hold together" if guards else ""), d.name.pos, tensors=[name])
             return
         elem = ELEMENT_TYPES.get(d.elem.text)
         if elem is None:
@@ -572,7 +686,8 @@ class _Resolver:
                 self.error(f"{name} is tied to {target!r}, which is not a declared input (declare it first)",
                            d.tie.weight.pos, suggest(target, list(self.inputs)), tensors=[name])
             if isinstance(d.tie, ast.ScaleTie):
-                tie = Tie("scales", target, d.tie.block, d.tie.pos, d.tie.row_block)
+                tie = Tie("scales", target, d.tie.block, d.tie.pos, d.tie.row_block,
+                          self.block_axis(d.tie, target, len(d.shape)))
             else:
                 tie = Tie("bias", target, None, d.tie.pos)
         rows = None
@@ -602,14 +717,73 @@ class _Resolver:
                     self.error(f"family {fam} has no parameter {key.text!r}", key.pos,
                                suggest(key.text, list(known.param_names)) or
                                f"parameters of {fam}: {', '.join(known.param_names) or 'none'}")
-        packing_args = tuple((fam, key.text, value, key.pos) for fam, key, value in d.packing.args) if d.packing else ()
+        packing_args = tuple((fam, key.text, self.family_arg(value), key.pos)
+                             for fam, key, value in d.packing.args) if d.packing else ()
         divisions = tuple((num, den, v.pos) for v in shape for num, den in v.divisions)
         accepts = self.accepted_types(d, elem)
-        table[name] = TensorSpec(
+        spec = TensorSpec(
             name, d.direction, elem, tuple(v.expr for v in shape),
             tuple(v.text if v is w else ex.to_str(v.expr, slash=True) for v, w in zip(shape, d.shape)),
-            d.optional, tie, rows, packing, d.pos, divisions, packing_args, accepts,
+            d.optional, tie, rows, packing, d.pos, divisions, packing_args, accepts, guards,
+            tie is not None and tie.k_major,
         )
+        if first is None:
+            table[name] = spec
+            return
+        # One contract per output whatever the sizes: its type and shape (what the caller allocates and the
+        # converter checks); the rows and packing are what a size condition may change.
+        if spec.elem != first.elem or spec.optional != first.optional or len(spec.shape) != len(first.shape) \
+                or not all(ex.same_value(a, b) for a, b in zip(spec.shape, first.shape)):
+            self.error(f"output {name} is declared {spec.elem.name}{spec.shape_str()}{'?' * spec.optional} here but "
+                       f"{first.elem.name}{first.shape_str()}{'?' * first.optional} on line {first.pos.line}: "
+                       f"declarations under size conditions may change the rows and packing, not the type or shape",
+                       d.pos, tensors=[name])
+            return
+        self.conditional_outputs.append(spec)
+
+    def exclusive(self, name: str, guards: tuple[Guard, ...]) -> bool:
+        """Whether an output declared under ``guards`` never holds together with an earlier declaration."""
+        earlier = [self.outputs[name]] + [o for o in self.conditional_outputs if o.name == name]
+        return all(any(Guard(g.key, not g.present) in o.guards for g in guards) for o in earlier)
+
+    def block_axis(self, tie: ast.ScaleTie, weight: str, rank: int) -> bool:
+        """``along K``: whether the block axis (the weight's axis whose size names K) is the one before the last
+        (a K-major weight) rather than the last. The weight is marked K-major here, and must hold one value per
+        element along K (a packed type packs along its last axis, the rows of a K-major weight)."""
+        if tie.along is None:
+            return False
+        dim = tie.along.text
+        w = self.inputs.get(weight)
+        if dim not in self.dims:
+            self.error(f"along {dim}: {dim!r} is not a declared dim", tie.along.pos, suggest(dim, self.dims))
+            return False
+        if w is None:
+            return False
+        axes = [i for i, e in enumerate(w.shape) if dim in ex.free_vars(e)]
+        rank_w = len(w.shape)
+        if len(axes) != 1 or axes[0] not in (rank_w - 1, rank_w - 2) or rank_w != rank or rank < 2:
+            self.error(f"along {dim}: the block axis is the one axis of {weight}{w.shape_str()} whose size names "
+                       f"{dim}, the last or the one before it, and {w.name} and its scales have the same rank",
+                       tie.along.pos)
+            return False
+        k_major = axes[0] == rank_w - 2
+        if k_major:
+            if w.elem.values != 1:
+                self.error(f"{weight} is K-major ({dim} is the axis before the last) but {w.elem.name} packs "
+                           f"{w.elem.values} values per element along the last axis, its rows", tie.along.pos,
+                           "declare K-major weights with one value per element (int8, e4m3, bf16, ...)")
+                return False
+            self.inputs[weight] = attrs.evolve(w, k_major=True)
+        return k_major
+
+    def family_arg(self, value: ast.ExprValue) -> int | ex.Expr:
+        """``packing F(w=num_warps)``, ``F(g=K/32)``: an integer once integer parameters are substituted, or
+        a size expression of the dims (the family is then read with that size on every call)."""
+        v = self.constants(value)
+        if isinstance(v.expr, ex.Const):
+            return v.expr.value
+        self.check_dims_in(v, "a family argument")
+        return v.expr
 
     def accepted_types(self, d: ast.TensorDecl, elem: ElemType) -> tuple[ElemType, ...]:
         """`accepts T`: T must widen exactly into the declared type, and be told apart from it."""
@@ -692,11 +866,16 @@ class _Resolver:
         if self.name is None:
             self.name = _default_name(self.spec.filename)
         self.diags.raise_if_errors(self.spec.filename, self.spec.source)
+        k_major = {t.name for t in self.inputs.values() if t.k_major}  # an output keeps its input's axes
+        if k_major:
+            self.outputs = {n: attrs.evolve(o, k_major=n in k_major) for n, o in self.outputs.items()}
+            self.conditional_outputs = [attrs.evolve(o, k_major=o.name in k_major) for o in self.conditional_outputs]
         return Program(
             self.name, self.spec.filename, self.spec.source, tuple(sorted(self.params.items())), tuple(self.dims),
             tuple(self.assumptions), tuple(self.requires), tuple(self.inputs.values()), tuple(self.outputs.values()),
             tuple(self.statements), self.spec.sha256, tuple(self.dim_pos[d] for d in self.dims),
-            tuple(self.conditions.values()), tuple(self.families.values()),
+            tuple(self.conditions.values()), tuple(self.families.values()), tuple(self.size_assumptions),
+            tuple(self.conditional_outputs),
         )
 
 

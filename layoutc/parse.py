@@ -175,15 +175,43 @@ class _ToAst(Transformer):
         return ast.Dims(tuple(self._name(t) for t in children), _pos(meta))
 
     def assume(self, meta, children):
-        lhs, op, rhs = children
+        terms = tuple(children)
+        if len(terms) == 1 and len(terms[0]) == 1:
+            (cmp,) = terms[0]
+            lhs, op, rhs = cmp.lhs, cmp.op, cmp.rhs
+            if op in (">=", ">") and isinstance(lhs.expr, ex.Var):
+                return ast.Assume(lhs, None, _pos(meta), op, rhs)
+            zero = isinstance(rhs.expr, ex.Const) and rhs.expr.value == 0
+            if op == "==" and zero and isinstance(lhs.expr, ex.Mod) and len(lhs.operands) == 2:
+                value, multiple = lhs.operands
+                return ast.Assume(value, multiple, _pos(meta))
+        return ast.SizeAssume(terms, _pos(meta), self._expr_text(meta).removeprefix("assume").strip())
+
+    def _compare(self, lhs, op, rhs) -> ast.Compare:
         op = str(op)
-        if op in (">=", ">") and isinstance(lhs.expr, ex.Var):
-            return ast.Assume(lhs, None, _pos(meta), op, rhs)
-        zero = isinstance(rhs.expr, ex.Const) and rhs.expr.value == 0
-        if op != "==" or not zero or not isinstance(lhs.expr, ex.Mod) or len(lhs.operands) != 2:
-            raise _Fail("assume states a divisibility or a lower bound: assume I % 64 == 0, assume I >= 128", _pos(meta))
-        value, multiple = lhs.operands
-        return ast.Assume(value, multiple, _pos(meta))
+        if op == "~=":
+            raise _Fail("'~=' compares versions; assume uses == != < <= > >=", _pos(op))
+        for side in (lhs, rhs):
+            if not isinstance(side, ast.ExprValue):
+                raise _Fail(f"{side.text} is not a number or size expression", side.pos)
+        return ast.Compare(lhs, op, rhs)
+
+    def assume_cmp(self, meta, children):
+        lhs, op, rhs = children
+        return (self._compare(lhs, op, rhs),)
+
+    def assume_chain(self, meta, children):
+        a, op1, b, op2, c = children
+        ops = {str(op1), str(op2)}
+        if not (ops <= {"<", "<="} or ops <= {">", ">="}):
+            raise _Fail("a range compares in one direction: assume 1 <= N <= 65536", _pos(meta))
+        return (self._compare(a, op1, b), self._compare(b, op2, c))
+
+    def assume_range(self, meta, children):
+        value, low, high = children
+        if not isinstance(value, ast.ExprValue):
+            raise _Fail(f"{value.text} is not a size expression", value.pos)
+        return (ast.Compare(value, ">=", low), ast.Compare(value, "<=", high))
 
     def param(self, meta, children):
         name, default, choices = children
@@ -193,7 +221,7 @@ class _ToAst(Transformer):
         return children[0]
 
     def scales_attr(self, meta, children):
-        weight, block = children
+        weight, block, along = children
         rows, _, k = str(block).rpartition("x")
         for part in (rows, k):
             if len(part) > MAX_INT_DIGITS or (part and int(part) > MAX_INT):
@@ -201,7 +229,8 @@ class _ToAst(Transformer):
         row_block, block_k = int(rows or 1), int(k)
         if row_block <= 0 or block_k <= 0:
             raise _Fail("a scale block must be a positive number of elements (32, or rows x K: 128x128)", _pos(block))
-        return ast.ScaleTie(self._name(weight), block_k, _pos(meta), row_block)
+        return ast.ScaleTie(self._name(weight), block_k, _pos(meta), row_block,
+                            self._name(along) if along is not None else None)
 
     def bias_attr(self, meta, children):
         return ast.BiasTie(self._name(children[0]), _pos(meta))
@@ -220,7 +249,9 @@ class _ToAst(Transformer):
 
     def family_arg(self, meta, children):
         key, value = children
-        return self._name(key), _integer(value)
+        if not isinstance(value, ast.ExprValue):
+            raise _Fail(f"{value.text} is not an integer or size expression", value.pos)
+        return self._name(key), value
 
     def family_args(self, meta, children):
         return tuple(children)

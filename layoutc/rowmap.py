@@ -45,9 +45,16 @@ class AxisMap:
 
 
 def row_axis(spec: TensorSpec, rank: int | None = None) -> int:
-    """The row axis: the last of a bias ``[E, rows]``, the one before last of a weight or scale ``[E, rows, K]``."""
+    """The row axis: the last of a bias ``[E, rows]``, the one before last of a weight or scale ``[E, rows, K]``,
+    the last of a K-major one ``[E, K, rows]``."""
     rank = len(spec.shape) if rank is None else rank
-    return rank - 1 if spec.role == "bias" else rank - 2
+    return rank - 1 if spec.role == "bias" or spec.k_major else rank - 2
+
+
+def k_axis(spec: TensorSpec, rank: int | None = None) -> int:
+    """The K axis of a weight or scale: the last, or the one before it for a K-major one ``[E, K, rows]``."""
+    rank = len(spec.shape) if rank is None else rank
+    return rank - 2 if spec.k_major else rank - 1
 
 
 def _moves_rows_only(step: Step, row: int) -> bool:
@@ -111,7 +118,7 @@ def axis_map(chain: Chain, dims: dict, rows: bool = False) -> AxisMap:
     ra = row_axis(spec, rank)
     has_k = spec.role != "bias"
     if not steps:
-        cols = tuple(range(in_shape[-1])) if has_k else None
+        cols = tuple(range(in_shape[k_axis(spec, rank)])) if has_k else None
         return AxisMap(tuple(range(in_shape[ra])), _elements(spec, cols) if has_k else None, True)
     m = compose_all([s.op.index_map(s.in_type) for s in steps])
     out_shape = concrete_shape(m.out_shape, dims)
@@ -140,11 +147,12 @@ def axis_map(chain: Chain, dims: dict, rows: bool = False) -> AxisMap:
         ok &= bool(torch.all((src == value[:, None]) | (src == -1)))
         return tuple(value.tolist()), ok
 
-    special = {ra, rank - 1} if has_k else {ra}
+    ka = k_axis(spec, rank)
+    special = {ra, ka} if has_k else {ra}
     row_fn, ok_rows = function_of(ra)
     cols, ok_cols = None, True
     if has_k:
-        raw, ok_cols = function_of(rank - 1)
+        raw, ok_cols = function_of(ka)
         cols = _elements(spec, raw)
     return AxisMap(row_fn, cols, ok_rows and ok_cols)
 
@@ -164,7 +172,8 @@ def reduce_to_axes(spec: TensorSpec, dims: dict, linear: torch.Tensor, valid: to
         rem = rem // size
     coords.reverse()
     grids = torch.meshgrid(*[torch.arange(n) for n in out_shape], indexing="ij")
-    special = {ra, rank - 1} if has_k else {ra}
+    ka = k_axis(spec, rank)
+    special = {ra, ka} if has_k else {ra}
     consistent = all(bool(torch.all(~valid | (coords[a] == grids[a]))) for a in range(rank) if a not in special)
 
     def function_of(axis: int) -> tuple[tuple[int, ...], bool]:
@@ -179,7 +188,7 @@ def reduce_to_axes(spec: TensorSpec, dims: dict, linear: torch.Tensor, valid: to
     cols = None
     ok_cols = True
     if has_k:
-        raw, ok_cols = function_of(rank - 1)
+        raw, ok_cols = function_of(ka)
         cols = _elements(spec, raw)
     return AxisMap(row_fn, cols, consistent and ok_rows and ok_cols)
 

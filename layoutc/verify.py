@@ -42,7 +42,7 @@ from .errors import Diagnostic, Reporter
 from .instances import sample_dims
 from .ir import Program, RowLayout
 from .ops.base import Category
-from .rowmap import (AxisMap, axis_map, declared_rows, describe_labels, logical_prefix, n_rows, row_axis,
+from .rowmap import (AxisMap, axis_map, declared_rows, describe_labels, k_axis, logical_prefix, n_rows, row_axis,
                      row_labels)
 
 
@@ -95,7 +95,7 @@ class Verifier:
     # -- checks --
     def check_ties_declared(self) -> None:
         inputs = {t.name: t for t in self.program.inputs}
-        samples = sample_dims(self.program.dims, [(ex.Var(a.dim), a.multiple) for a in self.program.assumptions]
+        samples = sample_dims(self.program.dims, self.program.assumed
                               + [(n, int(d.value)) for t in self.program.inputs for n, d, _ in t.divisions
                                  if isinstance(d, ex.Const)])
         for t in self.program.inputs:
@@ -113,10 +113,10 @@ class Verifier:
                            f"{'scales' if t.role == 'scale' else 'a bias'} must share the weight's rows",
                            t.pos, [t.name, w.name])
             if t.role == "scale":
-                k = ex.mul(w.shape[-1], w.elem.values)  # K in values: packed elements hold several
-                if not _agree(ex.mul(t.shape[-1], t.tie.block), k, samples):
+                k = ex.mul(w.shape[k_axis(w)], w.elem.values)  # K in values: packed elements hold several
+                if not _agree(ex.mul(t.shape[k_axis(t)], t.tie.block), k, samples):
                     self.error(
-                        f"{t.name} has {ex.to_str(t.shape[-1])} scale columns, but {w.name} has "
+                        f"{t.name} has {ex.to_str(t.shape[k_axis(t)])} scale columns, but {w.name} has "
                         f"{ex.to_str(k)} K elements, which in blocks of {t.tie.block} is {ex.to_str(ex.div(k, t.tie.block))}",
                         t.tie.pos, [t.name, w.name],
                     )
@@ -238,7 +238,8 @@ class Verifier:
         hint = f"check the dim= of the transforms: rows are dim {row_axis(chain.source)} of {shape}"
         # The step that acts along an axis that is neither the rows nor K (a dim=0 on a row op): point at it.
         culprit = next((s for s in steps if s.op.facts.on_axis and s.statement is not None
-                        and s.op.axis(s.in_type) not in (row_axis(chain.source, s.in_type.rank), s.in_type.rank - 1)),
+                        and s.op.axis(s.in_type) not in (row_axis(chain.source, s.in_type.rank),
+                                                         k_axis(chain.source, s.in_type.rank))),
                        None)
         if culprit is not None:
             st, axis = culprit.statement, culprit.op.axis(culprit.in_type)
@@ -307,7 +308,7 @@ class Verifier:
 
     def report_col_desync(self, w: Chain, c: Chain) -> None:
         k_steps = [s for s in w.steps + c.steps if s.op.category is Category.LOGICAL
-                   and s.op.axis(s.in_type) == len(s.in_type.shape) - 1]
+                   and s.op.axis(s.in_type) == k_axis((w if s in w.steps else c).source, len(s.in_type.shape))]
         pos = k_steps[0].statement.pos if k_steps and k_steps[0].statement else c.source.pos
         self.error(
             f"{w.tensor} and its scales {c.tensor} move K differently: each scale column must keep covering "
@@ -482,7 +483,7 @@ def verification_dims(program: Program, variant: Variant) -> list[dict]:
     from .instances import variant_instances
 
     known = [(k.value, k.multiple) for c in variant.chains for k in c.constraints]
-    known += [(ex.Var(a.dim), a.multiple) for a in program.assumptions]
+    known += program.assumed
     return _pick(variant_instances(program, variant.present, known))
 
 

@@ -83,6 +83,9 @@ class Requirement:
     value: Expr
     multiple: int
     what: str  # e.g. "rows" -- the name the op's contract uses for the quantity
+    # A condition the op needs on every size (a reshape's element count): check looks for an accepted size
+    # that breaks it and refuses the spec there, besides the check on every call.
+    everywhere: bool = False
 
 
 @attrs.frozen

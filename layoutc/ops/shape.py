@@ -21,7 +21,7 @@ import attrs
 from .. import expr as ex
 from ..indexmap import IndexMap, crop_map, equal_sizes, out_var, out_vars, pad_map, reshape_map
 from . import torch_impl
-from ..instances import divisions, small_instances
+from ..instances import divisions, small_instances, unaligned_instances
 from .base import Category, Facts, Inferred, Op, OpTypeError, Requirement, TensorType, check_dim, with_shape
 
 
@@ -115,10 +115,14 @@ class Reshape(Op):
                 at = ", ".join(f"{k}={v}" for k, v in dims.items())
                 raise OpTypeError(f"reshape to {new} changes the number of elements of {t} (with {at}: {a} -> {b})")
         reqs = [Requirement(num, den, "size") for num, den in divisions(self.shape)]
-        if not equal_sizes(before, after):  # not an identity of the dims: checked on the real sizes too
+        # Not an identity of the dims (equal_sizes probes aligned sizes, where round_up vanishes; unaligned
+        # ones tell round_up(N, 128)*round_up(K/32, 4) from round_up(K/32, 128)*round_up(N, 4)): the count is
+        # checked on every call, and check looks for an accepted size where it differs.
+        if ex.same_value(before, after) is not True and (not equal_sizes(before, after) or any(
+                ex.evaluate(before, d) != ex.evaluate(after, d) for d in unaligned_instances(t.shape + self.shape))):
             same = ex.and_(ex.lt(before, ex.add(after, 1)), ex.lt(after, ex.add(before, 1)))
             reqs.append(Requirement(same, 0, f"the same number of elements before and after ({ex.to_str(before)} "
-                                             f"and {ex.to_str(after)})"))
+                                             f"and {ex.to_str(after)})", everywhere=True))
         return Inferred(attrs.evolve(t, shape=self.shape), tuple(reqs))
 
     def index_map(self, t: TensorType) -> IndexMap:

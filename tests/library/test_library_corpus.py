@@ -114,7 +114,7 @@ def test_sm12x_w4a16_repack():
     mod = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_w4a16_prepare"
     repack, pack_scales = library(mod, "_repack_weight"), library(mod, "_pack_e8m0_k32_scales")
     compiled = spec("sm12x_w4a16")
-    for E, I, H in [(1, 64, 64), (2, 96, 128)]:
+    for E, I, H in [(1, 32, 64), (1, 64, 64), (2, 96, 128), (1, 32, 128)]:  # I == 32: w2's channelwise table
         # E8M0 bytes up to 247: the library clamps larger ones (a value change the spec does not make)
         x = {"w13": codes(E, 2 * I, H // 2, seed=1), "w13_scale": codes(E, 2 * I, H // 32, seed=2, high=248),
              "w2": codes(E, H, I // 2, seed=3), "w2_scale": codes(E, H, I // 32, seed=4, high=248)}
@@ -235,16 +235,52 @@ def test_prims_ts_shuffle_bias():
     gated, shuffle = library(mod, "reorder_rows_for_gated_act"), library(mod, "shuffle_matrix")
     shuffle_bias = library(mod, "_shuffle_bias_m_storage")
     compiled = spec("prims_ts_shuffle_bias")
-    for E, I, H in [(1, 16, 8), (2, 48, 16)]:
+    # both sides of shuffle_matrix's branch: fewer than 32 rows are returned as they are (I = 4, 8)
+    for E, I, H in [(1, 4, 8), (2, 8, 4), (1, 16, 8), (2, 48, 16)]:
         w = (torch.arange(E * 2 * I).reshape(E, 2 * I, 1) + 256 * torch.arange(H)).to(torch.int32)
         w = (w % 251).to(torch.uint8).view(torch.float8_e4m3fn)
         b = torch.randn(E, 2 * I, generator=torch.Generator().manual_seed(I))
         out = compiled.convert({"w13": w, "w13_bias": b})
         same_bits(out["w13"], shuffle(gated(w), 128), "shuffle_matrix(reorder_rows_for_gated_act(w))")
-        want = shuffle_bias(gated(b.unsqueeze(-1)).squeeze(-1), 128)
+        if 2 * I >= 32:  # the library refuses a bias of fewer than 32 rows; the spec keeps it in the gated order
+            want = shuffle_bias(gated(b.unsqueeze(-1)).squeeze(-1), 128)
+        else:
+            want = gated(b.unsqueeze(-1)).squeeze(-1)
+            with pytest.raises(ValueError):
+                shuffle_bias(want, 128)
         same_bits(out["w13_bias"], want, "_shuffle_bias_m_storage(gated bias)")
         same_bits(compiled.convert({"w13": w})["w13"], out["w13"], "without the optional bias")
         round_trip(compiled, {"w13": w, "w13_bias": b}, out, {"E": E, "I": I, "H": H})
+
+
+def _marlin_permute_scales(s: torch.Tensor, size_k: int, size_n: int, group_size: int) -> torch.Tensor:
+    """A reference written from vLLM's marlin_permute_scales (github.com/vllm-project/vllm, commit
+    6eb287065174504cb862f792c2150c603e225edb, vllm/model_executor/layers/quantization/utils/marlin_utils.py,
+    with get_scale_perms): [groups, N] scales, every row permuted in blocks. vLLM is not installed here
+    (its kernels need CUDA); the tables are rebuilt from their definitions: with group_size < size_k (and
+    not -1), block 64 with position 8i + j taking i + 8j; else block 32 with position 8i + c taking
+    2i + [0, 1, 8, 9, 16, 17, 24, 25][c]."""
+    if group_size < size_k and group_size != -1:
+        table = [i + 8 * j for i in range(8) for j in range(8)]
+    else:
+        table = [2 * i + j for i in range(4) for j in (0, 1, 8, 9, 16, 17, 24, 25)]
+    blocks = s.reshape(-1, len(table))
+    return blocks[:, torch.tensor(table)].reshape(-1, size_n).contiguous()
+
+
+def test_marlin_gptq_scales():
+    compiled = spec("marlin_gptq_scales")
+    assert [c.label for c in compiled.program.conditions] == ["K/128 > 1"]
+    # K == 128: one group spans all of K (the channelwise table); K > 128: the grouped table
+    for E, K, N in [(1, 128, 64), (2, 128, 128), (1, 256, 64), (2, 384, 192)]:
+        q = torch.randint(-2**31, 2**31 - 1, (E, K // 8, N), dtype=torch.int32, generator=torch.Generator().manual_seed(K))
+        s = torch.randn(E, K // 128, N, generator=torch.Generator().manual_seed(N)).to(torch.float16)
+        for lowering in ("gather", "eager"):
+            out = compiled.convert({"qweight": q, "scales": s}, lowering=lowering)
+            want = torch.stack([_marlin_permute_scales(s[e], K, N, 128) for e in range(E)])
+            same_bits(out["scales"], want, f"marlin_permute_scales K={K} N={N} ({lowering})")
+            same_bits(out["qweight"], q, "qweight passes through")
+        round_trip(compiled, {"qweight": q, "scales": s}, out, {"E": E, "K": K, "N": N})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,20 +383,15 @@ def test_gap_alphamoe_fp8_gated_interleave_is_the_library_layout():
     same_bits(out["w13_scale"], ref_s, "block scales, one row at a time")
 
 
-@pytest.mark.xfail(strict=True, raises=layoutc.SpecError,
-                   reason="a packing applied under a size condition cannot be declared on the output")
-def test_gap_prims_ts_small_matrices_are_left_unshuffled():
-    layoutc.compile_file(HERE / "prims_ts_small_shuffle_gap.lyt")
-
-
-def test_gap_prims_ts_small_matrices_are_the_library_layout():
-    # what the gap spec states: shuffle_matrix leaves fewer than 32 rows as they are; the corpus spec
-    # assumes 2*I >= 32 and refuses smaller layers at run time
+def test_prims_ts_small_matrices_are_left_unshuffled_in_the_same_spec():
+    # once a gap (the spec assumed 2*I >= 32 and refused smaller layers): the packing is declared per branch
+    compiled = spec("prims_ts_shuffle_bias")
+    assert [c.label for c in compiled.program.conditions] == ["2*I >= 32"]
     mod = "flashinfer.prims_ts.batched_gemm.batched_gemm_run"
     gated, shuffle = library(mod, "reorder_rows_for_gated_act"), library(mod, "shuffle_matrix")
-    compiled = spec("prims_ts_shuffle_bias")
-    for rows in (8, 16):
+    for rows in (8, 16, 32):
         w = (torch.arange(2 * rows).reshape(2, rows, 1) % 251).to(torch.uint8).expand(2, rows, 4).contiguous()
-        same_bits(shuffle(gated(w), 128), gated(w), f"{rows} rows")
-        with pytest.raises(layoutc.LayoutError, match="I >= 16"):
-            compiled.convert({"w13": w})
+        w = w.view(torch.float8_e4m3fn)
+        for lowering in ("gather", "eager"):
+            same_bits(compiled.convert({"w13": w}, lowering=lowering)["w13"], shuffle(gated(w), 128),
+                      f"{rows} rows, {lowering}")
