@@ -111,7 +111,10 @@ def bench(spec: CompiledSpec, dims: Mapping[str, int], device: str = "cpu", lowe
             extra_mode = peak_extra(lambda: spec.convert(fresh, lowering=lowering, **kwargs), device)
             result[f"peak_extra_vs_outputs_{mode}"] = extra_mode / written
             del fresh
-    if anchor and spec.name in reference.ANCHORS:
+    missing = _anchor_missing(device, spec.name, x) if anchor and spec.name in reference.ANCHORS else None
+    if missing is not None:  # the anchor is a comparison: without FlashInfer the converter is still timed
+        result["anchor_skipped"] = missing
+    elif anchor and spec.name in reference.ANCHORS:
         kernels, note = reference.kernels_for(device)
         run = lambda: reference.anchor(spec.name, x, spec.params, kernels)  # noqa: E731
         t_anchor = timeit(run, device, reps=reps)
@@ -123,6 +126,20 @@ def bench(spec: CompiledSpec, dims: Mapping[str, int], device: str = "cpu", lowe
         t_eager = timeit(lambda: spec.convert(x, lowering="eager"), device, reps=max(3, reps // 4))
         result.update(eager_s=t_eager, eager_GBps=moved / t_eager / 1e9)
     return result
+
+
+def _anchor_missing(device: str, name: str, x: Mapping[str, torch.Tensor]) -> str | None:
+    """Why the anchor cannot run here (its recipes call FlashInfer's Python helpers), or None."""
+    from . import reference
+
+    try:
+        kernels, _ = reference.kernels_for(device)
+        reference.anchor(name, x, {}, kernels)
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("flashinfer"):
+            raise
+        return "skipped: flashinfer is not installed (pip install flashinfer-python)"
+    return None
 
 
 def _version(dist: str) -> str | None:
@@ -154,7 +171,7 @@ def report(r: Mapping[str, Any]) -> str:
     moved = r["bytes_read"] + r["bytes_written"]
     lines = [
         f"{r['spec']} {dims} on {r['device']} ({r['device_name']}), torch {r['torch']}, "
-        f"flashinfer {r['flashinfer']}, triton {r['triton']}, {r['date']}",
+        f"flashinfer {r['flashinfer'] or 'not installed'}, triton {r['triton'] or 'not installed'}, {r['date']}",
         f"  bytes read + written   {moved / 1e6:.3f} MB" if moved < 1e9 else
         f"  bytes read + written   {moved / 1e9:.3f} GB",
         f"  device copy            {ms(r['copy_s'])}  {rate(r['copy_GBps'] * 1e9):>10}",
@@ -175,6 +192,8 @@ def report(r: Mapping[str, Any]) -> str:
         extra = f"  peak extra {r['anchor_peak_extra_vs_outputs']:.2f}x" if "anchor_peak_extra_vs_outputs" in r else ""
         lines.append(f"  anchor (vLLM-style)    {ms(r['anchor_s'])}  {rate(r['anchor_GBps'] * 1e9):>10}{extra}  "
                      f"[{r['anchor']}]")
+    if "anchor_skipped" in r:
+        lines.append(f"  anchor (vLLM-style)    {r['anchor_skipped']}")
     if "eager_s" in r:
         lines.append(f"  eager lowering         {ms(r['eager_s'])}  {rate(r['eager_GBps'] * 1e9):>10}")
     if not r["device"].startswith("cuda"):

@@ -34,8 +34,18 @@ EXIT_SPEC_ERROR = 2
 EXIT_INTERNAL = 3
 
 
+_SAID_NOT_INSTALLED: set[str] = set()  # libraries this command already said are missing
+
+
 def _print_diagnostics(diags, filename: str, source: str | None) -> None:
+    from .versions import NotInstalled
+
     for d in diags:
+        if isinstance(d, NotInstalled):  # the same for every spec: once per command, one line
+            if d.library not in _SAID_NOT_INSTALLED:
+                _SAID_NOT_INSTALLED.add(d.library)
+                click.echo(d.one_line(), err=True)
+            continue
         click.echo(d.format(filename, source), err=True)
 
 
@@ -45,6 +55,7 @@ def _guard(fn: Callable[..., int | None]) -> Callable[..., None]:
     @functools.wraps(fn)
     def wrapper(*args, debug: bool = False, **kwargs):
         _DEBUG[0] = _DEBUG[0] or debug
+        _SAID_NOT_INSTALLED.clear()  # once per command (an in-process runner calls several)
         try:
             code = fn(*args, **kwargs)
         except SpecError as err:
@@ -356,8 +367,11 @@ def explain(spec: Path, fmt: str, tensor: str | None, defines: tuple[str, ...]) 
 
     compiled = compile_file(spec, _parse_defines(defines))
     if tensor is not None and tensor not in compiled.input_names:
-        raise click.BadParameter(f"{tensor!r} is not a tensor of {compiled.name} ({', '.join(compiled.input_names)})",
-                                 param_hint="--tensor")
+        from .errors import suggest
+
+        hint = suggest(tensor, list(compiled.input_names))
+        raise click.BadParameter(f"{tensor!r} is not a tensor of {compiled.name}" + (f"; {hint}" if hint else "")
+                                 + f" ({', '.join(compiled.input_names)})", param_hint="--tensor")
     click.echo(render(run_explain(compiled, tensor), fmt), nl=False)
     return 0
 

@@ -221,8 +221,11 @@ def test_optional_tensors_passed_as_none_are_absent(bf16, synthetic_inputs):
 def test_absent_optional_tensor_is_not_checked(bf16, synthetic_inputs):
     # A None optional must not be shape- or dtype-checked (it is not there).
     x = synthetic_inputs(bf16, DIMS)
+    without = {k: v for k, v in x.items() if k != "w13_bias"}
     x["w13_bias"] = None
-    bf16.convert(x)
+    out = bf16.convert(x)
+    assert "w13_bias" not in out and set(out) == set(without)
+    assert all(_same(out[k], v) for k, v in bf16.convert(without).items())
 
 
 # -- inverse --------------------------------------------------------------------------------------------

@@ -206,7 +206,8 @@ def test_unknown_parameter_has_a_hint_and_names_the_file():
         layoutc.compile_file(NVFP4, {"activaton": "relu2"})
     (d,) = info.value.errors
     assert d.message == "unknown parameter 'activaton' (set with -D or params=)"
-    assert d.hint == "did you mean 'activation'?"
+    # the likely one, then every valid one (a name far from all of them gets the list alone)
+    assert d.hint == "did you mean 'activation'? parameters of this spec: activation, tp_size, tp_rank"
     assert info.value.render().startswith(f"{NVFP4}: error: unknown parameter 'activaton'")
 
 
