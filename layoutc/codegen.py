@@ -174,10 +174,6 @@ def _conditions(p, dims: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def _has_division(e: ex.Expr) -> bool:
-    return isinstance(e, (ex.Div, ex.FloorDiv)) or any(_has_division(k) for k in ex.children(e))
-
-
 def _checks(variants: tuple[Variant, ...], dims: tuple[str, ...], assumptions: list[str]) -> str:
     """Run-time divisibility checks, each with the variants it belongs to (None = all).
     ``assumptions`` are the spec's ``assume`` lines, checked whatever tensors are given."""
@@ -192,10 +188,7 @@ def _checks(variants: tuple[Variant, ...], dims: tuple[str, ...], assumptions: l
                 key = (k.tensor, k.value, k.multiple, k.message())
                 by_key.setdefault(key, (k, set()))[1].add(v.present)
     lines = ["["] + assumptions
-    # Checks on plain sizes first: with H=200 the user reads "H % 32 == 0" before anything about H/32
-    # (which the exact division floors to 6).
-    ordered = sorted(by_key.items(), key=lambda item: _has_division(item[0][1]))
-    for (tensor, value, multiple, message), (_, where) in ordered:
+    for (tensor, value, multiple, message), (_, where) in by_key.items():
         scope = None if where == tensor_variants[tensor] else sorted(where, key=sorted)
         scope_src = "None" if scope is None else "(" + ", ".join(f"frozenset({sorted(p)!r})" for p in scope) + ",)"
         lines.append(

@@ -167,7 +167,7 @@ def test_statement_divisibility_violated_at_run_time(bf16, synthetic_inputs):
     x = synthetic_inputs(bf16, {"E": 2, "I": 96, "H": 256})
     msg = _convert_error(bf16, x)
     assert msg.startswith("w2_weight: interleave(w2_weight, sm90_mixed) at ")
-    assert "needs k_bytes % 32 == 0, where k_bytes = I/2; here it is 48" in msg
+    assert "needs k_bytes % 32 == 0, where k_bytes = I/2 (so I must be a multiple of 64); here it is 48" in msg
     assert "I=96" in msg
 
 

@@ -62,13 +62,13 @@ def test_divisibility_of_a_quotient_is_said_of_the_dim():
     assert "scale_cols % 4 == 0, where scale_cols = H/32 (so H must be a multiple of 128)" in c.message()
 
 
-def test_h_200_is_told_h_must_be_a_multiple_of_32():
-    # H=200: the exact division H/32 floors to 6; the message must not talk about 6 (or 100 = H/2)
+def test_h_200_is_told_what_h_must_be_a_multiple_of():
+    # H=200: the first check is on k_bytes = H/2 = 100; the message says what that means for H
     x = _inputs(spec("flashinfer_cutlass_bf16"), {"E": 2, "I": 128, "H": 200})
     with pytest.raises(layoutc.LayoutError) as info:
         spec("flashinfer_cutlass_bf16").convert(x)
     msg = str(info.value)
-    assert "needs H % 32 == 0; here it is 200" in msg, msg
+    assert "k_bytes % 32 == 0, where k_bytes = H/2 (so H must be a multiple of 64); here it is 100" in msg, msg
 
 
 @pytest.fixture
