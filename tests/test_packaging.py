@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import re
 import shutil
 import subprocess
 import sys

@@ -18,7 +18,7 @@ from layoutc import progress
 from layoutc.api import CompiledSpec
 from layoutc.cli import main
 from layoutc.probe import probe, probe_steps
-from tests.helpers import SPECS, spec
+from tests.helpers import spec
 
 
 class Terminal(io.StringIO):
