@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import expr as ex
+from . import progress
 from .api import CompiledSpec, compile_file
 from .dtypes import bit_view
 from .shipped import SPECS
@@ -49,7 +50,8 @@ def run_demo(
 ) -> bool:
     path = Path(spec_path) if spec_path else DEFAULT_SPEC
     t0 = time.perf_counter()
-    spec = compile_file(path, params)
+    with progress.working(f"compiling and verifying {path.name}"):
+        spec = compile_file(path, params)
     compile_ms = (time.perf_counter() - t0) * 1e3
     p = spec.program
     dims = {k: v for k, v in dims.items() if k in p.dims}
