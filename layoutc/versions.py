@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.metadata
 
 import attrs
-
 from packaging.version import InvalidVersion, Version
 
 from .errors import Diagnostic
