@@ -1,40 +1,54 @@
 # Two commands on a fresh machine:  make run   and   make test
-# Both create .venv and install what is needed (torch CPU build from the local wheel cache
-# when available, lark, attrs, click, flashinfer-python, pytest, hypothesis).
+# `make run` creates .venv with only what the demo needs (a CPU build of torch, then layoutc and its
+# dependencies); `make test` adds what the tests need (the dev and flashinfer extras). Each install set
+# has its own stamp, so `make run` after `make test` installs nothing, and `make test` after `make run`
+# installs only the extras.
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.layoutc-installed
+# the CPU wheels of torch (a few hundred MB instead of the CUDA build's gigabytes); the plain index
+# is the fallback where this one cannot be reached
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+RUN_STAMP  := $(VENV)/.layoutc-run
+TEST_STAMP := $(VENV)/.layoutc-test
 
 .PHONY: setup run test test-slow test-all check clean
 
-$(STAMP): pyproject.toml
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0 || $(PY) -m pip install -q torch
+
+$(RUN_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q torch==2.13.0 --index-url $(TORCH_INDEX) || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e .
+	touch $(RUN_STAMP)
+
+$(TEST_STAMP): $(RUN_STAMP) pyproject.toml
 	$(PY) -m pip install -q -e ".[dev,flashinfer]"
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
-setup: $(STAMP)
+setup: $(RUN_STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(VENV)/bin/layoutc check specs/*.lyt
 	$(VENV)/bin/layoutc demo specs/flashinfer_cutlass_bf16.lyt
 
 # `make test` stays under five minutes on the 2-core machine: tests marked `slow` (mutation
 # scores, every spec at every TP rank, probes of every spec, whole-pipeline faults) run in
-# `make test-slow`, which CI runs as well (.ci/run).
-test: $(STAMP)
-	$(PY) -m pytest -m "not slow"
+# `make test-slow`, which CI runs as well (.ci/run). The fast suite is deterministic (the
+# layoutc-fast Hypothesis profile of tests/conftest.py); test-slow runs the property tests
+# again with fresh seeds (layoutc-explore).
+test: $(TEST_STAMP)
+	$(PY) -m pytest -m "not slow" --hypothesis-profile=layoutc-fast
 
-test-slow: $(STAMP)
-	$(PY) -m pytest -m slow
+test-slow: $(TEST_STAMP)
+	$(PY) -m pytest -m "slow or hypothesis" --hypothesis-profile=layoutc-explore
 
-test-all: $(STAMP)
+test-all: $(TEST_STAMP)
 	$(PY) -m pytest
 
-check: $(STAMP)
+check: $(RUN_STAMP)
 	$(VENV)/bin/layoutc check specs/*.lyt
 
 clean:
@@ -42,5 +56,5 @@ clean:
 
 # README samples and docs/*.png regenerated from the tools (tests/test_docs.py fails when they are stale)
 .PHONY: docs
-docs: $(STAMP)
+docs: $(TEST_STAMP)
 	$(PY) tools/make_docs.py

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
-from . import codegen
+from . import codegen, progress
 from .lower import registry
 from .compiler import Compiled, build
 from .errors import Diagnostic, SpecError
@@ -88,10 +88,25 @@ class CompiledSpec:
         :func:`layoutc.lower.registry.names` ("eager": op by op, the reference). ``chunk=k``
         converts k experts at a time; ``inplace=True`` reuses the inputs' memory where the bytes
         per expert match."""
+        first = lowering == "compiled" and self._first_compiled_call(tensors)
         try:
+            if first:  # torch.compile on the first call for these shapes: tens of seconds, said while it runs
+                with progress.working(f"{self.name}: torch.compile (first call for these shapes)"):
+                    return self.module.convert(tensors, dims, lowering, chunk, inplace)
             return self.module.convert(tensors, dims, lowering, chunk, inplace)
         except self.module.LayoutError as err:
             raise LayoutError(str(err)) from None
+
+    def _first_compiled_call(self, tensors: Mapping[str, torch.Tensor]) -> bool:
+        try:
+            key = tuple((k, tuple(t.shape), t.dtype, t.device.type) for k, t in tensors.items() if t is not None)
+        except AttributeError:  # not tensors: the converter says what is wrong
+            return False
+        seen = self.__dict__.setdefault("_compiled_shapes", set())
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
 
     def dims_of(self, tensors: Mapping[str, torch.Tensor | None]) -> dict[str, int]:
         """The dims (E, I, H, ...) that converting these checkpoint tensors binds. Padded layouts

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from . import progress
 from .api import CompiledSpec
 from .demo import synthetic_inputs
 
@@ -77,6 +78,25 @@ def bench(spec: CompiledSpec, dims: Mapping[str, int], device: str = "cpu", lowe
           reps: int = 20, anchor: bool = True, eager: bool = False, seed: int = 0) -> dict[str, Any]:
     from . import reference
 
+    cuda = device.startswith("cuda")
+    stages = 4 + 2 * cuda + (anchor and spec.name in reference.ANCHORS) + eager
+    with progress.bar(total=stages, desc=f"bench {spec.name}", unit="step") as b:
+        return _bench(spec, dims, device, lowering, reps, anchor, eager, seed, b)
+
+
+def _bench(spec: CompiledSpec, dims: Mapping[str, int], device: str, lowering: str, reps: int, anchor: bool,
+           eager: bool, seed: int, b) -> dict[str, Any]:
+    from . import reference
+
+    started = [False]
+
+    def stage(what: str) -> None:  # the one before is done
+        b.set_postfix_str(what, refresh=not started[0])
+        if started[0]:
+            b.update(1)
+        started[0] = True
+
+    stage("inputs and a first call")
     x = synthetic_inputs(spec, dims, seed, device)
     out = spec.convert(x, lowering=lowering)
     read, written = _nbytes(x), _nbytes(out)
@@ -89,20 +109,26 @@ def bench(spec: CompiledSpec, dims: Mapping[str, int], device: str = "cpu", lowe
         "torch": str(torch.__version__), "flashinfer": _version("flashinfer-python"), "triton": _version("triton"),
         "lowering": lowering, "bytes_read": read, "bytes_written": written, "date": time.strftime("%Y-%m-%d"),
     }
+    stage("device copy")
     t_copy = timeit(lambda: copy_buf.copy_(flat), device, reps=reps)
     # One plain clone of every input (allocation included, as the converter's outputs are).
+    stage("clone")
     t_clone = timeit(lambda: [t.clone() for t in x.values()], device, reps=reps)
     result.update(clone_s=t_clone, convert_vs_clone=None)
+    stage(f"layoutc ({lowering})")
     t_conv = timeit(lambda: spec.convert(x, lowering=lowering), device, reps=reps)
     copy_bw = 2 * flat.numel() / t_copy
     result.update(copy_s=t_copy, copy_GBps=copy_bw / 1e9, convert_s=t_conv, convert_GBps=moved / t_conv / 1e9,
                   fraction_of_copy=moved / t_conv / copy_bw, convert_vs_clone=t_conv / t_clone)
     if device.startswith("cuda"):  # steady state of converting layer after layer: host time hidden
+        stage("back to back")
         b2b = max(3, reps // 4)
         t_conv_b2b = timeit(lambda: spec.convert(x, lowering=lowering), device, reps=b2b, calls=BACK_TO_BACK)
         t_copy_b2b = timeit(lambda: copy_buf.copy_(flat), device, reps=b2b, calls=BACK_TO_BACK)
         result.update(back_to_back=BACK_TO_BACK, convert_b2b_s=t_conv_b2b, copy_b2b_s=t_copy_b2b,
                       fraction_of_copy_b2b=moved / t_conv_b2b / (2 * flat.numel() / t_copy_b2b))
+    if device.startswith("cuda"):
+        stage("peak memory")
     extra = peak_extra(lambda: spec.convert(x, lowering=lowering), device)
     if extra is not None:
         result.update(peak_extra_bytes=extra, peak_extra_vs_outputs=extra / written)
@@ -111,7 +137,11 @@ def bench(spec: CompiledSpec, dims: Mapping[str, int], device: str = "cpu", lowe
             extra_mode = peak_extra(lambda: spec.convert(fresh, lowering=lowering, **kwargs), device)
             result[f"peak_extra_vs_outputs_{mode}"] = extra_mode / written
             del fresh
-    if anchor and spec.name in reference.ANCHORS:
+    missing = _anchor_missing(device, spec.name, x) if anchor and spec.name in reference.ANCHORS else None
+    if missing is not None:  # the anchor is a comparison: without FlashInfer the converter is still timed
+        result["anchor_skipped"] = missing
+    elif anchor and spec.name in reference.ANCHORS:
+        stage("anchor")
         kernels, note = reference.kernels_for(device)
         run = lambda: reference.anchor(spec.name, x, spec.params, kernels)  # noqa: E731
         t_anchor = timeit(run, device, reps=reps)
@@ -120,9 +150,24 @@ def bench(spec: CompiledSpec, dims: Mapping[str, int], device: str = "cpu", lowe
         if extra is not None:
             result["anchor_peak_extra_vs_outputs"] = extra / written
     if eager:
+        stage("eager")
         t_eager = timeit(lambda: spec.convert(x, lowering="eager"), device, reps=max(3, reps // 4))
         result.update(eager_s=t_eager, eager_GBps=moved / t_eager / 1e9)
     return result
+
+
+def _anchor_missing(device: str, name: str, x: Mapping[str, torch.Tensor]) -> str | None:
+    """Why the anchor cannot run here (its recipes call FlashInfer's Python helpers), or None."""
+    from . import reference
+
+    try:
+        kernels, _ = reference.kernels_for(device)
+        reference.anchor(name, x, {}, kernels)
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("flashinfer"):
+            raise
+        return "skipped: flashinfer is not installed (pip install flashinfer-python)"
+    return None
 
 
 def _version(dist: str) -> str | None:
@@ -154,7 +199,7 @@ def report(r: Mapping[str, Any]) -> str:
     moved = r["bytes_read"] + r["bytes_written"]
     lines = [
         f"{r['spec']} {dims} on {r['device']} ({r['device_name']}), torch {r['torch']}, "
-        f"flashinfer {r['flashinfer']}, triton {r['triton']}, {r['date']}",
+        f"flashinfer {r['flashinfer'] or 'not installed'}, triton {r['triton'] or 'not installed'}, {r['date']}",
         f"  bytes read + written   {moved / 1e6:.3f} MB" if moved < 1e9 else
         f"  bytes read + written   {moved / 1e9:.3f} GB",
         f"  device copy            {ms(r['copy_s'])}  {rate(r['copy_GBps'] * 1e9):>10}",
@@ -175,6 +220,8 @@ def report(r: Mapping[str, Any]) -> str:
         extra = f"  peak extra {r['anchor_peak_extra_vs_outputs']:.2f}x" if "anchor_peak_extra_vs_outputs" in r else ""
         lines.append(f"  anchor (vLLM-style)    {ms(r['anchor_s'])}  {rate(r['anchor_GBps'] * 1e9):>10}{extra}  "
                      f"[{r['anchor']}]")
+    if "anchor_skipped" in r:
+        lines.append(f"  anchor (vLLM-style)    {r['anchor_skipped']}")
     if "eager_s" in r:
         lines.append(f"  eager lowering         {ms(r['eager_s'])}  {rate(r['eager_GBps'] * 1e9):>10}")
     if not r["device"].startswith("cuda"):

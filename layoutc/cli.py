@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import click
 
+from . import progress
 from ._version import __version__
 from .cli_common import parse_defines as _parse_defines
 from .errors import Diagnostic, SpecError
@@ -34,8 +35,18 @@ EXIT_SPEC_ERROR = 2
 EXIT_INTERNAL = 3
 
 
+_SAID_NOT_INSTALLED: set[str] = set()  # libraries this command already said are missing
+
+
 def _print_diagnostics(diags, filename: str, source: str | None) -> None:
+    from .versions import NotInstalled
+
     for d in diags:
+        if isinstance(d, NotInstalled):  # the same for every spec: once per command, one line
+            if d.library not in _SAID_NOT_INSTALLED:
+                _SAID_NOT_INSTALLED.add(d.library)
+                click.echo(d.one_line(), err=True)
+            continue
         click.echo(d.format(filename, source), err=True)
 
 
@@ -45,6 +56,8 @@ def _guard(fn: Callable[..., int | None]) -> Callable[..., None]:
     @functools.wraps(fn)
     def wrapper(*args, debug: bool = False, **kwargs):
         _DEBUG[0] = _DEBUG[0] or debug
+        _SAID_NOT_INSTALLED.clear()  # once per command (an in-process runner calls several)
+        progress.set_quiet(False)  # until the command's own --quiet says otherwise
         try:
             code = fn(*args, **kwargs)
         except SpecError as err:
@@ -230,7 +243,9 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
     from .api import compile_file
     from .coverage import strict as as_errors
     from .probe import probe as run_probe
+    from .probe import probe_steps
 
+    progress.set_quiet(quiet)
     fixed = _parse_defines(defines)
     failed = 0
     from .shipped import find
@@ -254,11 +269,14 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
                 _print_diagnostics(gaps, str(path), spec.program.source)
                 if probe:
                     start = time.perf_counter()
-                    click.echo(f"{path}: probing{f' ({shown})' if shown else ''} ...", err=True)
-                    findings = run_probe(spec, progress=lambda what: click.echo(f"  {what}", err=True))
+                    say = (lambda what: None) if quiet else (lambda what: click.echo(what, err=True))
+                    say(f"{path}: probing{f' ({shown})' if shown else ''} ...")
+                    with progress.bar(total=probe_steps(spec), desc=f"probe {spec.name}", unit="check") as bar:
+                        findings = run_probe(spec, progress=lambda what: say(f"  {what}"),
+                                             tick=lambda: bar.update(1))
                     if findings:
                         raise SpecError(findings, str(path), spec.program.source)
-                    click.echo(f"  probed in {time.perf_counter() - start:.1f} s", err=True)
+                    say(f"  probed in {time.perf_counter() - start:.1f} s")
                 if not quiet:
                     how = "ok, static and probed" if probe else "ok"
                     click.echo(f"{path}: {how}{f' ({shown})' if shown else ''}: {spec.name}")
@@ -325,10 +343,12 @@ def _parse_shape(shape: str) -> dict[str, int]:
 @click.option("--reps", default=20, show_default=True, help="Timed repetitions (the median is reported).")
 @click.option("--eager/--no-eager", default=False, help="Also time the eager lowering.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar (none is shown when stderr is not a terminal).")
 @define_option
-def bench(spec: Path, shape: str, device: str, lowering: str, reps: int, eager: bool, as_json: bool,
+def bench(spec: Path, shape: str, device: str, lowering: str, reps: int, eager: bool, as_json: bool, quiet: bool,
           defines: tuple[str, ...]) -> int:
     """Time SPEC's converter, the vLLM-style sequence it replaces and a device copy, in one run."""
+    progress.set_quiet(quiet)
     from .api import compile_file
     from .bench import bench as run_bench
     from .bench import report, to_json
@@ -356,8 +376,11 @@ def explain(spec: Path, fmt: str, tensor: str | None, defines: tuple[str, ...]) 
 
     compiled = compile_file(spec, _parse_defines(defines))
     if tensor is not None and tensor not in compiled.input_names:
-        raise click.BadParameter(f"{tensor!r} is not a tensor of {compiled.name} ({', '.join(compiled.input_names)})",
-                                 param_hint="--tensor")
+        from .errors import suggest
+
+        hint = suggest(tensor, list(compiled.input_names))
+        raise click.BadParameter(f"{tensor!r} is not a tensor of {compiled.name}" + (f"; {hint}" if hint else "")
+                                 + f" ({', '.join(compiled.input_names)})", param_hint="--tensor")
     click.echo(render(run_explain(compiled, tensor), fmt), nl=False)
     return 0
 

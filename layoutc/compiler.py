@@ -103,7 +103,18 @@ class Constraint:
             need = f"{self.what} % {self.multiple} == 0, where {self.what} = {value}"
         else:
             need = f"{value} % {self.multiple} == 0"
+        dividend = _dividend_multiple(self.value, self.multiple)
+        if dividend is not None:  # said of the dim the user gives, not of a quotient they never see
+            need += f" (so {ex.to_str(dividend[0], slash=True)} must be a multiple of {dividend[1]})"
         return f"{self.tensor}: {self.context} needs {need}" + (f" ({self.why})" if self.why else "")
+
+
+def _dividend_multiple(value: ex.Expr, multiple: int) -> tuple[ex.Expr, int] | None:
+    """``H/32`` needed a multiple of 4 is ``H`` a multiple of 128: the exact division's own check
+    (``H % 32 == 0``) is separate, so together they say this of the dividend."""
+    if isinstance(value, ex.Div) and isinstance(value.den, ex.Const) and multiple > 0:
+        return value.num, value.den.value * multiple
+    return None
 
 
 @attrs.frozen

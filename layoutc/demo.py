@@ -9,9 +9,11 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import expr as ex
+from . import progress
 from .api import CompiledSpec, compile_file
 from .dtypes import bit_view
 from .shipped import SPECS
+from .versions import NotInstalled
 
 DEFAULT_SPEC = SPECS / "flashinfer_cutlass_bf16.lyt"
 
@@ -48,7 +50,8 @@ def run_demo(
 ) -> bool:
     path = Path(spec_path) if spec_path else DEFAULT_SPEC
     t0 = time.perf_counter()
-    spec = compile_file(path, params)
+    with progress.working(f"compiling and verifying {path.name}"):
+        spec = compile_file(path, params)
     compile_ms = (time.perf_counter() - t0) * 1e3
     p = spec.program
     dims = {k: v for k, v in dims.items() if k in p.dims}
@@ -65,7 +68,7 @@ def run_demo(
     echo(f"  compiled and verified in {compile_ms:.0f} ms: {len(p.inputs)} tensors, {statements} statements, "
          f"{len(spec.compiled.variants)} bias variants, {checks} run-time size checks")
     for w in spec.warnings:
-        echo(f"  warning: {w.message}")
+        echo("  " + (w.one_line() if isinstance(w, NotInstalled) else f"warning: {w.message}"))
     inputs = synthetic_inputs(spec, dims, seed, device)
     echo(f"  synthetic layer ({', '.join(f'{k}={v}' for k, v in dims.items())}, seed {seed}, {device}):")
     t0 = time.perf_counter()
@@ -83,7 +86,7 @@ def run_demo(
     echo(f"  convert: {convert_ms:.1f} ms for {_fmt_bytes(total)} read+written (eager lowering)")
     ok = True
     if spec.invertible:
-        back = spec.inverse(out)
+        back = spec.inverse(out, dims)  # padded outputs do not determine the unpadded dims: give them
         exact = all(torch.equal(bit_view(back[k]), bit_view(inputs[k])) for k in inputs)
         ok &= exact
         echo(f"  inverse(convert(x)) == x bit for bit: {'yes' if exact else 'NO'}")

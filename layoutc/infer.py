@@ -267,7 +267,7 @@ class _Perm:
             t = TensorType(_U8, (ex.Const(n),))
             try:
                 inferred = self.op.infer(t)
-                ok = all(int(ex.evaluate(r.value, {})) % r.multiple == 0 for r in inferred.requires if r.multiple)
+                ok = all(r.holds({}) for r in inferred.requires)
                 self._cache[n] = source_indices(self.op.index_map(t), {})[0] if ok else None
             except Exception:  # noqa: BLE001 - not applicable at this size
                 self._cache[n] = None

@@ -378,7 +378,8 @@ class _Resolver:
                 self.error(
                     f"unknown parameter {name!r} (set with -D or params=)",
                     None,
-                    suggest(name, list(self.param_decls)) or f"parameters of this spec: {known}",
+                    " ".join(filter(None, [suggest(name, list(self.param_decls)),
+                                           f"parameters of this spec: {known}"])),
                 )
                 continue
             default = self.params[name]

@@ -205,13 +205,14 @@ class ProbedSource:
         linear, valid, shape = self.run_for(chain, dims).sources(chain, upto)
         return reduce_to_axes(chain.source, dims, linear, valid, shape)
 
-    def agreement(self) -> list[Diagnostic]:
+    def agreement(self, tick=lambda: None) -> list[Diagnostic]:
         """The probed logical maps must equal the index maps, element for element."""
         out = []
         for variant in self.compiled.variants:
             for dims in self.samples(self.program, variant):
                 for chain in variant.chains:
                     for packing in (False, True):
+                        tick()
                         upto = prefix_length(chain, packing)
                         s_lin, s_valid, s_shape = static_sources(chain, dims, upto)
                         d_lin, d_valid, d_shape = self.run_for(chain, dims).sources(chain, upto)
@@ -238,25 +239,36 @@ class ProbedSource:
         return out
 
 
+def probe_steps(spec: CompiledSpec, samples_per_variant: int = 1, lowerings: tuple[str, ...] = ("eager", "gather"),
+                ) -> int:
+    """How many times :func:`probe` calls its ``tick``: per lowering, two comparisons per chain and sample
+    (logical and packed), then the verifier's rules."""
+    source = ProbedSource(spec, samples_per_variant)
+    per_lowering = sum(2 * len(v.chains) * len(source.samples(spec.program, v)) for v in spec.compiled.variants)
+    return len(lowerings) * (per_lowering + 1)
+
+
 def probe(spec: CompiledSpec, samples_per_variant: int = 1, lowerings: tuple[str, ...] = ("eager", "gather"),
-          progress=None) -> list[Diagnostic]:
+          progress=None, tick=None) -> list[Diagnostic]:
     """Dynamic verification of a compiled (statically verified) spec; empty when both agree.
 
     Each lowering is probed: ``eager`` (the op-by-op torch implementations, independent of the
     index maps) and ``gather`` (the fused plan's code, generated from the composed maps).
-    ``progress(text)`` hears of each lowering as it starts."""
+    ``progress(text)`` hears of each lowering as it starts; ``tick()`` of each of :func:`probe_steps`'s steps
+    as it ends (a progress bar)."""
     findings: list[Diagnostic] = []
     for lowering in lowerings:
         if progress is not None:
             progress(f"{lowering} lowering: {len(spec.compiled.variants)} variant(s)")
-        findings += _probe_one(spec, samples_per_variant, lowering)
+        findings += _probe_one(spec, samples_per_variant, lowering, tick or (lambda: None))
     return findings
 
 
-def _probe_one(spec: CompiledSpec, samples_per_variant: int, lowering: str) -> list[Diagnostic]:
+def _probe_one(spec: CompiledSpec, samples_per_variant: int, lowering: str, tick) -> list[Diagnostic]:
     source = ProbedSource(spec, samples_per_variant, lowering)
-    findings = source.agreement()
+    findings = source.agreement(tick)
     verdict = Verifier(spec.compiled, source).run()
+    tick()
     if verdict:
         findings.append(Diagnostic(
             "error",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
+import attrs
 from packaging.version import InvalidVersion, Version
 
 from .errors import Diagnostic
@@ -11,6 +12,18 @@ from .ir import Program
 
 #: spec library name -> distribution name on PyPI
 DISTRIBUTIONS = {"flashinfer": "flashinfer-python", "torch": "torch", "triton": "triton"}
+
+
+@attrs.frozen
+class NotInstalled(Diagnostic):
+    """The warning for a library a spec requires that is not installed: the same for every spec that
+    names it, so a command says it once, in one line (:func:`one_line`)."""
+
+    library: str = ""
+
+    def one_line(self) -> str:
+        return (f"note: {self.library} is not installed, so 'requires {self.library} ...' lines are not checked "
+                f"(pip install {distribution(self.library)})")
 
 
 def distribution(library: str) -> str:
@@ -46,9 +59,9 @@ def check_requires(program: Program, installed: dict[str, str | None] | None = N
             continue
         have = installed.get(req.library) if installed is not None else installed_version(req.library)
         if have is None:
-            out.append(Diagnostic(
+            out.append(NotInstalled(
                 "warning", f"{req.library} is not installed, so 'requires {req}' cannot be checked", req.pos,
-                f"pip install {distribution(req.library)}",
+                f"pip install {distribution(req.library)}", library=req.library,
             ))
         elif not satisfies(have, req.op, req.version):
             out.append(Diagnostic(

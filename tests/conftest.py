@@ -19,9 +19,20 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import pytest
+from hypothesis import settings
 
 import layoutc
 from layoutc.demo import synthetic_inputs as _demo_synthetic_inputs
+
+# Hypothesis profiles. The fast suite (`make test`, and any plain pytest run) is deterministic: each
+# property test draws the same examples on every machine and every run, whatever seed a user exported
+# (derandomize wins over --hypothesis-seed); no example database replays an old failure found elsewhere,
+# and no deadline fails a test because the 2-core machine is busy. `make test-slow` runs the property
+# tests again with fresh seeds to keep exploring; what it finds is printed with its @reproduce_failure
+# blob, and becomes a plain regression test.
+settings.register_profile("layoutc-fast", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("layoutc-explore", derandomize=False, database=None, deadline=5000, print_blob=True)
+settings.load_profile("layoutc-fast")  # --hypothesis-profile=layoutc-explore overrides it (pytest_configure)
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS_DIR = ROOT / "specs"

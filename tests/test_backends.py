@@ -10,15 +10,13 @@ spec's verifier findings for the mistakes these recipes invite.
 
 from __future__ import annotations
 
-import functools
 
 import pytest
 
 import layoutc
 from layoutc.demo import synthetic_inputs
 from layoutc.reference import kernels_cpu, recipes
-from tests.helpers import SPECS
-from tests.helpers import assert_same_bits as assert_tensor_bits
+from tests.helpers import SPECS, assert_same_bits, spec
 
 BSI = kernels_cpu.block_scale_interleave
 
@@ -52,15 +50,6 @@ CASES = [
 IDS = [f"{n}-{'-'.join(map(str, p.values()))}" for n, p, _, _ in CASES]
 
 
-@functools.cache
-def spec(name: str, **params) -> layoutc.CompiledSpec:
-    return layoutc.compile_file(SPECS / f"{name}.lyt", params)
-
-
-def assert_same_bits(got: dict, want: dict, what: str) -> None:
-    assert set(got) == set(want), f"{what}: tensors {sorted(got)} != {sorted(want)}"
-    for k in want:
-        assert_tensor_bits(got[k], want[k], f"{what}: {k}")
 
 
 @pytest.mark.parametrize("name,params,recipe,shapes", CASES, ids=IDS)

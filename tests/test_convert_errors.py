@@ -167,7 +167,7 @@ def test_statement_divisibility_violated_at_run_time(bf16, synthetic_inputs):
     x = synthetic_inputs(bf16, {"E": 2, "I": 96, "H": 256})
     msg = _convert_error(bf16, x)
     assert msg.startswith("w2_weight: interleave(w2_weight, sm90_mixed) at ")
-    assert "needs k_bytes % 32 == 0, where k_bytes = I/2; here it is 48" in msg
+    assert "needs k_bytes % 32 == 0, where k_bytes = I/2 (so I must be a multiple of 64); here it is 48" in msg
     assert "I=96" in msg
 
 
@@ -221,8 +221,11 @@ def test_optional_tensors_passed_as_none_are_absent(bf16, synthetic_inputs):
 def test_absent_optional_tensor_is_not_checked(bf16, synthetic_inputs):
     # A None optional must not be shape- or dtype-checked (it is not there).
     x = synthetic_inputs(bf16, DIMS)
+    without = {k: v for k, v in x.items() if k != "w13_bias"}
     x["w13_bias"] = None
-    bf16.convert(x)
+    out = bf16.convert(x)
+    assert "w13_bias" not in out and set(out) == set(without)
+    assert all(_same(out[k], v) for k, v in bf16.convert(without).items())
 
 
 # -- inverse --------------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ Two sources of truth:
 
 from __future__ import annotations
 
-import functools
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import layoutc
-from tests.helpers import SPECS, assert_same_bits, load_golden
+from tests.helpers import SPECS, assert_same_bits, load_golden, spec
 from layoutc.reference import kernels_cpu, recipes
 
 GOLDEN_FILES = ["flashinfer_cutlass_bf16.pt", "flashinfer_cutlass_mxfp8.pt", "flashinfer_cutedsl_nvfp4.pt"]
@@ -28,10 +27,6 @@ def golden_cases():
         for i, case in enumerate(g["cases"]):
             yield pytest.param(g["spec"], case, id=f"{g['spec']}-{i}-{case['dims']}-{case['params']}")
 
-
-@functools.cache
-def spec(name: str, **params) -> layoutc.CompiledSpec:
-    return layoutc.compile_file(SPECS / f"{name}.lyt", params)
 
 
 @pytest.mark.parametrize("spec_name,case", list(golden_cases()))
@@ -72,10 +67,6 @@ def nvfp4_layer(seed, e, i, h, gated):
             "w2_weight": rb(e, h, i // 2), "w2_weight_scale": rb(e, h, i // 16).view(torch.float8_e4m3fn)}
 
 
-def assert_all_same(out, expected):
-    assert set(out) == set(expected)
-    for k in expected:
-        assert_same_bits(out[k], expected[k], k)
 
 
 fast = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -87,7 +78,7 @@ multiple_of_128 = st.integers(1, 3).map(lambda k: 128 * k)
 def test_cutlass_bf16_matches_vllm_recipe(e, i, h, bias, seed):
     t = mxfp4_layer(seed, e, i, h, bias)
     expected = recipes.cutlass_sm90_mxfp4_bf16(t, kernels_cpu.sm90_interleave_fp4)
-    assert_all_same(spec("flashinfer_cutlass_bf16").convert(t), expected)
+    assert_same_bits(spec("flashinfer_cutlass_bf16").convert(t), expected)
 
 
 @fast
@@ -95,7 +86,7 @@ def test_cutlass_bf16_matches_vllm_recipe(e, i, h, bias, seed):
 def test_cutlass_mxfp8_matches_vllm_recipe(e, i, h, bias, seed):
     t = mxfp4_layer(seed, e, i, h, bias)
     expected = recipes.cutlass_mxfp4_mxfp8(t, kernels_cpu.block_scale_interleave)
-    assert_all_same(spec("flashinfer_cutlass_mxfp8").convert(t), expected)
+    assert_same_bits(spec("flashinfer_cutlass_mxfp8").convert(t), expected)
 
 
 @fast
@@ -105,7 +96,7 @@ def test_cutedsl_nvfp4_matches_vllm_recipe(e, i, h, gated, seed):
     t = nvfp4_layer(seed, e, i, h, gated)
     expected = recipes.cutedsl_nvfp4(t, kernels_cpu.block_scale_interleave, gated)
     out = spec("flashinfer_cutedsl_nvfp4", activation="silu" if gated else "relu2").convert(t)
-    assert_all_same(out, expected)
+    assert_same_bits(out, expected)
 
 
 def test_cutedsl_activations_differ_where_they_should():
@@ -129,7 +120,7 @@ def test_inverse_after_convert_is_identity(name, e, i, h, bias, seed):
         if k in t:
             t[k] = t[k].to(torch.bfloat16).to(torch.float32)  # exactly representable after the bf16 cast
     s = spec(name)
-    assert_all_same(s.inverse(s.convert(t)), t)
+    assert_same_bits(s.inverse(s.convert(t)), t)
 
 
 def test_cutedsl_inverse_crops_the_padding():
@@ -138,7 +129,7 @@ def test_cutedsl_inverse_crops_the_padding():
         s = spec("flashinfer_cutedsl_nvfp4", activation="silu" if gated else "relu2")
         out = s.convert(t)
         assert out["w2_weight_scale"].shape == (2, 128, 4)  # H=80 rows -> 128, I/16=4 columns
-        assert_all_same(s.inverse(out), t)
+        assert_same_bits(s.inverse(out), t)
 
 
 def test_every_shipped_spec_compiles_and_is_invertible():

@@ -11,7 +11,6 @@ included where the layout pads. ``w2_bias`` is not sharded: it is added once, af
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 
@@ -21,23 +20,13 @@ import torch
 import layoutc
 from layoutc.demo import synthetic_inputs
 from layoutc.reference import anchor, kernels_for
-from tests.helpers import SPECS
-from tests.helpers import assert_same_bits as assert_tensor_bits
+from tests.helpers import SPECS, assert_same_bits, spec
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the fused case below runs Triton on CPU tensors
 
 KERNELS, _ = kernels_for("cpu")
 
 
-def assert_same_bits(got: dict, want: dict, what: str = "") -> None:
-    assert set(got) == set(want), f"{what}: tensors {sorted(got)} != {sorted(want)}"
-    for k in want:
-        assert_tensor_bits(got[k], want[k], f"{what}: {k}")
-
-
-@functools.cache
-def spec(name: str, **params) -> layoutc.CompiledSpec:
-    return layoutc.compile_file(SPECS / f"{name}.lyt", params)
 
 
 def engine_shard(t: dict, dims: dict, rank: int, size: int, kind: str) -> dict:

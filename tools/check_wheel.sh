@@ -7,7 +7,8 @@
 #
 # Environment: PYTHON (default python3), TORCH (default torch==2.13.0, the CPU build from the local
 # wheel cache; elsewhere add PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), KEEP=1 keeps
-# the scratch folder. Run by tests/test_packaging.py (slow set).
+# the scratch folder. tests/test_packaging.py (slow set) makes the same checks offline, reusing this
+# environment's torch.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -100,10 +101,10 @@ assert all(torch.equal(again[k], out[k]) for k in out)
 print(f"registry: {len(DEFAULT.backends)} backends verified; API and compiled module agree")
 EOF
 
-step "optional extras missing: the message names the extra"
+step "optional extras missing: the message names the extra; bench on the CPU runs without FlashInfer"
 run 2 "$BIN/layoutc" draw flashinfer_cutlass_bf16 --tensor w13_weight -o w13.png
 grep -q "layoutc\[review\]" "$LOG"
-run 2 "$BIN/layoutc" bench flashinfer_cutlass_bf16 --shape E=2,I=128,H=256 --reps 1
-grep -q "layoutc\[flashinfer\]" "$LOG"
+run 0 "$BIN/layoutc" bench flashinfer_cutlass_bf16 --shape E=2,I=128,H=256 --reps 1
+grep -q "skipped: flashinfer is not installed" "$LOG"
 
 step "wheel check passed"

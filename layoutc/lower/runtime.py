@@ -7,6 +7,7 @@ library version the layout belongs to; they choose a lowering from the table the
 writes (:mod:`layoutc.lower.registry`) and load the generated Triton kernels on first use.
 """
 
+import difflib
 import importlib.metadata
 import importlib.util
 import linecache
@@ -36,7 +37,9 @@ def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
     for name in tensors:
         if name not in contract:
             known = ", ".join(contract)
-            raise LayoutError(f"{what}: unexpected tensor {name!r}; this spec takes {known}")
+            close = difflib.get_close_matches(str(name), list(contract), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise LayoutError(f"{what}: unexpected tensor {name!r}{hint}; this spec takes {known}")
     given = {k: tensors[k] for k in tensors if tensors[k] is not None}
     for name, c in contract.items():
         if name not in given and not c["optional"]:
@@ -61,6 +64,9 @@ def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
     for name, t in given.items():
         expected = tuple(shapes[name](**d))
         if tuple(t.shape) != expected:
+            # The dims came from the first tensors; blame the one that disagrees with all the others.
+            name, d, origin = _odd_one_out(given, shapes, axes, dims, all_dims, what) or (name, d, origin)
+            t, expected = given[name], tuple(shapes[name](**d))
             sym = _fmt_shape(contract[name]["shape"])
             read = "; ".join(f"{k}={v} from {origin[k]}" for k, v in d.items())
             raise LayoutError(
@@ -68,6 +74,21 @@ def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
             )
     present = frozenset(k for k in given if contract[k]["optional"])
     return d, present
+
+
+def _odd_one_out(given, shapes, axes, dims, all_dims, what):
+    # The one tensor whose shape the dims read off every other tensor do not give (a transposed
+    # w13_weight, not w13_weight_scale that its misread dims then contradict); None when not one.
+    found = []
+    for name in given:
+        others = {k: t for k, t in given.items() if k != name}
+        try:
+            d, origin = _solve_dims(others, axes, dims, all_dims, what, LayoutError)
+            if all(tuple(t.shape) == tuple(shapes[k](**d)) for k, t in others.items()):
+                found.append((name, d, origin))
+        except LayoutError:  # the others do not determine the dims, or contradict each other
+            continue
+    return found[0] if len(found) == 1 else None
 
 
 def _widened(tensors, contract):

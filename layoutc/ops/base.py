@@ -23,7 +23,7 @@ is not a fact of the op: it is a tag on the step, set when a family's chain is a
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Mapping
 
 import attrs
 
@@ -86,6 +86,16 @@ class Requirement:
     # A condition the op needs on every size (a reshape's element count): check looks for an accepted size
     # that breaks it and refuses the spec there, besides the check on every call.
     everywhere: bool = False
+
+    @property
+    def is_condition(self) -> bool:
+        return self.multiple == 0
+
+    def holds(self, dims: Mapping[str, int]) -> bool:
+        """Whether the requirement is met at ``dims``; the one place that reads both kinds, so that no
+        caller divides by the 0 of a condition."""
+        value = int(ex.evaluate(self.value, dims))
+        return bool(value) if self.is_condition else value % self.multiple == 0
 
 
 @attrs.frozen

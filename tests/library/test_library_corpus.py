@@ -27,7 +27,7 @@ import torch
 
 import layoutc
 from layoutc.probe import probe
-from tests.helpers import ROOT, SPECS, bits, expectations
+from tests.helpers import ROOT, SPECS, assert_same_bits, compiled, expectations
 
 HERE = Path(__file__).parent
 LAYOUTS = sorted(p for p in HERE.glob("*.lyt") if p.stem != "families" and not p.stem.endswith(("_mistake", "_gap")))
@@ -54,7 +54,7 @@ def library(module: str, name: str):
 
 
 def spec(name: str, **params) -> layoutc.CompiledSpec:
-    return layoutc.compile_file(HERE / f"{name}.lyt", params)
+    return compiled(HERE / f"{name}.lyt", **params)
 
 
 def codes(*shape, dtype=torch.uint8, seed=0, high=256) -> torch.Tensor:
@@ -70,12 +70,7 @@ def codes(*shape, dtype=torch.uint8, seed=0, high=256) -> torch.Tensor:
 
 def same_bits(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> None:
     """Bit for bit; byte-identical dtypes (E4M3 scales handed over as uint8) count as the same."""
-    assert tuple(ours.shape) == tuple(theirs.shape), f"{what}: shape {tuple(ours.shape)} != {tuple(theirs.shape)}"
-    assert ours.element_size() == theirs.element_size(), f"{what}: {ours.dtype} vs {theirs.dtype}"
-    a, b = bits(ours.contiguous()), bits(theirs.contiguous())
-    if not torch.equal(a, b):
-        diff = (a != b).nonzero()
-        raise AssertionError(f"{what}: {diff.shape[0]} of {a.numel()} elements differ, first at {diff[0].tolist()}")
+    assert_same_bits(ours, theirs, what, same_dtype=False)
 
 
 def round_trip(compiled: layoutc.CompiledSpec, inputs: dict, out: dict, dims: dict) -> None:

@@ -9,7 +9,6 @@ over small dims each spec accepts, ``gather`` == ``eager``; the paths are in the
 
 from __future__ import annotations
 
-import functools
 
 import pytest
 import torch
@@ -19,7 +18,8 @@ from hypothesis import strategies as st
 import layoutc
 from layoutc.demo import synthetic_inputs
 from layoutc.lower import torch_emit
-from tests.helpers import SPECS, assert_same_bits
+from tests.helpers import assert_same_bits
+from tests.helpers import spec as _spec
 
 CASES = {  # spec: the fast parts its converter must contain
     "flashinfer_cutlass_bf16": ("_quads(", "runs = src_words.as_strided", "_coarse("),
@@ -29,10 +29,6 @@ CASES = {  # spec: the fast parts its converter must contain
     "flashinfer_cutedsl_nvfp4": ("_coarse(",),
 }
 
-
-@functools.cache
-def _spec(name: str):
-    return layoutc.compile_file(SPECS / f"{name}.lyt")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -39,10 +39,6 @@ CASES = [
 IDS = [f"{n}-{'-'.join(map(str, p.values()))}" for n, p, _ in CASES]
 
 
-def assert_all_same(out, ref):
-    assert set(out) == set(ref)
-    for k in ref:
-        assert_same_bits(out[k], ref[k], k)
 
 
 @pytest.mark.parametrize("name,params,dims", CASES, ids=IDS)
@@ -51,7 +47,7 @@ def assert_all_same(out, ref):
 def test_lowering_equals_eager(name, params, dims, lowering):
     spec = layoutc.compile_file(SPECS / f"{name}.lyt", params)
     x = synthetic_inputs(spec, dims, seed=3)
-    assert_all_same(spec.convert(x, lowering=lowering), spec.convert(x, lowering="eager"))
+    assert_same_bits(spec.convert(x, lowering=lowering), spec.convert(x, lowering="eager"))
 
 
 @pytest.mark.parametrize("name,params,dims", CASES[:3], ids=IDS[:3])
@@ -59,7 +55,7 @@ def test_lowering_equals_eager(name, params, dims, lowering):
 def test_compiled_lowering_equals_eager(name, params, dims):
     spec = layoutc.compile_file(SPECS / f"{name}.lyt", params)
     x = synthetic_inputs(spec, dims, seed=4)
-    assert_all_same(spec.convert(x, lowering="compiled"), spec.convert(x, lowering="eager"))
+    assert_same_bits(spec.convert(x, lowering="compiled"), spec.convert(x, lowering="eager"))
 
 
 @pytest.mark.parametrize("lowering", ["fused", "gather", "compiled"])
@@ -74,7 +70,7 @@ def test_tensors_taking_the_same_statements_get_their_own_kernels(lowering):
     )
     spec = layoutc.compile_source(text, "shared.lyt")
     x = synthetic_inputs(spec, {"E": 2, "N": 64, "K": 8}, seed=1)
-    assert_all_same(spec.convert(x, lowering=lowering), spec.convert(x, lowering="eager"))
+    assert_same_bits(spec.convert(x, lowering=lowering), spec.convert(x, lowering="eager"))
 
 
 @pytest.mark.parametrize("lowering", ["gather", "compiled"])
@@ -83,7 +79,7 @@ def test_padding_in_a_bit_packed_map_reads_nothing_past_the_input(lowering):
     # before masking them, which ran past the end of the input (IndexError).
     spec = layoutc.compile_file(SPECS / "flashinfer_cutlass_mxfp4_padded.lyt")
     x = synthetic_inputs(spec, {"E": 1, "I": 96, "H": 96}, seed=2)
-    assert_all_same(spec.convert(x, lowering=lowering), spec.convert(x, lowering="eager"))
+    assert_same_bits(spec.convert(x, lowering=lowering), spec.convert(x, lowering="eager"))
 
 
 def test_fused_kernels_match_the_real_flashinfer_kernels():
@@ -92,7 +88,7 @@ def test_fused_kernels_match_the_real_flashinfer_kernels():
 
     case = load_golden("flashinfer_cutlass_bf16.pt")["cases"][0]
     spec = layoutc.compile_file(SPECS / "flashinfer_cutlass_bf16.lyt")
-    assert_all_same(spec.convert(case["inputs"], lowering="fused"), case["outputs"])
+    assert_same_bits(spec.convert(case["inputs"], lowering="fused"), case["outputs"])
 
 
 def test_plans():
@@ -140,7 +136,7 @@ def test_tensors_copied_as_is_apart_from_the_layer_kernel_or_in_it(name, params,
     default = spec.module._COPY_APART_BYTES
     spec.module._COPY_APART_BYTES = apart
     try:
-        assert_all_same(spec.convert(x, lowering="fused"), spec.convert(x, lowering="eager"))
+        assert_same_bits(spec.convert(x, lowering="fused"), spec.convert(x, lowering="eager"))
     finally:
         spec.module._COPY_APART_BYTES = default
 
@@ -168,11 +164,11 @@ def test_chunked_and_in_place_conversion(name, params, dims):
     spec = layoutc.compile_file(SPECS / f"{name}.lyt", params)
     x = synthetic_inputs(spec, dims, seed=5)
     ref = spec.convert(x, lowering="eager")
-    assert_all_same(spec.convert(x, chunk=1), ref)
-    assert_all_same(spec.convert(x, chunk=2, lowering="eager"), ref)
+    assert_same_bits(spec.convert(x, chunk=1), ref)
+    assert_same_bits(spec.convert(x, chunk=2, lowering="eager"), ref)
     fresh = {k: v.clone() for k, v in x.items()}
     out = spec.convert(fresh, inplace=True)
-    assert_all_same(out, ref)
+    assert_same_bits(out, ref)
     reused = [k for k in out if out[k].untyped_storage().data_ptr() == fresh[k].untyped_storage().data_ptr()]
     same_size = [k for k in out if out[k].numel() * out[k].element_size() == x[k].numel() * x[k].element_size()]
     assert reused == same_size  # every output that fits in its input's memory is written there

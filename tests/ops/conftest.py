@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from tests.helpers import assert_same_bits
+
 INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 #: The bit table of family sm90_mixed in layoutc/prelude.lyt (out_bit[i] = in_bit[T[i]]).
@@ -29,13 +31,8 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
-    got, want = tuple(actual.shape), tuple(expected.shape)
-    assert got == want, f"{what}: shape {got} != {want}"
-    assert actual.element_size() == expected.element_size(), f"{what}: {actual.dtype} vs {expected.dtype}"
-    a, b = bits(actual), bits(expected)
-    if not torch.equal(a, b):
-        bad = (a != b).nonzero()
-        raise AssertionError(f"{what}: {bad.shape[0]} of {a.numel()} elements differ, first at {bad[0].tolist()}")
+    """Bit for bit, dtypes of one width alike (the shared helper, as the op tests compare views)."""
+    assert_same_bits(actual, expected, what, same_dtype=False)
 
 
 def random_tensor(shape, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
+from pathlib import Path
+
 import attrs
 import pytest
 from click.testing import CliRunner
 
+import layoutc.ops
 from layoutc.cli import main
 from layoutc.ops import MODULES, PUBLIC, REGISTRY
 from layoutc.ops.base import Category, Facts, Op
@@ -23,9 +28,26 @@ def test_every_registered_op_declares_its_facts(name):
         assert "dim" in attrs.fields_dict(cls)
 
 
-def test_the_registry_is_every_ops_module_and_nothing_else():
+def _op_classes_in_the_source() -> dict[str, type]:
+    # Found without the registry's own list: every .py file of the package's folder, every class it
+    # defines that is an Op with a name of its own (abstract bases have none).
+    folder = Path(layoutc.ops.__file__).parent
+    found: dict[str, type] = {}
+    for path in sorted(p for p in folder.glob("*.py") if p.stem != "__init__"):
+        module = importlib.import_module(f"layoutc.ops.{path.stem}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__ and issubclass(cls, Op) and "name" in vars(cls):
+                assert cls.name not in found, f"two ops named {cls.name!r}"
+                found[cls.name] = cls
+    return found
+
+
+def test_the_registry_is_every_op_in_the_source_and_nothing_else():
+    source = _op_classes_in_the_source()
+    assert len(source) >= 15  # the walk found the ops (a broken walk must not pass as an empty match)
+    assert dict(REGISTRY) == source
     names = [cls.name for module in MODULES for cls in module.OPS]
-    assert len(names) == len(set(names)) == len(REGISTRY)
+    assert len(names) == len(set(names)), "an op listed twice"
 
 
 def test_layoutc_ops_lists_every_public_op_with_its_facts():

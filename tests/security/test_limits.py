@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import pytest
 
 import layoutc
+from layoutc.expr import Var
 from layoutc.limits import MAX_DIMS, MAX_INT, MAX_NESTING, MAX_OPTIONAL_INPUTS, MAX_STATEMENTS, MAX_STEPS_PER_TENSOR
 
 HEADER = "dims E, I, H\ninput w13_weight : fp4x2[E, 2*I, H/2] rows [w1; w3]\noutput w13_weight : fp4x2[E, 2*I, H/2] rows [w1; w3]\n"
@@ -87,8 +88,9 @@ def test_huge_integers_are_refused(number):
 
 def test_parentheses_make_no_tree_depth():
     with no_hang():
-        layoutc.compile_source("dims E\ninput a : u8[E, " + "(" * 3000 + "E" + ")" * 3000 + "]\noutput a : u8[E, E]\n",
-                               "parens.lyt")
+        spec = layoutc.compile_source(
+            "dims E\ninput a : u8[E, " + "(" * 3000 + "E" + ")" * 3000 + "]\noutput a : u8[E, E]\n", "parens.lyt")
+    assert spec.program.input("a").shape == (Var("E"), Var("E"))  # the parentheses leave the plain dim
 
 
 def test_integers_up_to_the_limit_are_numbers():

@@ -34,7 +34,7 @@ def _spec_texts():
     return from_lark(parser(), start="start", explicit=_explicit())
 
 
-@settings(max_examples=300, deadline=2000, suppress_health_check=list(HealthCheck))
+@settings(max_examples=300, suppress_health_check=list(HealthCheck))
 @given(text=_spec_texts())
 @pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_generated_specs_never_crash(text):
@@ -53,7 +53,7 @@ output w13_bias? : f32[E, 2*I]
 """
 
 
-@settings(max_examples=200, deadline=2000, suppress_health_check=list(HealthCheck))
+@settings(max_examples=200, suppress_health_check=list(HealthCheck))
 @given(body=from_lark(parser(), start="start", explicit=_explicit(st.just("0.7"))))
 @pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_generated_statements_on_a_real_header_never_crash(body):
@@ -93,7 +93,7 @@ HOSTILE_CHARS = st.sampled_from(["\r", "\r\n", "\u2028", "\u2029", "\x00", "\x0b
 SHIPPED = sorted((__import__("pathlib").Path(__file__).resolve().parents[2] / "specs").glob("*.lyt"))
 
 
-@settings(max_examples=150, deadline=5000, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 @pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_hostile_characters_anywhere_in_a_real_spec(data):
@@ -108,7 +108,7 @@ def test_hostile_characters_anywhere_in_a_real_spec(data):
         assert not any(c in rendered for c in "\r\x00\x0b\x0c\x1b\u2028\u2029\u202e\u200b\x85"), repr(rendered)
 
 
-@settings(max_examples=60, deadline=5000, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, suppress_health_check=list(HealthCheck))
 @given(depth=st.integers(1, 400), kind=st.sampled_from(["neg", "paren", "if"]))
 def test_deep_nesting_never_crashes(depth, kind):
     if kind == "if":

@@ -1,0 +1,54 @@
+"""`make run` installs only what the demo needs, `make test` what the tests need; the two stamps keep each
+install set up to date without redoing the other (checked with `make -n` in a scratch folder)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+def _plan(folder, target: str) -> str:
+    out = subprocess.run(["make", "-n", target], cwd=folder, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _age(path, seconds_ago: int) -> None:
+    t = os.path.getmtime(path) - seconds_ago if path.exists() else 0
+    os.utime(path, (t, t))
+
+
+def test_run_and_test_install_sets(tmp_path):
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    _age(tmp_path / "pyproject.toml", 100)
+
+    fresh = _plan(tmp_path, "run")
+    assert "-m venv" in fresh and "torch==2.13.0" in fresh and "pip install -q -e ." in fresh
+    assert ".[" not in fresh and "flashinfer-python" not in fresh and "pytest" not in fresh  # no extras
+
+    venv = tmp_path / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    (venv / ".layoutc-run").touch()
+    after_run = _plan(tmp_path, "run")
+    assert "pip" not in after_run and "layoutc demo" in after_run
+    test_after_run = _plan(tmp_path, "test")
+    assert '-e ".[dev,flashinfer]"' in test_after_run and "torch" not in test_after_run
+    assert "-m venv" not in test_after_run and "pytest -m \"not slow\"" in test_after_run
+
+    (venv / ".layoutc-test").touch()
+    assert "pip" not in _plan(tmp_path, "test") and "pip" not in _plan(tmp_path, "run")
+
+    (tmp_path / "pyproject.toml").touch()  # a changed dependency list reinstalls both sets
+    _age(venv / ".layoutc-run", 50)
+    _age(venv / ".layoutc-test", 50)
+    changed = _plan(tmp_path, "test")
+    assert "pip install -q -e ." in changed and '-e ".[dev,flashinfer]"' in changed
