@@ -464,10 +464,11 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
               help="Threads hashing the input for the resume stamps (default: the CPU count, at most 8).")
 @click.option("--profile", "profile_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Write seconds and bytes per stage (read, hash, convert, write, fsync, ...) as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line: only warnings and errors.")
 @define_option
 def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device: str | None, lowering: str,
                 no_verify: bool, prefetch: int | None, writers: int | None, hash_threads: int | None,
-                profile_path: Path | None, defines: tuple[str, ...]) -> int:
+                profile_path: Path | None, quiet: bool, defines: tuple[str, ...]) -> int:
     """Convert a safetensors checkpoint (single file or sharded) into SPEC's kernel layout.
 
     With -D tp_size=N and no tp_rank, every slice is converted, rank r's into OUT/tp<r>, reading
@@ -490,13 +491,11 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
     if "tp_rank" in spec.params and "tp_rank" not in params and isinstance(tp_size, int) and tp_size > 1:
         specs = [compile_file(spec_path, {**params, "tp_rank": r}) for r in range(tp_size)]
         outs = [out_dir / f"tp{r}" for r in range(tp_size)]
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
+    world, rank, local = _torchrun_env(os.environ)
     dist = None
     if world > 1:
         import torch.distributed as dist
 
-        local = int(os.environ.get("LOCAL_RANK", "0"))
         if (device is None and torch.cuda.is_available()) or device == "cuda":
             if local >= torch.cuda.device_count():
                 raise click.BadParameter(f"local rank {local} has no GPU ({torch.cuda.device_count()} here)",
@@ -507,18 +506,18 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
         dist.init_process_group("nccl" if device is not None and device.startswith("cuda") else "gloo")
     device = device or "cpu"
 
-    def progress(shards):
-        with click.progressbar(shards, label=f"rank {rank}/{world} converting", file=sys.stderr) as bar:
-            yield from bar
+    from .progress import ShardProgress
 
+    bar = ShardProgress(f"rank {rank}/{world} converting" if world > 1 else "converting", enabled=not quiet)
     failure: Exception | None = None
     profile = Profile()
     t0 = time.perf_counter()
     try:
-        summary = convert_checkpoint(specs, in_dir, outs, names, device, rank, world, progress, lowering,
-                                     not no_verify, PREFETCH if prefetch is None else prefetch,
-                                     WRITERS if writers is None else writers, profile,
-                                     hash_threads=hash_threads)
+        with bar:
+            summary = convert_checkpoint(specs, in_dir, outs, names, device, rank, world, bar, lowering,
+                                         not no_verify, PREFETCH if prefetch is None else prefetch,
+                                         WRITERS if writers is None else writers, profile,
+                                         hash_threads=hash_threads, warn=bar.warn)
     except Exception as err:  # noqa: BLE001 -- re-raised below, after the other ranks have heard of it
         failure = err
     seconds = time.perf_counter() - t0
@@ -533,7 +532,7 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
         raise failure
     if rank == 0:
         for s, o in zip(specs, outs):
-            finish(s, in_dir, o, names)
+            finish(s, in_dir, o, names, summary["names"])
     if profile_path is not None:
         stages = profile.as_dict()
         report = {"rank": rank, "world": world, "device": device, "wall_s": round(seconds, 4), "summary": summary,
@@ -541,12 +540,31 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
         if world > 1:
             profile_path = profile_path.with_name(f"{profile_path.stem}.rank{rank}{profile_path.suffix}")
         profile_path.write_text(json.dumps(report, indent=1))
+    if quiet:
+        return 0
     read = profile.bytes.get("read_bytes", 0)
     rate = f", {read / seconds / 1e9:.2f} GB/s read" if read and seconds > 0 else ""
     click.echo(f"rank {rank}: {summary['written_shards']} shard(s) written, {summary['skipped_shards']} already done, "
                f"{summary['converted_layers']} MoE layer(s) converted, {summary['verified_layers']} verified "
                f"({seconds:.1f} s{rate})", err=True)
     return 0
+
+
+def _torchrun_env(env) -> tuple[int, int, int]:
+    """WORLD_SIZE, RANK and LOCAL_RANK as torchrun sets them; anything else is a usage error."""
+    values = {}
+    for key, default, low in (("WORLD_SIZE", "1", 1), ("RANK", "0", 0), ("LOCAL_RANK", "0", 0)):
+        text = env.get(key, default)
+        try:
+            values[key] = int(text)
+        except ValueError:
+            values[key] = None
+        if values[key] is None or values[key] < low:
+            raise click.UsageError(f"the environment variable {key}={display(repr(text))} is not an integer >= {low} "
+                                   f"(torchrun sets it; unset it for a single process)")
+    if values["RANK"] >= values["WORLD_SIZE"]:
+        raise click.UsageError(f"RANK={values['RANK']} is not below WORLD_SIZE={values['WORLD_SIZE']}")
+    return values["WORLD_SIZE"], values["RANK"], values["LOCAL_RANK"]
 
 
 @main.command()

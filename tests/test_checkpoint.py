@@ -79,7 +79,8 @@ def test_converts_every_layer_copies_the_rest_and_records_provenance(tmp_path, b
     before = folder_digest(tmp_path / "in")
     summary = convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
     finish(bf16, tmp_path / "in", tmp_path / "out", "vllm")
-    assert summary == {"converted_layers": 4, "skipped_shards": 0, "written_shards": 2, "verified_layers": 2}
+    assert summary == {"converted_layers": 4, "skipped_shards": 0, "written_shards": 2, "verified_layers": 2,
+                       "unindexed": [], "names": "vllm"}
     assert folder_digest(tmp_path / "in") == before  # the input is never touched
     out = load_all(tmp_path / "out")
     assert set(out) == set(source)

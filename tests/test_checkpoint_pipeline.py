@@ -218,10 +218,12 @@ def test_a_truncated_shard_is_a_clear_error(tmp_path, bf16):
     victim.write_bytes(victim.read_bytes()[:-100])
     result = _watchdog(lambda: convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out", prefetch=2))
     assert isinstance(result.get("error"), layoutc.LayoutError), result
-    assert "model-00002-of-00002.safetensors: cannot read" in str(result["error"])
+    assert "model-00002-of-00002.safetensors: not a valid safetensors file" in str(result["error"])
+    assert "the file is truncated" in str(result["error"])
+    assert not (tmp_path / "out").exists()  # found before any shard was converted
     victim.write_bytes(b"not a safetensors file")
     result = _watchdog(lambda: convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out", prefetch=2))
-    assert "model-00002-of-00002.safetensors: cannot read" in str(result["error"])
+    assert "model-00002-of-00002.safetensors: not a safetensors file" in str(result["error"])
 
 
 def test_a_conversion_error_names_layer_and_shard_and_keeps_finished_shards(tmp_path, bf16):
