@@ -15,6 +15,7 @@ import click
 
 from .cli_common import parse_defines
 from .text import display
+from .usercode import CALL_TIMEOUT
 
 EXIT_USAGE = 2
 
@@ -57,6 +58,9 @@ def _fail(err: Exception) -> int:
 define_option = click.option(
     "-D", "--define", "defines", multiple=True, metavar="NAME=VALUE", help="Set a spec parameter (repeatable)."
 )
+timeout_option = click.option(
+    "--timeout", default=CALL_TIMEOUT, show_default=True, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+    help="Time limit for each call of FUNCTION and for importing its module; past it the run stops (exit 2).")
 
 
 @click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -71,9 +75,10 @@ define_option = click.option(
 @click.option("--draw", "draw_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Write a picture of the differing elements (.png or .svg).")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the verdict and the differences.")
+@timeout_option
 @define_option
 def equiv(spec: Path, against: str, dims: str | None, shapes: int, args: str | None, returns: str | None,
-          variants: str, draw_path: Path | None, quiet: bool, defines: tuple[str, ...]) -> int:
+          variants: str, draw_path: Path | None, quiet: bool, timeout: float, defines: tuple[str, ...]) -> int:
     """Prove SPEC equal to a conversion function, element by element, at several shapes.
 
     FUNCTION takes the spec's input tensors (a dict; --args for positional tensors) and returns its
@@ -87,7 +92,8 @@ def equiv(spec: Path, against: str, dims: str | None, shapes: int, args: str | N
     progress = None if quiet else (lambda text: click.echo(f"  {text} ...", err=True))
     try:
         result = equivalent(spec, against, _dims(dims), params, shapes=shapes, args=_names(args),
-                            returns=_names(returns), variants=variants, progress=progress)
+                            returns=_names(returns), variants=variants, progress=progress, timeout=timeout,
+                            hard_exit=True)
     except EquivError as err:
         return _fail(err)
     text = _shown(result.report())
@@ -117,9 +123,11 @@ def equiv(spec: Path, against: str, dims: str | None, shapes: int, args: str | N
               help="Write the spec here (default: standard output).")
 @click.option("--shapes", default=4, show_default=True, type=click.IntRange(1, 16), help="Shapes equiv checks the spec at.")
 @click.option("--no-check", is_flag=True, help="Do not prove the written spec equal with equiv.")
+@timeout_option
 @define_option
 def infer(function: str, dims: str, names: str, quant: str | None, rows: str, bias: bool, inputs_path: Path | None,
-          spec_name: str, output: Path | None, shapes: int, no_check: bool, defines: tuple[str, ...]) -> int:
+          spec_name: str, output: Path | None, shapes: int, no_check: bool, timeout: float,
+          defines: tuple[str, ...]) -> int:
     """Recover a conversion function's index maps and write a spec for it.
 
     The function is run on self-describing inputs at a few shapes; each tensor's map is explained as
@@ -136,7 +144,8 @@ def infer(function: str, dims: str, names: str, quant: str | None, rows: str, bi
     try:
         result = run_infer(function, _dims(dims), names=names, quant=quant, rows=rows, bias=bias, inputs=contract,
                            params=params, spec_name=spec_name, check=not no_check, shapes=shapes,
-                           progress=lambda text: click.echo(f"  {text} ...", err=True))
+                           progress=lambda text: click.echo(f"  {text} ...", err=True), timeout=timeout,
+                           hard_exit=True)
     except EquivError as err:
         return _fail(err)
     if output is None:
