@@ -23,6 +23,7 @@ import click
 
 from ._version import __version__
 from .cli_common import parse_defines as _parse_defines
+from .cli_common import refuse_overwrite, spec_inputs
 from .errors import Diagnostic, SpecError
 from .limits import MAX_PARAM_COMBINATIONS
 from .text import display
@@ -279,6 +280,8 @@ def compile_cmd(spec: Path, output: Path | None, defines: tuple[str, ...]) -> in
     """Compile SPEC into a standalone converter module (torch only)."""
     from .api import compile_file
 
+    if output is not None:
+        refuse_overwrite(output, spec_inputs(spec))
     compiled = compile_file(spec, _parse_defines(defines))
     _print_diagnostics(compiled.warnings, str(spec), compiled.program.source)
     if output is None:
@@ -307,13 +310,20 @@ def demo(spec: Path | None, shape: str, seed: int, device: str, defines: tuple[s
 
 
 def _parse_shape(shape: str) -> dict[str, int]:
+    """``E=8,I=256,H=512``: dims as positive integers (a zero or negative size is a usage error here,
+    not an internal error deep in the converter)."""
     dims = {}
     for item in shape.split(","):
         k, _, v = item.partition("=")
         try:
+            if not k.strip().isidentifier():
+                raise ValueError
             dims[k.strip()] = int(v)
         except ValueError:
-            raise click.BadParameter(f"expected NAME=INT, got {item!r}", param_hint="--shape") from None
+            raise click.BadParameter(f"expected NAME=INT, got {display(item)!r}", param_hint="--shape") from None
+        if dims[k.strip()] <= 0:
+            raise click.BadParameter(f"{k.strip()}={dims[k.strip()]}: a dim must be a positive integer",
+                                     param_hint="--shape")
     return dims
 
 
@@ -322,7 +332,8 @@ def _parse_shape(shape: str) -> dict[str, int]:
 @click.option("--shape", default="E=128,I=2944,H=2944", show_default=True, help="Dims of the synthetic layer.")
 @click.option("--device", default="cpu", show_default=True, callback=_check_device, help="cpu, cuda or cuda:N")
 @click.option("--lowering", default="auto", show_default=True, type=LOWERING, help=LOWERING_HELP)
-@click.option("--reps", default=20, show_default=True, help="Timed repetitions (the median is reported).")
+@click.option("--reps", default=20, show_default=True, type=click.IntRange(1, 100_000),
+              help="Timed repetitions (the median is reported).")
 @click.option("--eager/--no-eager", default=False, help="Also time the eager lowering.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @define_option
@@ -406,6 +417,7 @@ def draw(spec: Path, tensor: str | None, graph: bool, output: Path, no_verify: b
 
     if output.suffix.lower() not in (".png", ".svg"):
         raise click.BadParameter("the output must end in .png or .svg", param_hint="-o")
+    refuse_overwrite(output, spec_inputs(spec))
     compiled = compile_file(spec, _parse_defines(defines)) if not no_verify else _compile_unverified(spec, defines)
     if graph:
         draw_graph(compiled, output)
@@ -485,6 +497,9 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
     from .shardio import Profile
 
     params = _parse_defines(defines)
+    if profile_path is not None and in_dir.resolve() in profile_path.resolve().parents:
+        raise click.BadParameter(f"{display(str(profile_path))} is inside --in; layoutc convert never writes into "
+                                 f"its input", param_hint="--profile")
     spec = compile_file(spec_path, params)
     specs, outs = [spec], [out_dir]
     tp_size = spec.params.get("tp_size", 1)

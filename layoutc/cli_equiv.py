@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from .cli_common import parse_defines
+from .cli_common import parse_defines, refuse_overwrite, spec_inputs
 from .text import display
 from .usercode import CALL_TIMEOUT
 
@@ -48,6 +48,12 @@ def _shown(report: str) -> str:
     """A report for the terminal, each line through display(): it quotes the function's own exception
     text, which may hold control characters (the lines themselves are kept)."""
     return "\n".join(display(line) for line in report.split("\n"))
+
+
+def _module_file(ref: str) -> list[Path]:
+    """The file of MODULE:FUNCTION when it names one (path/to/file.py:fn), else nothing."""
+    module = ref.rpartition(":")[0]
+    return [Path(module)] if module.endswith(".py") or "/" in module else []
 
 
 def _fail(err: Exception) -> int:
@@ -88,6 +94,8 @@ def equiv(spec: Path, against: str, dims: str | None, shapes: int, args: str | N
 
     if draw_path is not None and draw_path.suffix.lower() not in (".png", ".svg"):
         raise click.BadParameter("the picture must end in .png or .svg", param_hint="--draw")
+    if draw_path is not None:
+        refuse_overwrite(draw_path, [*spec_inputs(spec), *_module_file(against)], "--draw")
     params = parse_defines(defines)
     progress = None if quiet else (lambda text: click.echo(f"  {text} ...", err=True))
     try:
@@ -140,6 +148,8 @@ def infer(function: str, dims: str, names: str, quant: str | None, rows: str, bi
     from .source import read_spec
 
     params = parse_defines(defines)
+    if output is not None:
+        refuse_overwrite(output, [*_module_file(function), *([inputs_path] if inputs_path else [])])
     contract = read_spec(inputs_path) if inputs_path is not None else None
     try:
         result = run_infer(function, _dims(dims), names=names, quant=quant, rows=rows, bias=bias, inputs=contract,
