@@ -57,7 +57,7 @@ from ._version import __version__
 from .api import CompiledSpec
 from .dtypes import bit_view
 from .lower.runtime import LayoutError
-from .shardheader import load_json, read_header, utf8_name
+from .shardheader import TensorInfo, load_json, read_header, utf8_name
 from .text import display
 
 INDEX = "model.safetensors.index.json"
@@ -224,6 +224,7 @@ class _Scan:
     weight_map: dict[str, str]
     unindexed: tuple[str, ...]
     index: dict[str, Any] | None
+    infos: dict[str, TensorInfo]  # every tensor's dtype and shape, from its header
 
 
 def _shard_map(in_dir: Path) -> dict[str, str]:
@@ -264,14 +265,21 @@ def _scan(in_dir: Path) -> _Scan:
         if not files:
             raise LayoutError(f"{display(str(in_dir))}: no *.safetensors file and no {INDEX}")
     held: dict[str, str] = {}
+    infos: dict[str, TensorInfo] = {}
     for f in files:
-        for name in read_header(in_dir / f).names:
+        for info in read_header(in_dir / f).tensors:
+            name = info.name
             if name in held:
                 raise LayoutError(f"{display(str(in_dir))}: the tensor {display(repr(name))} is in two shards, "
                                   f"{held[name]} and {f}; a loader would keep either")
+            if info.dtype not in shardio.TORCH_DTYPES:  # valid safetensors, but not one torch reads as such
+                raise LayoutError(f"{display(str(in_dir / f))}: tensor {display(repr(name))} has dtype {info.dtype}, "
+                                  f"which layoutc convert cannot copy (it handles "
+                                  f"{', '.join(sorted(shardio.TORCH_DTYPES))})")
             held[name] = f
+            infos[name] = info
     if listed is None:
-        return _Scan(held, (), None)
+        return _Scan(held, (), None, infos)
     for tensor, file in listed.items():
         if held.get(tensor) != file:
             there = f" (it is in {held[tensor]})" if tensor in held else ""
@@ -280,7 +288,7 @@ def _scan(in_dir: Path) -> _Scan:
     # vLLM and transformers load every tensor of a shard: one the index leaves out is still part of
     # the model, so it is copied (and listed in the written index), never dropped
     unindexed = tuple(n for n in held if n not in listed)
-    return _Scan(dict(listed) | {n: held[n] for n in unindexed}, unindexed, index)
+    return _Scan(dict(listed) | {n: held[n] for n in unindexed}, unindexed, index, infos)
 
 
 def _groups(weight_map: Mapping[str, str], rules: Mapping[str, NameRule], spec: CompiledSpec) -> dict[str, dict[str, str]]:
@@ -307,6 +315,32 @@ def _groups(weight_map: Mapping[str, str], rules: Mapping[str, NameRule], spec: 
         raise LayoutError(f"layer {layer!r} has some MoE tensors but not {', '.join(missing)} "
                           f"({len(incomplete)} incomplete layer(s)); check --names")
     return groups
+
+
+def _check_layers(spec: CompiledSpec, groups: Mapping[str, Mapping[str, str]], rules: Mapping[str, NameRule],
+                  scan: _Scan) -> None:
+    """Every MoE layer's dtypes and shapes (from the headers, as the name mapping loads them) against
+    the spec's contract and divisibility checks, on meta tensors: a layer that would fail halfway
+    through the run fails here, before any shard is converted."""
+    module = spec.module
+    for layer, group in groups.items():
+        tensors = {}
+        for n, name in group.items():
+            info, rule = scan.infos[name], rules[n]
+            shape = info.shape
+            if rule.merge_last:
+                if len(shape) < 2:
+                    raise LayoutError(f"layer {display(repr(layer))} (shard {scan.weight_map[name]}): {n} is "
+                                      f"{display(name)} with shape {list(shape)}; merge_last needs two axes to merge")
+                shape = (*shape[:-2], shape[-2] * shape[-1])
+            dtype = getattr(torch, rule.dtype) if rule.dtype else shardio.TORCH_DTYPES[info.dtype]
+            tensors[n] = torch.empty(shape, dtype=dtype, device="meta")
+        try:
+            module._check_call(tensors, None, "convert", module.INPUTS, module._INPUT_SHAPES, module._INPUT_AXES,
+                               module.DIMS, module._CONDITIONS, module._CONVERT_CHECKS)
+        except module.LayoutError as err:
+            shards = sorted({scan.weight_map[name] for name in group.values()})
+            raise LayoutError(f"layer {display(repr(layer))} (shard {', '.join(shards)}): {err}") from None
 
 
 class _Reader:
@@ -578,6 +612,8 @@ def convert_checkpoint(
     scan = _scan(in_dir)  # every header checked before anything is written
     weight_map = scan.weight_map
     groups = _groups(weight_map, rules, specs[0])  # fails before anything is written when no layer matches
+    for s in specs:
+        _check_layers(s, groups, rules, scan)  # every layer's shapes against the contract, from the headers
     if scan.unindexed:
         (warn or _warn)(unindexed_message(scan.unindexed))
     summary = {"converted_layers": 0, "skipped_shards": 0, "written_shards": 0, "verified_layers": 0}

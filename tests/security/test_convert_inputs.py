@@ -209,14 +209,16 @@ def test_an_edited_names_file_is_not_resumed_into(tmp_path, bf16):
     path = tmp_path / "names.json"
     path.write_text(json.dumps(names))
     convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out", names=path)
-    # A second mapping of the same tensors (the layer's two weight tensors swapped: a different
-    # conversion) under the same file name: resuming would keep the first mapping's shards.
-    names["w13_weight"], names["w2_weight"] = names["w2_weight"], names["w13_weight"]
+    # Another mapping under the same file name (the scales read from other tensors): resuming would
+    # keep the first mapping's shards and write the second's.
+    first = json.dumps(names)
+    for n in ("w13_weight_scale", "w2_weight_scale"):
+        names[n] = {"name": "{layer}." + n, "dtype": "uint8"}
     path.write_text(json.dumps(names))
     with pytest.raises(layoutc.LayoutError, match="another names .* would mix two layouts"):
         convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out", names=path)
     # the same content under another name is the same mapping: a resume, nothing redone
-    names["w13_weight"], names["w2_weight"] = names["w2_weight"], names["w13_weight"]
+    names = json.loads(first)
     other = tmp_path / "copy.json"
     other.write_text(json.dumps(names))
     summary = convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out", names=other)
@@ -288,3 +290,48 @@ def test_progress_shows_shards_tensors_and_bytes_on_a_terminal_only(tmp_path, bf
         convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out3", progress=bar)
     assert quiet.getvalue() == ""
     assert not list((tmp_path / "out").glob(f"{LOCK}*"))
+
+
+# -- found in this round: errors only the conversion used to find, now found from the headers ----
+
+def test_a_layer_with_a_wrong_shape_in_a_later_shard_fails_before_any_shard_is_converted(tmp_path, bf16):
+    from safetensors.torch import load_file
+
+    make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
+    path = tmp_path / "in" / "model-00002-of-00002.safetensors"
+    tensors = load_file(str(path))
+    name = f"{PREFIX.format(1)}.w2_weight"
+    tensors[name] = tensors[name][:, :, :-1].contiguous()
+    save_file(tensors, str(path))
+    with pytest.raises(layoutc.LayoutError, match=r"layer 'model.layers.1.mlp.experts' \(shard "
+                                                  r"model-00002-of-00002.safetensors\): w2_weight: expected shape"):
+        convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dtype_convert_cannot_copy_is_refused_before_any_shard_is_converted(tmp_path, bf16):
+    make_checkpoint(tmp_path / "in", bf16, layers=2, shards=1)
+    add_shard(tmp_path / "in", "z.safetensors", b'{"extra.f4": {"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}}',
+              b"\0", tensor="extra.f4")
+    with pytest.raises(layoutc.LayoutError, match="'extra.f4' has dtype F4, which layoutc convert cannot copy"):
+        convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_merge_last_on_a_tensor_with_one_axis_is_an_error(tmp_path, bf16):
+    make_checkpoint(tmp_path / "in", bf16, layers=2, shards=1)
+    index = json.loads((tmp_path / "in" / INDEX).read_text())
+    from safetensors.torch import load_file
+
+    shard = tmp_path / "in" / "model-00001-of-00001.safetensors"
+    tensors = load_file(str(shard))
+    for layer in (0, 1):
+        tensors[f"{PREFIX.format(layer)}.flat"] = torch.zeros(4, dtype=torch.float32)
+        index["weight_map"][f"{PREFIX.format(layer)}.flat"] = shard.name
+    save_file(tensors, str(shard))
+    (tmp_path / "in" / INDEX).write_text(json.dumps(index))
+    names = {n: "{layer}." + n for n in bf16.input_names}
+    names["w13_bias"] = {"name": "{layer}.flat", "merge_last": True}
+    (tmp_path / "names.json").write_text(json.dumps(names))
+    with pytest.raises(layoutc.LayoutError, match="merge_last needs two axes"):
+        convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out", names=tmp_path / "names.json")
