@@ -160,7 +160,8 @@ def _names_bytes(path: Path) -> bytes:
     except OSError as err:
         raise LayoutError(f"{display(str(path))}: cannot read ({err.strerror or err})") from None
     if len(raw) > MAX_NAMES_BYTES:
-        raise LayoutError(f"{display(str(path))}: a name mapping larger than {MAX_NAMES_BYTES} bytes; not a --names file")
+        raise LayoutError(f"{display(str(path))}: a name mapping larger than {MAX_NAMES_BYTES} bytes; "
+                          f"not a --names file")
     return raw
 
 
@@ -253,7 +254,8 @@ def _scan(in_dir: Path) -> _Scan:
         listed = {}
         for tensor, file in weight_map.items():
             if not utf8_name(tensor):
-                raise LayoutError(f"{where}: the tensor name {display(repr(tensor))} is not valid UTF-8 (a lone surrogate)")
+                raise LayoutError(f"{where}: the tensor name {display(repr(tensor))} is not valid UTF-8 "
+                                  f"(a lone surrogate)")
             listed[tensor] = _plain_file_name(file, f"{where}: the entry for {display(repr(tensor))}")
             if not (in_dir / file).is_file():
                 raise LayoutError(f"{where}: names {display(repr(file))} for {display(repr(tensor))}, which is not a "
@@ -589,8 +591,8 @@ def convert_checkpoint(
     ``staged=True`` to run the CUDA code path's chunk ring on the CPU in tests); ``hash_threads``:
     threads hashing the input for the stamps (default :data:`layoutc.shardio.HASH_THREADS`).
     ``progress`` (a :class:`Progress`) hears of this rank's shards and bytes, then of each shard as it
-    is done (converted or found done); ``warn(message)`` gets what the user should know but does not stop the run (default:
-    :func:`warnings.warn`)."""
+    is done (converted or found done); ``warn(message)`` gets what the user should know but does
+    not stop the run (default: :func:`warnings.warn`)."""
     specs = [spec] if isinstance(spec, CompiledSpec) else list(spec)
     outs = [out_dir] if isinstance(out_dir, (str, Path)) else list(out_dir)
     if not specs or len(specs) != len(outs):

@@ -65,7 +65,8 @@ define_option = click.option(
     "-D", "--define", "defines", multiple=True, metavar="NAME=VALUE", help="Set a spec parameter (repeatable)."
 )
 timeout_option = click.option(
-    "--timeout", default=CALL_TIMEOUT, show_default=True, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+    "--timeout", default=CALL_TIMEOUT, show_default=True, type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
     help="Time limit for each call of FUNCTION and for importing its module; past it the run stops (exit 2).")
 
 

@@ -58,7 +58,7 @@ class ShardProgress:
             self.bar.close()
             self.bar = None
 
-    def __enter__(self) -> "ShardProgress":
+    def __enter__(self) -> ShardProgress:
         return self
 
     def __exit__(self, *exc) -> None:

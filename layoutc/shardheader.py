@@ -104,7 +104,8 @@ def read_header(path: Path) -> Header:
             size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
-                raise LayoutError(f"{where}: not a safetensors file ({size} bytes, shorter than its 8-byte header size)")
+                raise LayoutError(f"{where}: not a safetensors file ({size} bytes, shorter than its 8-byte "
+                                  f"header size)")
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER:
                 raise LayoutError(f"{where}: not a safetensors file (a {n}-byte header; the format allows "

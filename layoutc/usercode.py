@@ -20,7 +20,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .text import display
 
