@@ -6,6 +6,10 @@
   with a ``{layer}`` placeholder. Presets: ``vllm`` (``{layer}.w13_weight``, ...) and ``gpt-oss``
   (``{layer}.gate_up_proj_blocks``, ... with the 16-byte blocks merged into rows); or a JSON file
   ``{"w13_weight": {"name": "{layer}.experts.w13", "merge_last": false, "dtype": null}, ...}``.
+* Checks everything before converting anything: the index, the name mapping and every shard's
+  header (:mod:`layoutc.shardheader`), then every layer's shapes against the spec (meta tensors).
+  A malformed input is a LayoutError naming the file and tensor; two spec inputs on one tensor are
+  refused; a tensor the index leaves out is copied (with a warning) and indexed.
 * Writes one output shard per input shard (same names, converted MoE tensors, everything else
   copied), an index, and metadata (spec name, sha256, parameters, library versions) in every
   shard's safetensors header and in ``layoutc_manifest.json``.
@@ -15,7 +19,8 @@
   16 MiB leaves, hashed on several threads; named in the stamp): a shard changed in place, size
   and mtime kept, is converted again, and so is one whose stamp holds another kind of digest
   (an older layoutc's plain sha256). A folder holding a conversion with another spec, other
-  parameters or another name mapping is refused, not mixed into.
+  parameters or another name mapping (recorded by content: an edited ``--names`` file is another
+  mapping) is refused, not mixed into.
 * Verifies a sample: for the first layer of every shard, ``convert(inverse(out)) == out`` bit for bit
   (for a tensor-parallel slice, which has no inverse: the eager reference lowering agrees).
 * Files named by the checkpoint's index stay inside ``--in`` (plain file names only) and outputs
