@@ -91,9 +91,10 @@ def _bench(spec: CompiledSpec, dims: Mapping[str, int], device: str, lowering: s
     started = [False]
 
     def stage(what: str) -> None:  # the one before is done
-        b.set_postfix_str(what, refresh=not started[0])
+        b.set_postfix_str(what, refresh=False)
         if started[0]:
             b.update(1)
+        b.refresh()  # every stage shown, however soon after the last (update() draws at most every 0.1 s)
         started[0] = True
 
     stage("inputs and a first call")

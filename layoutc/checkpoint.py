@@ -6,6 +6,10 @@
   with a ``{layer}`` placeholder. Presets: ``vllm`` (``{layer}.w13_weight``, ...) and ``gpt-oss``
   (``{layer}.gate_up_proj_blocks``, ... with the 16-byte blocks merged into rows); or a JSON file
   ``{"w13_weight": {"name": "{layer}.experts.w13", "merge_last": false, "dtype": null}, ...}``.
+* Checks everything before converting anything: the index, the name mapping and every shard's
+  header (:mod:`layoutc.shardheader`), then every layer's shapes against the spec (meta tensors).
+  A malformed input is a LayoutError naming the file and tensor; two spec inputs on one tensor are
+  refused; a tensor the index leaves out is copied (with a warning) and indexed.
 * Writes one output shard per input shard (same names, converted MoE tensors, everything else
   copied), an index, and metadata (spec name, sha256, parameters, library versions) in every
   shard's safetensors header and in ``layoutc_manifest.json``.
@@ -15,7 +19,8 @@
   16 MiB leaves, hashed on several threads; named in the stamp): a shard changed in place, size
   and mtime kept, is converted again, and so is one whose stamp holds another kind of digest
   (an older layoutc's plain sha256). A folder holding a conversion with another spec, other
-  parameters or another name mapping is refused, not mixed into.
+  parameters or another name mapping (recorded by content: an edited ``--names`` file is another
+  mapping) is refused, not mixed into.
 * Verifies a sample: for the first layer of every shard, ``convert(inverse(out)) == out`` bit for bit
   (for a tensor-parallel slice, which has no inverse: the eager reference lowering agrees).
 * Files named by the checkpoint's index stay inside ``--in`` (plain file names only) and outputs
@@ -39,6 +44,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import queue
@@ -46,7 +52,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import attrs
 import torch
@@ -56,6 +62,8 @@ from ._version import __version__
 from .api import CompiledSpec
 from .dtypes import bit_view
 from .lower.runtime import LayoutError
+from .shardheader import TensorInfo, load_json, read_header, utf8_name
+from .text import display
 
 INDEX = "model.safetensors.index.json"
 MANIFEST = trust.MANIFEST  # also read by layoutc.guard.trust_checkpoint
@@ -67,6 +75,14 @@ LOCK = ".layoutc-lock"
 PREFETCH = 2
 WRITERS = 2
 LOAD_DTYPES = ("float32", "float16", "bfloat16", "uint8", "int8", "int32")
+
+
+class Progress(Protocol):
+    """What :func:`convert_checkpoint` reports progress to (:class:`layoutc.progress.ShardProgress`)."""
+
+    def start(self, shards: int, total_bytes: int) -> None: ...
+
+    def update(self, shard: str, nbytes: int, tensors: int) -> None: ...
 
 
 @attrs.frozen
@@ -106,15 +122,23 @@ GPT_OSS = {  # gpt-oss stores gate and up rows interleaved: [g0, u0, g1, u1, ...
 
 def name_rules(spec: CompiledSpec, names: str | Path) -> dict[str, NameRule]:
     """The name mapping for ``spec``: a preset ("vllm", "gpt-oss") or a JSON file."""
+    return load_names(spec, names)[0]
+
+
+def load_names(spec: CompiledSpec, names: str | Path) -> tuple[dict[str, NameRule], str]:
+    """The name mapping for ``spec`` and its identity for the run record: the preset's name, or the
+    sha256 of the JSON file's bytes (the same bytes the rules come from), so that editing the file
+    between two runs is a different mapping, never a resume that mixes two."""
     if names == "vllm":
-        return {n: NameRule(f"{{layer}}.{n}") for n in spec.input_names}
+        return {n: NameRule(f"{{layer}}.{n}") for n in spec.input_names}, "vllm"
     if names == "gpt-oss":
         missing = [n for n in spec.input_names if n not in GPT_OSS]
         if missing:
             raise LayoutError(f"the gpt-oss preset has no checkpoint name for {', '.join(missing)}")
-        rules = {n: GPT_OSS[n] for n in spec.input_names}
+        rules, identity = {n: GPT_OSS[n] for n in spec.input_names}, "gpt-oss"
     else:
-        rules = _rules_from_json(spec, Path(names))
+        raw = _names_bytes(Path(names))
+        rules, identity = _rules_from_json(spec, Path(names), raw), _names_digest(raw)
     for n, rule in rules.items():
         t = spec.program.input(n)
         declared = t.rows or (spec.program.input(t.tie.weight).rows if t.tie else None)  # scales/biases: their weight's
@@ -125,36 +149,60 @@ def name_rules(spec: CompiledSpec, names: str | Path) -> dict[str, NameRule]:
                 f"input rows {declared or 'without an order'}; use a spec written for this checkpoint "
                 f"(e.g. one that deinterleaves gate and up rows)"
             )
-    return rules
+    return rules, identity
 
 
-def _rules_from_json(spec: CompiledSpec, path: Path) -> dict[str, NameRule]:
+#: the largest --names file read (a name mapping is a few hundred bytes)
+MAX_NAMES_BYTES = 1 << 20
+
+
+def _names_bytes(path: Path) -> bytes:
     if not path.is_file():
-        raise LayoutError(f"--names must be 'vllm', 'gpt-oss' or a JSON file; {path} is none of them")
+        raise LayoutError(f"--names must be 'vllm', 'gpt-oss' or a JSON file; {display(str(path))} is none of them")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise LayoutError(f"{path}: not valid JSON ({err})") from None
+        with open(path, "rb") as f:
+            raw = f.read(MAX_NAMES_BYTES + 1)
+    except OSError as err:
+        raise LayoutError(f"{display(str(path))}: cannot read ({err.strerror or err})") from None
+    if len(raw) > MAX_NAMES_BYTES:
+        raise LayoutError(f"{display(str(path))}: a name mapping larger than {MAX_NAMES_BYTES} bytes; "
+                          f"not a --names file")
+    return raw
+
+
+def _names_digest(raw: bytes) -> str:
+    return "json sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def _rules_from_json(spec: CompiledSpec, path: Path, raw: bytes) -> dict[str, NameRule]:
+    where = display(str(path))
+    raw = load_json(raw, where, "a valid name mapping: not valid JSON")
     if not isinstance(raw, dict):
-        raise LayoutError(f"{path}: expected an object mapping spec inputs to checkpoint names")
+        raise LayoutError(f"{where}: expected an object mapping spec inputs to checkpoint names")
     rules = {}
     for n in spec.input_names:
         entry = raw.get(n)
         if entry is None:
-            raise LayoutError(f"{path}: no name for spec input {n!r}")
+            raise LayoutError(f"{where}: no name for spec input {n!r}")
         try:
             if isinstance(entry, str):
                 rules[n] = NameRule(entry)
-            else:
+            elif isinstance(entry, dict):
                 fields = dict(entry)
                 rules[n] = NameRule(fields.pop("name"), **fields)
+            else:
+                raise TypeError(f"expected a string or an object, got {type(entry).__name__}")
         except (TypeError, KeyError, ValueError) as err:
-            raise LayoutError(f"{path}: entry for {n!r}: {err}; fields are name, merge_last, dtype, rows") from None
+            raise LayoutError(f"{where}: entry for {n!r}: {display(str(err))[:200]}; fields are name, merge_last, "
+                              f"dtype, rows") from None
         if "{layer}" not in rules[n].template:
-            raise LayoutError(f"{path}: the name for {n!r} must contain {{layer}}, e.g. \"{{layer}}.{n}\"")
+            raise LayoutError(f"{where}: the name for {n!r} must contain {{layer}}, e.g. \"{{layer}}.{n}\"")
+        if not utf8_name(rules[n].template):
+            raise LayoutError(f"{where}: the name for {n!r} is not valid UTF-8 (a lone surrogate)")
     unknown = sorted(set(raw) - set(spec.input_names))
     if unknown:
-        raise LayoutError(f"{path}: {', '.join(unknown)} are not inputs of {spec.name} ({', '.join(spec.input_names)})")
+        raise LayoutError(f"{where}: {display(', '.join(unknown))} are not inputs of {spec.name} "
+                          f"({', '.join(spec.input_names)})")
     return rules
 
 
@@ -173,36 +221,81 @@ def _plain_file_name(name: Any, where: str) -> str:
     return name
 
 
+@attrs.frozen
+class _Scan:
+    """What the input folder holds, read from its index and every shard's header before anything
+    is converted: tensor -> shard for every tensor of every shard (the index's entries and those it
+    leaves out), the tensors the index leaves out, and the index itself (None: no index)."""
+
+    weight_map: dict[str, str]
+    unindexed: tuple[str, ...]
+    index: dict[str, Any] | None
+    infos: dict[str, TensorInfo]  # every tensor's dtype and shape, from its header
+
+
 def _shard_map(in_dir: Path) -> dict[str, str]:
     """Tensor name -> shard file name (checked: plain names inside ``in_dir``)."""
-    from safetensors import safe_open
+    return _scan(in_dir).weight_map
 
-    index = in_dir / INDEX
-    if index.is_file():
+
+def _scan(in_dir: Path) -> _Scan:
+    """Read and check the index and every shard's header (see :class:`_Scan`). Every malformed input
+    is a LayoutError naming the file (and the tensor) here, before any shard is converted."""
+    index_path = in_dir / INDEX
+    index = None
+    if index_path.is_file():
+        where = display(str(index_path))
         try:
-            raw = json.loads(index.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise LayoutError(f"{index}: not a valid index ({err})") from None
-        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+            text = index_path.read_bytes()
+        except OSError as err:
+            raise LayoutError(f"{where}: cannot read ({err.strerror or err})") from None
+        index = load_json(text, where, "a valid index")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
-            raise LayoutError(f"{index}: expected an object with a non-empty \"weight_map\" of tensor name -> file")
-        out = {}
+            raise LayoutError(f"{where}: expected an object with a non-empty \"weight_map\" of tensor name -> file")
+        if not isinstance(index.get("metadata", {}), dict):
+            raise LayoutError(f"{where}: \"metadata\" must be an object (got {type(index['metadata']).__name__}); "
+                              f"the converted index adds layoutc's provenance to it")
+        listed = {}
         for tensor, file in weight_map.items():
-            out[str(tensor)] = _plain_file_name(file, f"{index}: the entry for {str(tensor)!r}")
+            if not utf8_name(tensor):
+                raise LayoutError(f"{where}: the tensor name {display(repr(tensor))} is not valid UTF-8 "
+                                  f"(a lone surrogate)")
+            listed[tensor] = _plain_file_name(file, f"{where}: the entry for {display(repr(tensor))}")
             if not (in_dir / file).is_file():
-                raise LayoutError(f"{index}: names {file!r} for {tensor!r}, which is not a file in {in_dir}")
-        return out
-    files = sorted(p.name for p in in_dir.glob("*.safetensors") if p.is_file())
-    if not files:
-        raise LayoutError(f"{in_dir}: no *.safetensors file and no {INDEX}")
-    out = {}
+                raise LayoutError(f"{where}: names {display(repr(file))} for {display(repr(tensor))}, which is not a "
+                                  f"file in {display(str(in_dir))}")
+        files = sorted(set(listed.values()))
+    else:
+        listed = None
+        files = sorted(p.name for p in in_dir.glob("*.safetensors") if p.is_file() and not p.name.startswith("."))
+        if not files:
+            raise LayoutError(f"{display(str(in_dir))}: no *.safetensors file and no {INDEX}")
+    held: dict[str, str] = {}
+    infos: dict[str, TensorInfo] = {}
     for f in files:
-        try:
-            with safe_open(str(in_dir / f), "pt") as h:
-                out.update({k: f for k in h.keys()})
-        except Exception as err:  # safetensors raises its own error types; the message is what matters
-            raise LayoutError(f"{in_dir / f}: cannot read ({err})") from None
-    return out
+        for info in read_header(in_dir / f).tensors:
+            name = info.name
+            if name in held:
+                raise LayoutError(f"{display(str(in_dir))}: the tensor {display(repr(name))} is in two shards, "
+                                  f"{held[name]} and {f}; a loader would keep either")
+            if info.dtype not in shardio.TORCH_DTYPES:  # valid safetensors, but not one torch reads as such
+                raise LayoutError(f"{display(str(in_dir / f))}: tensor {display(repr(name))} has dtype {info.dtype}, "
+                                  f"which layoutc convert cannot copy (it handles "
+                                  f"{', '.join(sorted(shardio.TORCH_DTYPES))})")
+            held[name] = f
+            infos[name] = info
+    if listed is None:
+        return _Scan(held, (), None, infos)
+    for tensor, file in listed.items():
+        if held.get(tensor) != file:
+            there = f" (it is in {held[tensor]})" if tensor in held else ""
+            raise LayoutError(f"{display(str(index_path))}: names {file} for {display(repr(tensor))}, which that "
+                              f"file does not hold{there}")
+    # vLLM and transformers load every tensor of a shard: one the index leaves out is still part of
+    # the model, so it is copied (and listed in the written index), never dropped
+    unindexed = tuple(n for n in held if n not in listed)
+    return _Scan(dict(listed) | {n: held[n] for n in unindexed}, unindexed, index, infos)
 
 
 def _groups(weight_map: Mapping[str, str], rules: Mapping[str, NameRule], spec: CompiledSpec) -> dict[str, dict[str, str]]:
@@ -210,10 +303,13 @@ def _groups(weight_map: Mapping[str, str], rules: Mapping[str, NameRule], spec: 
     regexes = {n: r.regex() for n, r in rules.items()}
     groups: dict[str, dict[str, str]] = {}
     for tensor in weight_map:
-        for n, rx in regexes.items():
-            m = rx.match(tensor)
-            if m:
-                groups.setdefault(m.group("layer"), {})[n] = tensor
+        matched = [(n, m.group("layer")) for n, rx in regexes.items() if (m := rx.match(tensor))]
+        if len(matched) > 1:
+            # two conversions would write this one output tensor: whichever ran last would win
+            raise LayoutError(f"the name mapping maps spec inputs {' and '.join(n for n, _ in matched)} to one "
+                              f"checkpoint tensor, {display(repr(tensor))}; give each input its own name (--names)")
+        for n, layer in matched:
+            groups.setdefault(layer, {})[n] = tensor
     required = [t.name for t in spec.program.inputs if not t.optional]
     if not groups:
         first = rules[required[0]].template if required else "?"
@@ -226,6 +322,32 @@ def _groups(weight_map: Mapping[str, str], rules: Mapping[str, NameRule], spec: 
         raise LayoutError(f"layer {layer!r} has some MoE tensors but not {', '.join(missing)} "
                           f"({len(incomplete)} incomplete layer(s)); check --names")
     return groups
+
+
+def _check_layers(spec: CompiledSpec, groups: Mapping[str, Mapping[str, str]], rules: Mapping[str, NameRule],
+                  scan: _Scan) -> None:
+    """Every MoE layer's dtypes and shapes (from the headers, as the name mapping loads them) against
+    the spec's contract and divisibility checks, on meta tensors: a layer that would fail halfway
+    through the run fails here, before any shard is converted."""
+    module = spec.module
+    for layer, group in groups.items():
+        tensors = {}
+        for n, name in group.items():
+            info, rule = scan.infos[name], rules[n]
+            shape = info.shape
+            if rule.merge_last:
+                if len(shape) < 2:
+                    raise LayoutError(f"layer {display(repr(layer))} (shard {scan.weight_map[name]}): {n} is "
+                                      f"{display(name)} with shape {list(shape)}; merge_last needs two axes to merge")
+                shape = (*shape[:-2], shape[-2] * shape[-1])
+            dtype = getattr(torch, rule.dtype) if rule.dtype else shardio.TORCH_DTYPES[info.dtype]
+            tensors[n] = torch.empty(shape, dtype=dtype, device="meta")
+        try:
+            module._check_call(tensors, None, "convert", module.INPUTS, module._INPUT_SHAPES, module._INPUT_AXES,
+                               module.DIMS, module._CONDITIONS, module._CONVERT_CHECKS)
+        except module.LayoutError as err:
+            shards = sorted({scan.weight_map[name] for name in group.values()})
+            raise LayoutError(f"layer {display(repr(layer))} (shard {', '.join(shards)}): {err}") from None
 
 
 class _Reader:
@@ -284,7 +406,7 @@ def _write_atomically(path: Path, text: str) -> None:
     the process is killed or the disk fills: a temporary file, fsync, rename, fsync of the folder."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with shardfile.create(tmp, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -309,22 +431,65 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def run_identity(spec: CompiledSpec, names: str | Path) -> dict[str, Any]:
-    """What a conversion folder holds: resuming with anything else would mix two layouts."""
-    return {"spec": spec.name, "sha256": spec.sha256, "params": spec.params, "names": str(names),
+def run_identity(spec: CompiledSpec, names: str | Path, names_id: str | None = None) -> dict[str, Any]:
+    """What a conversion folder holds: resuming with anything else would mix two layouts. The name
+    mapping is recorded by content (``names_id`` from :func:`load_names`; read here when not given)."""
+    if names_id is None:
+        names_id = names if names in ("vllm", "gpt-oss") else _names_digest(_names_bytes(Path(names)))
+    return {"spec": spec.name, "sha256": spec.sha256, "params": spec.params, "names": names_id,
             "layoutc_version": __version__}
+
+
+def _open_lock(path: Path, blocking: bool = True):
+    """``path`` opened and flocked, as a file object. Never through a symlink (a link planted in --out
+    would have the lock create or open a file elsewhere). The lock counts only while ``path`` still
+    names the locked file: a successful run removes its lock files (under the lock), so a waiter that
+    got the lock of a removed file opens the new one and locks again. Raises BlockingIOError when
+    ``blocking`` is False and another process holds it."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            if os.path.islink(path):
+                raise LayoutError(f"{display(str(path))} is a symbolic link; layoutc never writes through one "
+                                  f"in --out (remove it)") from None
+            raise
+        f = os.fdopen(fd, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            st = os.fstat(fd)
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+        except BaseException:
+            f.close()
+            raise
+        if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            return f
+        f.close()  # removed (or replaced) while we waited: lock the file the name holds now
 
 
 @contextlib.contextmanager
 def _folder_lock(out_dir: Path):
     """An exclusive lock on ``out_dir`` while the run's identity is checked or written (ranks of one
-    torchrun take it in turn; a second, different run finds the identity of the first)."""
-    with open(out_dir / LOCK, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    torchrun take it in turn; a second, different run finds the identity of the first). The file
+    exists only while someone holds it: removed before it is unlocked (waiters then lock a new one)."""
+    with _open_lock(out_dir / LOCK) as f:
         try:
             yield
         finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(out_dir / LOCK)
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _release_locks(out_dir: Path, rank: int, world: int) -> None:
+    """After a successful run: remove this rank's lock file and the folder's (under the folder lock,
+    still holding the rank's), so a finished conversion holds no ``.layoutc-lock`` files."""
+    with _folder_lock(out_dir):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(out_dir / f"{LOCK}-rank{rank}-of-{world}")
 
 
 _RANK_LOCK = re.compile(re.escape(LOCK) + r"-rank(\d+)-of-(\d+)")
@@ -333,12 +498,15 @@ _RANK_LOCK = re.compile(re.escape(LOCK) + r"-rank(\d+)-of-(\d+)")
 def _rank_lock_held(path: Path) -> bool:
     """Whether a run holds ``path`` (a rank's lock file) now: our own attempt to take it fails."""
     try:
-        with open(path, "a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when f closes
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # never created: removed means free
+    except OSError:
+        return False  # gone meanwhile (or a link, which no run locks): nobody holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
-    except OSError:
-        return False  # gone meanwhile: nobody holds it
+    finally:
+        os.close(fd)  # releases our own lock
     return False
 
 
@@ -368,11 +536,9 @@ def claim_folder(out_dir: Path, identity: Mapping[str, Any], rank: int, world: i
                 f"--out {out_dir} holds a conversion with another {changed} ({held.get('spec')}, parameters "
                 f"{held.get('params')}, names {held.get('names')}); resuming into it would mix two layouts. "
                 f"Use a new --out folder, or delete this one to start over")
-        lock = open(out_dir / f"{LOCK}-rank{rank}-of-{world}", "a+")
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock = _open_lock(out_dir / f"{LOCK}-rank{rank}-of-{world}", blocking=False)
         except BlockingIOError:
-            lock.close()
             raise LayoutError(f"another layoutc convert (rank {rank} of {world}) is writing into {out_dir}; "
                               f"wait for it or use another --out folder") from None
         try:
@@ -415,9 +581,10 @@ def assign_shards(sizes: Mapping[str, int], world: int) -> list[list[str]]:
 def convert_checkpoint(
     spec: CompiledSpec | Sequence[CompiledSpec], in_dir: str | Path, out_dir: str | Path | Sequence[str | Path],
     names: str | Path = "vllm", device: str = "cpu", rank: int = 0, world: int = 1,
-    progress: Callable[[Iterable], Iterable] | None = None, lowering: str = "auto", verify: bool = True,
+    progress: Progress | None = None, lowering: str = "auto", verify: bool = True,
     prefetch: int = PREFETCH, writers: int = WRITERS, profile: shardio.Profile | None = None,
     io_options: Mapping[str, Any] | None = None, hash_threads: int | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Convert the shards this rank owns; returns a summary. See the module docstring.
 
@@ -427,7 +594,10 @@ def convert_checkpoint(
     shard at a time in one thread); ``writers``: shards written at once. ``profile`` collects the
     seconds each stage took; ``io_options`` go to :class:`layoutc.shardio.ShardIO` (chunk size,
     ``staged=True`` to run the CUDA code path's chunk ring on the CPU in tests); ``hash_threads``:
-    threads hashing the input for the stamps (default :data:`layoutc.shardio.HASH_THREADS`)."""
+    threads hashing the input for the stamps (default :data:`layoutc.shardio.HASH_THREADS`).
+    ``progress`` (a :class:`Progress`) hears of this rank's shards and bytes, then of each shard as it
+    is done (converted or found done); ``warn(message)`` gets what the user should know but does
+    not stop the run (default: :func:`warnings.warn`)."""
     specs = [spec] if isinstance(spec, CompiledSpec) else list(spec)
     outs = [out_dir] if isinstance(out_dir, (str, Path)) else list(out_dir)
     if not specs or len(specs) != len(outs):
@@ -445,9 +615,14 @@ def convert_checkpoint(
         raise LayoutError(f"--prefetch must be >= 0 and --writers >= 1 (got {prefetch}, {writers})")
     if hash_threads is not None and hash_threads < 1:
         raise LayoutError(f"--hash-threads must be >= 1 (got {hash_threads})")
-    rules = name_rules(specs[0], names)
-    weight_map = _shard_map(in_dir)
+    rules, names_id = load_names(specs[0], names)
+    scan = _scan(in_dir)  # every header checked before anything is written
+    weight_map = scan.weight_map
     groups = _groups(weight_map, rules, specs[0])  # fails before anything is written when no layer matches
+    for s in specs:
+        _check_layers(s, groups, rules, scan)  # every layer's shapes against the contract, from the headers
+    if scan.unindexed:
+        (warn or _warn)(unindexed_message(scan.unindexed))
     summary = {"converted_layers": 0, "skipped_shards": 0, "written_shards": 0, "verified_layers": 0}
     targets: list[_Target] = []
     locks = []
@@ -458,7 +633,7 @@ def convert_checkpoint(
             # is. A target joins the cleanup list only once its lock is ours: a refused run removes nothing.
             created = not o.exists()
             o.mkdir(parents=True, exist_ok=True)
-            identity = run_identity(s, names)
+            identity = run_identity(s, names, names_id)
             lock, fresh = claim_folder(o, identity, rank, world)
             locks.append(lock)
             targets.append(_Target(s, o, identity, metadata(s), o / DONE, created, fresh))
@@ -477,15 +652,33 @@ def convert_checkpoint(
             sizes = {s: (in_dir / s).stat().st_size for s in sorted(set(weight_map.values()))}
             mine = assign_shards(sizes, world)[rank]
             t0 = time.perf_counter()
+            if progress is not None:
+                progress.start(len(mine), sum(sizes[s] for s in mine))
             if prefetch == 0:
                 run.sequential(mine, progress)
             else:
                 run.pipelined(mine, progress, prefetch, writers)
             prof.add("wall", time.perf_counter() - t0)
+            for t in targets:
+                _release_locks(t.out_dir, rank, world)
     except BaseException:
         _clean_up(targets, summary)
         raise
+    summary["unindexed"] = list(scan.unindexed)
+    summary["names"] = names_id
     return summary
+
+
+def unindexed_message(names: Sequence[str]) -> str:
+    shown = ", ".join(display(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return (f"{len(names)} tensor(s) in the shards are not in {INDEX}: {shown}; copied (loaders read every "
+            f"tensor of a shard) and listed in the written index")
+
+
+def _warn(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, stacklevel=3)
 
 
 def _clean_up(targets: Sequence[_Target], summary: Mapping[str, int]) -> None:
@@ -500,7 +693,7 @@ def _remove_bookkeeping(out_dir: Path, remove_folder: bool) -> None:
     """Remove the files layoutc writes beside the shards (never a file of the user's), and the folder
     when it was created by this run and is empty then."""
     done = out_dir / DONE
-    for p in done.glob("*.json") if done.is_dir() else ():
+    for p in done.glob("*.json") if done.is_dir() and not done.is_symlink() else ():
         with contextlib.suppress(OSError):
             p.unlink()
     for p in [done, *out_dir.glob(f"{LOCK}*"), out_dir / RUN, *out_dir.glob(".*.safetensors.tmp")]:
@@ -594,10 +787,16 @@ class _Run:
         self.summary, self.prof = summary, prof
         self.member = {tensor: (layer, n) for layer, g in groups.items() for n, tensor in g.items()}
         self.reader = _Reader(in_dir, weight_map)
+        self.counts: dict[str, int] = {}
+        for shard in weight_map.values():
+            self.counts[shard] = self.counts.get(shard, 0) + 1
         self.cuda = torch.device(device).type == "cuda"
         self._events: list[tuple[str, Any, Any]] = []
         self.fingerprints: dict[tuple[Path, str], list] = {}  # (folder, shard) -> manifest entries pending
         for t in targets:
+            if t.done_dir.is_symlink():  # the stamps would be written (and cleaned up) in another folder
+                raise LayoutError(f"{display(str(t.done_dir))} is a symbolic link; layoutc keeps its stamps "
+                                  f"inside --out (remove it)")
             t.done_dir.mkdir(exist_ok=True)
 
     # -- shared by both loops -----------------------------------------------------------------
@@ -680,7 +879,7 @@ class _Run:
         # the pool outlives the thread that feeds it (exits run in reverse)
         with device_ctx, shardio.hash_pool(self.hash_threads) as pool, \
                 concurrent.futures.ThreadPoolExecutor(1) as hasher:
-            for shard in (progress(mine) if progress else mine):
+            for shard in mine:
                 source = self.in_dir / shard
                 size = source.stat().st_size
                 todo = list(self.targets)
@@ -690,6 +889,7 @@ class _Run:
                     todo = [t for t in todo if self.stamp_digest(t, shard) != digest]
                     if not todo:
                         self.summary["skipped_shards"] += 1
+                        self.shard_done(progress, shard, size)
                         continue
                 for t in todo:
                     with contextlib.suppress(FileNotFoundError):
@@ -719,7 +919,12 @@ class _Run:
                             tmp.unlink()
                     _fsync_dir(t.out_dir)  # the rename is durable before the stamp says so
                     self.stamp(t, shard, digest.result(), size)
+                self.shard_done(progress, shard, size)
         self._device_times()
+
+    def shard_done(self, progress, shard: str, size: int) -> None:
+        if progress is not None:
+            progress.update(shard, size, self.counts.get(shard, 0))
 
     def stamp(self, target: _Target, shard: str, digest: str, size: int) -> None:
         with self.prof.span("marker"):
@@ -767,15 +972,17 @@ class _Run:
         device_ctx = torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext()
         try:
             with device_ctx:
-                for i, shard in enumerate(progress(mine) if progress else mine):
+                for i, shard in enumerate(mine):
                     with self.prof.span("wait_read"):
                         job = reads.pop(i).result()
                     if i + prefetch < len(mine):
                         reads[i + prefetch] = readers.submit(self.load, io, mine[i + prefetch])
                     if not job.todo:
                         self.summary["skipped_shards"] += 1
+                        self.shard_done(progress, shard, job.size)
                         continue
                     self.convert_job(job, io, write_pool, finisher)
+                    self.shard_done(progress, shard, job.size)
                     del job
             failed = False
         finally:
@@ -865,21 +1072,26 @@ class _Run:
         self.prof.add("written_bytes", 0.0, (t.out_dir / shard).stat().st_size)
 
 
-def finish(spec: CompiledSpec, in_dir: str | Path, out_dir: str | Path, names: str | Path) -> None:
-    """Index and manifest, once every shard is written (rank 0 after the others)."""
+def finish(spec: CompiledSpec, in_dir: str | Path, out_dir: str | Path, names: str | Path,
+           names_id: str | None = None) -> None:
+    """Index and manifest, once every shard is written (rank 0 after the others). ``names_id``: the
+    name mapping's identity the run used (``summary["names"]``); read again from ``names`` when not given."""
     in_dir, out_dir = Path(in_dir).resolve(), Path(out_dir).resolve()
-    weight_map = _shard_map(in_dir)
-    identity = run_identity(spec, names)
+    scan = _scan(in_dir)
+    weight_map = scan.weight_map
+    identity = run_identity(spec, names, names_id)
     missing = [s for s in sorted(set(weight_map.values()))
                if not (out_dir / s).is_file() or (_read_json(out_dir / DONE / f"{s}.json") or {}).get("run") != identity]
     if missing:
         raise LayoutError(f"shards not converted yet: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
-    if (in_dir / INDEX).is_file():
-        index = json.loads((in_dir / INDEX).read_text(encoding="utf-8"))
-        index.setdefault("metadata", {}).update(metadata(spec))
+    if scan.index is not None:
+        index = dict(scan.index)
+        index["metadata"] = dict(index.get("metadata") or {}) | metadata(spec)
+        # every tensor the output shards hold, those the input's index left out too
+        index["weight_map"] = dict(index["weight_map"]) | {n: weight_map[n] for n in scan.unindexed}
         _write_atomically(out_dir / INDEX, json.dumps(index, indent=2))
-    manifest = metadata(spec) | {"names": str(names), "shards": sorted(set(weight_map.values())),
-                                 "source": str(in_dir)}
+    manifest = metadata(spec) | {"names": str(names), "names_id": identity["names"],
+                                 "shards": sorted(set(weight_map.values())), "source": str(in_dir)}
     manifest[trust.TENSORS] = {}  # every converted tensor's fingerprint (layoutc.guard.trust_checkpoint)
     for s in manifest["shards"]:
         manifest[trust.TENSORS].update((_read_json(out_dir / DONE / f"{s}.json") or {}).get(trust.TENSORS, {}))

@@ -24,6 +24,7 @@ import click
 from . import progress
 from ._version import __version__
 from .cli_common import parse_defines as _parse_defines
+from .cli_common import refuse_overwrite, spec_inputs
 from .errors import Diagnostic, SpecError
 from .limits import MAX_PARAM_COMBINATIONS
 from .text import display
@@ -297,6 +298,8 @@ def compile_cmd(spec: Path, output: Path | None, defines: tuple[str, ...]) -> in
     """Compile SPEC into a standalone converter module (torch only)."""
     from .api import compile_file
 
+    if output is not None:
+        refuse_overwrite(output, spec_inputs(spec))
     compiled = compile_file(spec, _parse_defines(defines))
     _print_diagnostics(compiled.warnings, str(spec), compiled.program.source)
     if output is None:
@@ -325,13 +328,20 @@ def demo(spec: Path | None, shape: str, seed: int, device: str, defines: tuple[s
 
 
 def _parse_shape(shape: str) -> dict[str, int]:
+    """``E=8,I=256,H=512``: dims as positive integers (a zero or negative size is a usage error here,
+    not an internal error deep in the converter)."""
     dims = {}
     for item in shape.split(","):
         k, _, v = item.partition("=")
         try:
+            if not k.strip().isidentifier():
+                raise ValueError
             dims[k.strip()] = int(v)
         except ValueError:
-            raise click.BadParameter(f"expected NAME=INT, got {item!r}", param_hint="--shape") from None
+            raise click.BadParameter(f"expected NAME=INT, got {display(item)!r}", param_hint="--shape") from None
+        if dims[k.strip()] <= 0:
+            raise click.BadParameter(f"{k.strip()}={dims[k.strip()]}: a dim must be a positive integer",
+                                     param_hint="--shape")
     return dims
 
 
@@ -340,7 +350,8 @@ def _parse_shape(shape: str) -> dict[str, int]:
 @click.option("--shape", default="E=128,I=2944,H=2944", show_default=True, help="Dims of the synthetic layer.")
 @click.option("--device", default="cpu", show_default=True, callback=_check_device, help="cpu, cuda or cuda:N")
 @click.option("--lowering", default="auto", show_default=True, type=LOWERING, help=LOWERING_HELP)
-@click.option("--reps", default=20, show_default=True, help="Timed repetitions (the median is reported).")
+@click.option("--reps", default=20, show_default=True, type=click.IntRange(1, 100_000),
+              help="Timed repetitions (the median is reported).")
 @click.option("--eager/--no-eager", default=False, help="Also time the eager lowering.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar (none is shown when stderr is not a terminal).")
@@ -429,6 +440,7 @@ def draw(spec: Path, tensor: str | None, graph: bool, output: Path, no_verify: b
 
     if output.suffix.lower() not in (".png", ".svg"):
         raise click.BadParameter("the output must end in .png or .svg", param_hint="-o")
+    refuse_overwrite(output, spec_inputs(spec))
     compiled = compile_file(spec, _parse_defines(defines)) if not no_verify else _compile_unverified(spec, defines)
     if graph:
         draw_graph(compiled, output)
@@ -487,10 +499,11 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
               help="Threads hashing the input for the resume stamps (default: the CPU count, at most 8).")
 @click.option("--profile", "profile_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Write seconds and bytes per stage (read, hash, convert, write, fsync, ...) as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary line: only warnings and errors.")
 @define_option
 def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device: str | None, lowering: str,
                 no_verify: bool, prefetch: int | None, writers: int | None, hash_threads: int | None,
-                profile_path: Path | None, defines: tuple[str, ...]) -> int:
+                profile_path: Path | None, quiet: bool, defines: tuple[str, ...]) -> int:
     """Convert a safetensors checkpoint (single file or sharded) into SPEC's kernel layout.
 
     With -D tp_size=N and no tp_rank, every slice is converted, rank r's into OUT/tp<r>, reading
@@ -507,19 +520,20 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
     from .shardio import Profile
 
     params = _parse_defines(defines)
+    if profile_path is not None and in_dir.resolve() in profile_path.resolve().parents:
+        raise click.BadParameter(f"{display(str(profile_path))} is inside --in; layoutc convert never writes into "
+                                 f"its input", param_hint="--profile")
     spec = compile_file(spec_path, params)
     specs, outs = [spec], [out_dir]
     tp_size = spec.params.get("tp_size", 1)
     if "tp_rank" in spec.params and "tp_rank" not in params and isinstance(tp_size, int) and tp_size > 1:
         specs = [compile_file(spec_path, {**params, "tp_rank": r}) for r in range(tp_size)]
         outs = [out_dir / f"tp{r}" for r in range(tp_size)]
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
+    world, rank, local = _torchrun_env(os.environ)
     dist = None
     if world > 1:
         import torch.distributed as dist
 
-        local = int(os.environ.get("LOCAL_RANK", "0"))
         if (device is None and torch.cuda.is_available()) or device == "cuda":
             if local >= torch.cuda.device_count():
                 raise click.BadParameter(f"local rank {local} has no GPU ({torch.cuda.device_count()} here)",
@@ -530,18 +544,18 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
         dist.init_process_group("nccl" if device is not None and device.startswith("cuda") else "gloo")
     device = device or "cpu"
 
-    def progress(shards):
-        with click.progressbar(shards, label=f"rank {rank}/{world} converting", file=sys.stderr) as bar:
-            yield from bar
+    from .progress import ShardProgress
 
+    bar = ShardProgress(f"rank {rank}/{world} converting" if world > 1 else "converting", enabled=not quiet)
     failure: Exception | None = None
     profile = Profile()
     t0 = time.perf_counter()
     try:
-        summary = convert_checkpoint(specs, in_dir, outs, names, device, rank, world, progress, lowering,
-                                     not no_verify, PREFETCH if prefetch is None else prefetch,
-                                     WRITERS if writers is None else writers, profile,
-                                     hash_threads=hash_threads)
+        with bar:
+            summary = convert_checkpoint(specs, in_dir, outs, names, device, rank, world, bar, lowering,
+                                         not no_verify, PREFETCH if prefetch is None else prefetch,
+                                         WRITERS if writers is None else writers, profile,
+                                         hash_threads=hash_threads, warn=bar.warn)
     except Exception as err:  # noqa: BLE001 -- re-raised below, after the other ranks have heard of it
         failure = err
     seconds = time.perf_counter() - t0
@@ -556,7 +570,7 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
         raise failure
     if rank == 0:
         for s, o in zip(specs, outs):
-            finish(s, in_dir, o, names)
+            finish(s, in_dir, o, names, summary["names"])
     if profile_path is not None:
         stages = profile.as_dict()
         report = {"rank": rank, "world": world, "device": device, "wall_s": round(seconds, 4), "summary": summary,
@@ -564,12 +578,31 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
         if world > 1:
             profile_path = profile_path.with_name(f"{profile_path.stem}.rank{rank}{profile_path.suffix}")
         profile_path.write_text(json.dumps(report, indent=1))
+    if quiet:
+        return 0
     read = profile.bytes.get("read_bytes", 0)
     rate = f", {read / seconds / 1e9:.2f} GB/s read" if read and seconds > 0 else ""
     click.echo(f"rank {rank}: {summary['written_shards']} shard(s) written, {summary['skipped_shards']} already done, "
                f"{summary['converted_layers']} MoE layer(s) converted, {summary['verified_layers']} verified "
                f"({seconds:.1f} s{rate})", err=True)
     return 0
+
+
+def _torchrun_env(env) -> tuple[int, int, int]:
+    """WORLD_SIZE, RANK and LOCAL_RANK as torchrun sets them; anything else is a usage error."""
+    values = {}
+    for key, default, low in (("WORLD_SIZE", "1", 1), ("RANK", "0", 0), ("LOCAL_RANK", "0", 0)):
+        text = env.get(key, default)
+        try:
+            values[key] = int(text)
+        except ValueError:
+            values[key] = None
+        if values[key] is None or values[key] < low:
+            raise click.UsageError(f"the environment variable {key}={display(repr(text))} is not an integer >= {low} "
+                                   f"(torchrun sets it; unset it for a single process)")
+    if values["RANK"] >= values["WORLD_SIZE"]:
+        raise click.UsageError(f"RANK={values['RANK']} is not below WORLD_SIZE={values['WORLD_SIZE']}")
+    return values["WORLD_SIZE"], values["RANK"], values["LOCAL_RANK"]
 
 
 @main.command()

@@ -25,3 +25,53 @@ def parse_defines(defines: tuple[str, ...]) -> dict[str, Any]:
         except ValueError as err:
             raise click.BadParameter(f"{display(name.strip())}: {err}", param_hint="-D") from None
     return out
+
+
+def refuse_overwrite(output, inputs, option: str = "-o") -> None:
+    """A usage error when ``output`` names one of ``inputs`` (the same file by path, link or hard
+    link): a command writes its result beside what it read, never over it."""
+    import os
+    from pathlib import Path
+
+    out = Path(output)
+    for given in inputs:
+        src = Path(given)
+        same = out.resolve() == src.resolve()
+        if not same and out.exists() and src.exists():
+            try:
+                same = os.path.samefile(out, src)
+            except OSError:
+                same = False
+        if same:
+            raise click.BadParameter(f"{display(str(out))} is an input of this command ({display(str(src))}); "
+                                     f"write the output elsewhere", param_hint=option)
+
+
+def spec_inputs(spec_path) -> list:
+    """The spec file and the files it imports (recursively; unreadable or malformed ones are left to
+    the compiler, which reports them)."""
+    from pathlib import Path
+
+    from . import ast
+    from .families import import_path
+    from .parse import parse
+    from .source import read_spec
+
+    seen: list[Path] = []
+    todo = [Path(spec_path)]
+    while todo and len(seen) < 256:
+        path = todo.pop()
+        if any(path.resolve() == p.resolve() for p in seen):
+            continue
+        seen.append(path)
+        try:
+            tree = parse(read_spec(path), str(path))
+        except Exception:  # noqa: BLE001 - the compiler reports a spec that does not parse
+            continue
+        for item in tree.items:
+            if isinstance(item, ast.Import):
+                try:
+                    todo.append(import_path(item.path.value, str(path)))
+                except ValueError:  # refused by the compiler, with its message
+                    continue
+    return seen

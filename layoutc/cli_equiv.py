@@ -13,8 +13,9 @@ from pathlib import Path
 
 import click
 
-from .cli_common import parse_defines
+from .cli_common import parse_defines, refuse_overwrite, spec_inputs
 from .text import display
+from .usercode import CALL_TIMEOUT
 
 EXIT_USAGE = 2
 
@@ -49,6 +50,12 @@ def _shown(report: str) -> str:
     return "\n".join(display(line) for line in report.split("\n"))
 
 
+def _module_file(ref: str) -> list[Path]:
+    """The file of MODULE:FUNCTION when it names one (path/to/file.py:fn), else nothing."""
+    module = ref.rpartition(":")[0]
+    return [Path(module)] if module.endswith(".py") or "/" in module else []
+
+
 def _fail(err: Exception) -> int:
     click.echo(f"error: {display(str(err))}", err=True)
     return EXIT_USAGE
@@ -57,6 +64,10 @@ def _fail(err: Exception) -> int:
 define_option = click.option(
     "-D", "--define", "defines", multiple=True, metavar="NAME=VALUE", help="Set a spec parameter (repeatable)."
 )
+timeout_option = click.option(
+    "--timeout", default=CALL_TIMEOUT, show_default=True, type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Time limit for each call of FUNCTION and for importing its module; past it the run stops (exit 2).")
 
 
 @click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -71,9 +82,10 @@ define_option = click.option(
 @click.option("--draw", "draw_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Write a picture of the differing elements (.png or .svg).")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the verdict and the differences.")
+@timeout_option
 @define_option
 def equiv(spec: Path, against: str, dims: str | None, shapes: int, args: str | None, returns: str | None,
-          variants: str, draw_path: Path | None, quiet: bool, defines: tuple[str, ...]) -> int:
+          variants: str, draw_path: Path | None, quiet: bool, timeout: float, defines: tuple[str, ...]) -> int:
     """Prove SPEC equal to a conversion function, element by element, at several shapes.
 
     FUNCTION takes the spec's input tensors (a dict; --args for positional tensors) and returns its
@@ -83,11 +95,14 @@ def equiv(spec: Path, against: str, dims: str | None, shapes: int, args: str | N
 
     if draw_path is not None and draw_path.suffix.lower() not in (".png", ".svg"):
         raise click.BadParameter("the picture must end in .png or .svg", param_hint="--draw")
+    if draw_path is not None:
+        refuse_overwrite(draw_path, [*spec_inputs(spec), *_module_file(against)], "--draw")
     params = parse_defines(defines)
     progress = None if quiet else (lambda text: click.echo(f"  {text} ...", err=True))
     try:
         result = equivalent(spec, against, _dims(dims), params, shapes=shapes, args=_names(args),
-                            returns=_names(returns), variants=variants, progress=progress)
+                            returns=_names(returns), variants=variants, progress=progress, timeout=timeout,
+                            hard_exit=True)
     except EquivError as err:
         return _fail(err)
     text = _shown(result.report())
@@ -117,9 +132,11 @@ def equiv(spec: Path, against: str, dims: str | None, shapes: int, args: str | N
               help="Write the spec here (default: standard output).")
 @click.option("--shapes", default=4, show_default=True, type=click.IntRange(1, 16), help="Shapes equiv checks the spec at.")
 @click.option("--no-check", is_flag=True, help="Do not prove the written spec equal with equiv.")
+@timeout_option
 @define_option
 def infer(function: str, dims: str, names: str, quant: str | None, rows: str, bias: bool, inputs_path: Path | None,
-          spec_name: str, output: Path | None, shapes: int, no_check: bool, defines: tuple[str, ...]) -> int:
+          spec_name: str, output: Path | None, shapes: int, no_check: bool, timeout: float,
+          defines: tuple[str, ...]) -> int:
     """Recover a conversion function's index maps and write a spec for it.
 
     The function is run on self-describing inputs at a few shapes; each tensor's map is explained as
@@ -132,11 +149,14 @@ def infer(function: str, dims: str, names: str, quant: str | None, rows: str, bi
     from .source import read_spec
 
     params = parse_defines(defines)
+    if output is not None:
+        refuse_overwrite(output, [*_module_file(function), *([inputs_path] if inputs_path else [])])
     contract = read_spec(inputs_path) if inputs_path is not None else None
     try:
         result = run_infer(function, _dims(dims), names=names, quant=quant, rows=rows, bias=bias, inputs=contract,
                            params=params, spec_name=spec_name, check=not no_check, shapes=shapes,
-                           progress=lambda text: click.echo(f"  {text} ...", err=True))
+                           progress=lambda text: click.echo(f"  {text} ...", err=True), timeout=timeout,
+                           hard_exit=True)
     except EquivError as err:
         return _fail(err)
     if output is None:

@@ -59,6 +59,7 @@ import attrs
 import torch
 
 from . import expr as ex
+from . import usercode
 from .compiler import Chain, Step, Variant
 from .dtypes import ElemType, bit_view, torch_dtype_name
 from .indexmap import IndexMap, bytes_to_bits, compose_all, concrete_shape, drop_bit_axis, identity, lift_to_bits
@@ -97,6 +98,8 @@ class Target:
     name: str
     args: tuple[str, ...] | None = None
     returns: tuple[str, ...] | None = None
+    timeout: float | None = usercode.CALL_TIMEOUT  # seconds per call (:mod:`layoutc.usercode`)
+    hard_exit: bool = False  # end the process when a call cannot be interrupted (the CLI)
 
     def wants_params(self) -> bool:
         try:
@@ -106,18 +109,32 @@ class Target:
 
     def call(self, tensors: dict[str, torch.Tensor], params: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
         kwargs = {"params": dict(params)} if self.wants_params() else {}
-        try:
-            if self.args is not None:  # an optional input that is absent is passed as None
-                result = self.fn(*[tensors.get(a) for a in self.args], **kwargs)
-            else:
-                result = self.fn(tensors, **kwargs)
-        except EquivError:
-            raise
-        except Exception as err:  # noqa: BLE001 - the user's function: report, do not crash
-            raise FunctionFailed(f"{self.name} raised {type(err).__name__}: {_short(str(err))} ({where})") from err
-        return self._outputs(result, tensors, where)
+        in_bytes = sum(t.numel() * t.element_size() for t in tensors.values() if isinstance(t, torch.Tensor))
 
-    def _outputs(self, result, tensors, where) -> dict[str, torch.Tensor]:
+        def run():
+            try:
+                if self.args is not None:  # an optional input that is absent is passed as None
+                    result = self.fn(*[tensors.get(a) for a in self.args], **kwargs)
+                else:
+                    result = self.fn(tensors, **kwargs)
+            except EquivError:
+                raise
+            except Exception as err:  # noqa: BLE001 - the user's function: report, do not crash
+                raise FunctionFailed(f"{self.name} raised {type(err).__name__}: {_short(str(err))} ({where})") from err
+            try:  # reading the result runs the user's code too (a Mapping's items, a tensor subclass)
+                return self._outputs(result, tensors, where, in_bytes)
+            except EquivError:
+                raise
+            except Exception as err:  # noqa: BLE001
+                raise EquivError(f"{self.name} returned something equiv cannot read ({where}): "
+                                 f"{type(err).__name__}: {_short(str(err))}") from None
+
+        try:
+            return usercode.run(run, f"{self.name} ({where})", self.timeout, self.hard_exit)
+        except usercode.Aborted as err:
+            raise FunctionAborted(str(err)) from None
+
+    def _outputs(self, result, tensors, where, in_bytes: int = 0) -> dict[str, torch.Tensor]:
         if result is None:
             if self.args is not None:
                 raise EquivError(f"{self.name} returned None ({where}); with --args it must return its tensors")
@@ -139,14 +156,45 @@ class Target:
             if v is None:
                 continue
             if not isinstance(k, str) or not isinstance(v, torch.Tensor):
-                raise EquivError(f"{self.name} returned {{{k!r}: {type(v).__name__}}} ({where}); "
+                raise EquivError(f"{self.name} returned {{{_short(repr(k), 60)}: {type(v).__name__}}} ({where}); "
                                  f"expected tensor values under names")
+            _check_usable(self.name, k, v, where, in_bytes)
             out[k] = v.detach().to("cpu").contiguous()
         return out
 
 
+#: the most bytes an output may have, as a multiple of the inputs' bytes (a dequantizing conversion
+#: widens fp4 to float32, 8x; padding to a block of a small test shape adds more), and at least
+OUTPUT_FACTOR = 64
+OUTPUT_FLOOR = 256 << 20
+
+
+def _check_usable(fn: str, name: str, v: torch.Tensor, where: str, in_bytes: int) -> None:
+    """A returned tensor equiv can read, bit for bit, without exhausting memory: a plain strided tensor
+    with values (not meta, sparse, nested or quantized; not a subclass), of a size a conversion of the
+    inputs can have (an expanded view of 1 TiB would be materialized by ``.contiguous()``)."""
+    what = f"{fn} returned {_short(repr(name), 60)}"
+    if type(v) not in (torch.Tensor, torch.nn.Parameter):
+        raise EquivError(f"{what} as a {type(v).__name__} (a tensor subclass) ({where}); return plain tensors")
+    if v.is_meta:
+        raise EquivError(f"{what} as a meta tensor ({where}): it has a shape but no values to compare")
+    if v.layout != torch.strided or v.is_nested or v.is_quantized:
+        raise EquivError(f"{what} with layout {v.layout}{', nested' if v.is_nested else ''}"
+                         f"{', quantized' if v.is_quantized else ''} ({where}); return dense (strided) tensors")
+    nbytes = v.numel() * v.element_size()
+    limit = max(OUTPUT_FLOOR, OUTPUT_FACTOR * in_bytes)
+    if nbytes > limit:
+        raise EquivError(f"{what} as {v.dtype}{list(v.shape)}, {nbytes / 2**30:.3g} GiB once materialized, from "
+                         f"{in_bytes} bytes of inputs ({where}); a layout conversion returns about its inputs' size "
+                         f"(at most {limit >> 20} MiB here)")
+
+
 class FunctionFailed(EquivError):
     """The function raised."""
+
+
+class FunctionAborted(EquivError):
+    """The function (or the import of its module) exited or ran out of time: the run stops here."""
 
 
 def _short(text: str, limit: int = 300) -> str:
@@ -154,7 +202,8 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def load_function(ref: str) -> tuple[Callable[..., Any], str]:
+def load_function(ref: str, timeout: float | None = usercode.CALL_TIMEOUT,
+                  hard_exit: bool = False) -> tuple[Callable[..., Any], str]:
     """``package.module:function`` or ``path/to/file.py:function`` (``obj.attr`` paths allowed after the
     colon). The current directory is searched first, as ``python -m`` does. Runs the module's code."""
     module_name, sep, attr = ref.rpartition(":")
@@ -171,14 +220,17 @@ def load_function(ref: str) -> tuple[Callable[..., Any], str]:
                 raise EquivError(f"{module_name}: cannot be imported as a Python module")
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
+            usercode.run(lambda: spec.loader.exec_module(module), f"importing {module_name}", timeout, hard_exit)
         else:
             cwd = str(Path.cwd())
             if cwd not in sys.path:
                 sys.path.insert(0, cwd)
-            module = importlib.import_module(module_name)
+            module = usercode.run(lambda: importlib.import_module(module_name), f"importing {module_name}",
+                                  timeout, hard_exit)
     except EquivError:
         raise
+    except usercode.Aborted as err:
+        raise FunctionAborted(str(err)) from None
     except ModuleNotFoundError as err:
         raise EquivError(f"cannot import {module_name}: {err}") from None
     except Exception as err:  # noqa: BLE001 - the user's module code ran and failed
@@ -197,17 +249,20 @@ def load_function(ref: str) -> tuple[Callable[..., Any], str]:
     return obj, ref
 
 
-def as_target(fn: Callable[..., Any] | str | Target, args=None, returns=None) -> Target:
+def as_target(fn: Callable[..., Any] | str | Target, args=None, returns=None,
+              timeout: float | None = usercode.CALL_TIMEOUT, hard_exit: bool = False) -> Target:
+    """``timeout``: seconds per call of the function and for the import of its module (None: no
+    limit); ``hard_exit``: end the process when the code cannot be interrupted (:mod:`layoutc.usercode`)."""
     if isinstance(fn, Target):
         return fn
     if isinstance(fn, str):
-        fn, name = load_function(fn)
+        fn, name = load_function(fn, timeout, hard_exit)
     else:
         name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
         module = getattr(fn, "__module__", None)
         if module and module != "__main__" and "<lambda>" not in name:
             name = f"{module}:{name}"
-    return Target(fn, name, tuple(args) if args else None, tuple(returns) if returns else None)
+    return Target(fn, name, tuple(args) if args else None, tuple(returns) if returns else None, timeout, hard_exit)
 
 
 # ---------------------------------------------------------------------------
@@ -1326,14 +1381,16 @@ def _threads(n: int | None):
 def equivalent(spec, fn, dims: Mapping[str, int] | None = None, params: Mapping[str, Any] | None = None,
                shapes: int = 4, args: Sequence[str] | None = None, returns: Sequence[str] | None = None,
                variants: str = "all", stop_at_first: bool = True, threads: int | None = 1,
-               progress: Callable[[str], None] | None = None) -> Result:
+               progress: Callable[[str], None] | None = None, timeout: float | None = usercode.CALL_TIMEOUT,
+               hard_exit: bool = False) -> Result:
     """Compare ``spec`` (a CompiledSpec, a path to a .lyt file, or spec text) with the conversion
     function ``fn`` (a callable, ``"module:function"`` or a :class:`Target`) at ``shapes`` shapes
     sampled around ``dims``, for every combination of optional inputs (``variants="all"``; ``"full"``:
-    only with every optional input present)."""
+    only with every optional input present). ``timeout``: seconds per call of the function (exiting or
+    running out of time is an :class:`EquivError`, never a verdict)."""
     start = time.perf_counter()
     compiled = load_spec(spec, params)
-    target = as_target(fn, args, returns)
+    target = as_target(fn, args, returns, timeout, hard_exit)
     for what, names, known in (("--args", target.args, compiled.input_names),
                                ("--returns", target.returns, compiled.output_names)):
         unknown = [n for n in names or () if n not in known]

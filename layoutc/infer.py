@@ -43,11 +43,12 @@ import torch
 
 from . import expr as ex
 from .dtypes import ELEMENT_TYPES, ElemType, torch_dtype_name
-from .equiv import (UNEXPLAINED, EquivError, FunctionFailed, Plan, Result, Target, _threads, as_target, equivalent,
-                    observe)
+from .equiv import (UNEXPLAINED, EquivError, FunctionAborted, FunctionFailed, Plan, Result, Target, _threads, as_target,
+                    equivalent, observe)
 from .indexmap import compose_all, concrete_shape, drop_bit_axis, lift_to_bits, source_indices
 from .ops import REGISTRY, TensorType
 from .text import char_name, comment, display, forbidden
+from .usercode import CALL_TIMEOUT
 
 # ---------------------------------------------------------------------------
 # the checkpoint contract
@@ -932,11 +933,12 @@ class Inferred:
 def infer(fn: Callable[..., Any] | str | Target, dims: Mapping[str, int], names: str | None = "vllm",
           quant: str | None = None, rows: str = "contiguous", bias: bool = False, inputs: str | None = None,
           params: Mapping[str, Any] | None = None, spec_name: str = "inferred", check: bool = True,
-          shapes: int = 4, progress: Callable[[str], None] | None = None, threads: int | None = 1) -> Inferred:
+          shapes: int = 4, progress: Callable[[str], None] | None = None, threads: int | None = 1,
+          timeout: float | None = CALL_TIMEOUT, hard_exit: bool = False) -> Inferred:
     """Infer a spec for ``fn`` (see the module docstring). ``inputs``: the checkpoint contract as spec
     lines (``dims``, ``assume``, ``input`` ...); else ``names="vllm"`` with ``quant``/``rows``/``bias``.
     ``params`` are passed to the function (a ``params`` parameter) and written into the spec."""
-    target = as_target(fn)
+    target = as_target(fn, timeout=timeout, hard_exit=hard_exit)
     params = dict(params or {})
     # Both are written into the spec text: a name or value that is not one token could add statements.
     _check_name("spec name", spec_name)
@@ -1047,6 +1049,8 @@ def _choose_contract(target, dims, names, quant, rows, bias, inputs, params, say
             continue
         try:
             out = target.call(_zeros(program, env), params, f"with --quant {q}")
+        except FunctionAborted:
+            raise  # it exited or hung: no other format will tell more
         except (FunctionFailed, EquivError):
             continue
         if {t.name for t in program.inputs if not t.optional} <= set(out):

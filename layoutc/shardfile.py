@@ -51,9 +51,23 @@ def _raw(t: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
 
 
+def create(path: str | Path, mode: str = "wb"):
+    """A new, empty file at ``path`` (a temporary file that is then renamed into place): whatever the
+    name held is removed first and the file is created exclusively, never opened through a symlink
+    someone left there (``open(path, "w")`` would follow it and overwrite its target)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        raise IsADirectoryError(21, "a folder is in the way of a temporary file", str(path)) from None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+
+
 def write(path: str | Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> None:
     """Write ``tensors`` (CPU) to ``path`` and fsync it; the caller renames it into place."""
-    with open(path, "wb") as f:
+    with create(path) as f:
         f.write(header(tensors, metadata))
         for name in sorted(tensors):
             t = tensors[name].detach().cpu().contiguous()

@@ -225,18 +225,24 @@ def parse_header(raw: bytes, size: int, path: Path) -> tuple[list[tuple[str, tor
     and the data size. Raises :class:`Fallback` for what safetensors should judge."""
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise Fallback("header") from None
     if not isinstance(header, dict):
         raise Fallback("header")
     entries = []
     for name, info in header.items():
         if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise Fallback(name)  # safetensors refuses it, with its message
             continue
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: it could never be written back
+            raise Fallback(name) from None
         if not isinstance(info, dict) or info.get("dtype") not in TORCH_DTYPES:
             raise Fallback(name)
         shape, offsets = info.get("shape"), info.get("data_offsets")
-        if (not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape)
+        if (not isinstance(shape, list) or not all(type(s) is int and 0 <= s < 1 << 63 for s in shape)
                 or not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)):
             raise Fallback(name)
         dtype = TORCH_DTYPES[info["dtype"]]
@@ -444,7 +450,7 @@ class ShardIO:
         prof = self.profile
         head = shardfile.header(tensors, metadata)
         total = len(head)
-        with open(path, "wb") as f:
+        with shardfile.create(path) as f:
             with prof.span("write", len(head)):
                 f.write(head)
             if not self.staged:

@@ -79,7 +79,8 @@ def test_converts_every_layer_copies_the_rest_and_records_provenance(tmp_path, b
     before = folder_digest(tmp_path / "in")
     summary = convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
     finish(bf16, tmp_path / "in", tmp_path / "out", "vllm")
-    assert summary == {"converted_layers": 4, "skipped_shards": 0, "written_shards": 2, "verified_layers": 2}
+    assert summary == {"converted_layers": 4, "skipped_shards": 0, "written_shards": 2, "verified_layers": 2,
+                       "unindexed": [], "names": "vllm"}
     assert folder_digest(tmp_path / "in") == before  # the input is never touched
     out = load_all(tmp_path / "out")
     assert set(out) == set(source)
@@ -310,14 +311,29 @@ def test_torchrun_ranks_convert_disjoint_shards(tmp_path, bf16):
 @pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_torchrun_a_failing_rank_does_not_hang_the_others(tmp_path, bf16):
     make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
-    (tmp_path / "in" / "model-00002-of-00002.safetensors").write_bytes(b"not a safetensors file")  # rank 1's shard
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-         "-m", "layoutc.cli", "convert", "--spec", str(SPECS / "flashinfer_cutlass_bf16.lyt"),
-         "--in", str(tmp_path / "in"), "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300,
-    )
+
+    def torchrun():
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+             "-m", "layoutc.cli", "convert", "--spec", str(SPECS / "flashinfer_cutlass_bf16.lyt"),
+             "--in", str(tmp_path / "in"), "--out", str(tmp_path / "out")],
+            capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300,
+        )
+
+    # Only rank 1 fails, while writing its shard: a folder where its temporary file goes.
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ".model-00002-of-00002.safetensors.tmp").mkdir()
+    proc = torchrun()
     assert proc.returncode != 0
     assert "1 other rank(s) failed" in proc.stderr  # rank 0 finished its shard, then learned of rank 1
-    assert "model-00002-of-00002.safetensors: cannot read" in proc.stderr and "internal error" not in proc.stderr
+    assert "model-00002-of-00002.safetensors" in proc.stderr and "internal error" not in proc.stderr
     assert not (tmp_path / "out" / MANIFEST).exists()  # no index or manifest for an incomplete conversion
+    # A malformed shard is found by every rank from the headers, before any shard is converted.
+    (tmp_path / "out" / ".model-00002-of-00002.safetensors.tmp").rmdir()
+    (tmp_path / "in" / "model-00002-of-00002.safetensors").write_bytes(b"not a safetensors file")
+    for p in (tmp_path / "out").glob("*.safetensors"):
+        p.unlink()
+    proc = torchrun()
+    assert proc.returncode != 0 and "internal error" not in proc.stderr
+    assert "model-00002-of-00002.safetensors: not a safetensors file" in proc.stderr
+    assert not list((tmp_path / "out").glob("*.safetensors")) and not (tmp_path / "out" / MANIFEST).exists()

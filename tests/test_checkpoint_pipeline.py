@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import layoutc
+from layoutc import checkpoint
 from layoutc import shardfile, shardio
 from layoutc.checkpoint import DONE, INDEX, assign_shards, convert_checkpoint, finish
 from layoutc.synthckpt import write_checkpoint
@@ -218,17 +219,26 @@ def test_a_truncated_shard_is_a_clear_error(tmp_path, bf16):
     victim.write_bytes(victim.read_bytes()[:-100])
     result = _watchdog(lambda: convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out", prefetch=2))
     assert isinstance(result.get("error"), layoutc.LayoutError), result
-    assert "model-00002-of-00002.safetensors: cannot read" in str(result["error"])
+    assert "model-00002-of-00002.safetensors: not a valid safetensors file" in str(result["error"])
+    assert "the file is truncated" in str(result["error"])
+    assert not (tmp_path / "out").exists()  # found before any shard was converted
     victim.write_bytes(b"not a safetensors file")
     result = _watchdog(lambda: convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out", prefetch=2))
-    assert "model-00002-of-00002.safetensors: cannot read" in str(result["error"])
+    assert "model-00002-of-00002.safetensors: not a safetensors file" in str(result["error"])
 
 
-def test_a_conversion_error_names_layer_and_shard_and_keeps_finished_shards(tmp_path, bf16):
+def test_a_conversion_error_names_layer_and_shard_and_keeps_finished_shards(tmp_path, bf16, monkeypatch):
     source = make_checkpoint(tmp_path / "in", bf16, layers=3, shards=3, index=True)
     bad = {k: v for k, v in source.items() if k.startswith("model.layers.2.")}
     bad["model.layers.2.mlp.experts.w2_weight_scale"] = torch.zeros(2, 256, 3, dtype=torch.uint8)
     save_file(bad, str(tmp_path / "in" / "model-00003-of-00003.safetensors"))
+    # The shapes are checked from the headers first: nothing is converted.
+    result = _watchdog(lambda: convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out", prefetch=2, writers=2))
+    err = result.get("error")
+    assert isinstance(err, layoutc.LayoutError) and "layer 'model.layers.2.mlp.experts' (shard model-00003" in str(err)
+    assert not (tmp_path / "out").exists()
+    # An error only the conversion finds (here: the header check skipped) stops the pipeline mid-run.
+    monkeypatch.setattr(checkpoint, "_check_layers", lambda *a: None)
     result = _watchdog(lambda: convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out", prefetch=2, writers=2))
     err = result.get("error")
     assert isinstance(err, layoutc.LayoutError) and "layer 'model.layers.2.mlp.experts' (shard model-00003" in str(err)
