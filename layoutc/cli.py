@@ -369,24 +369,28 @@ def explain(spec: Path, fmt: str, tensor: str | None, defines: tuple[str, ...]) 
 @define_option
 def diff_cmd(paths: tuple[str, ...], revs: tuple[str, str] | None, fmt: str, defines: tuple[str, ...]) -> int:
     """Semantic diff: OLD.lyt NEW.lyt, or --git REV1 REV2 FILE. Exit 0: no layout change, 1: layouts differ."""
-    from .diff import as_json, as_markdown, as_text, diff, load_pair
+    from .api import compile_source
+    from .diff import as_json, as_markdown, as_text, diff
     from .gitrepo import text_at
+    from .shipped import locate, unknown
     from .source import read_spec
 
+    params = _parse_defines(defines)
     if revs:
         if len(paths) != 1:
             raise click.UsageError("with --git give exactly one spec file")
-        old_text, new_text = text_at(revs[0], paths[0]), text_at(revs[1], paths[0])
-        old_name, new_name = f"{paths[0]}@{revs[0]}", f"{paths[0]}@{revs[1]}"
+        # each side entirely from its own revision: the spec and every file it imports
+        sides = [text_at(rev, paths[0]) for rev in revs]
     else:
         if len(paths) != 2:
             raise click.UsageError("give OLD.lyt NEW.lyt (or --git REV1 REV2 FILE)")
+        sides = []
         for p in paths:
-            if not Path(p).is_file():
-                raise click.BadParameter(f"no such file: {p}")
-        old_text, new_text = (read_spec(p) for p in paths)
-        old_name, new_name = paths
-    old, new = load_pair(old_text, old_name, new_text, new_name, _parse_defines(defines))
+            path = locate(p)  # a file, or a shipped spec's name
+            if not path.is_file():
+                raise click.BadParameter(f"{display(p)!r}: {unknown(p)}")
+            sides.append((read_spec(path), None, str(path)))
+    old, new = (compile_source(text, name, params, verify_spec=False, tree=tree) for text, tree, name in sides)
     result = diff(old, new)
     click.echo({"json": as_json, "markdown": as_markdown}.get(fmt, as_text)(result), nl=False)
     return 1 if result.changed else 0
@@ -433,16 +437,20 @@ def _compile_unverified(spec: Path, defines: tuple[str, ...]):
 def review(rev_range: str, output: Path | None, images: Path) -> int:
     """A Markdown report for a pull request: diff, explain and pictures of every changed spec."""
     from .review import review as run_review
+    from .review import safe_folder, write_file
 
     try:
+        if output is not None:
+            safe_folder(output.parent)  # before any work: no report through a committed symlink
         text, ok = run_review(rev_range, images, report_dir=output.parent if output else None)
-    except ValueError as err:  # not a git clone, a revision git does not know: one line, not the usage text
+        if output is not None:
+            write_file(output, text.encode("utf-8"))
+    except ValueError as err:  # not a git clone, a bad revision, a symlink where output goes: one line
         click.echo(f"error: {display(str(err))}", err=True)
         sys.exit(EXIT_SPEC_ERROR)
     if output is None:
         click.echo(text, nl=False)
     else:
-        output.write_text(text)
         click.echo(f"wrote {output}", err=True)
     return 0 if ok else EXIT_SPEC_ERROR
 
