@@ -22,6 +22,7 @@ from typing import Any, Callable
 import click
 
 from ._version import __version__
+from .cli_common import SpecFile
 from .cli_common import parse_defines as _parse_defines
 from .errors import Diagnostic, SpecError
 from .limits import MAX_PARAM_COMBINATIONS
@@ -129,27 +130,6 @@ def _check_device(ctx, param, value: str | None) -> str | None:
     return value
 
 
-class SpecFile(click.ParamType):
-    """A spec file, or the name of a shipped spec (``flashinfer_cutlass_bf16``) when no such file exists."""
-
-    name = "spec"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, Path):
-            return value
-        path = Path(value)
-        if path.is_file():
-            return path
-        from .shipped import find, names
-
-        shipped = find(value) if not path.exists() else None
-        if shipped is not None:
-            return shipped
-        what = "is a folder" if path.is_dir() else "no such file"
-        self.fail(f"{display(value)!r}: {what}, and no shipped spec has that name (shipped: {', '.join(names())})",
-                  param, ctx)
-
-
 SPEC = SpecFile()
 
 
@@ -216,11 +196,15 @@ def _param_domains(spec_path: Path, fixed: dict[str, Any]) -> list[dict[str, Any
 
 @command()
 @click.argument("specs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--affected", is_flag=True,
+              help="SPECS are changed files of any kind (a pre-commit hook's list): check every .lyt spec in the "
+                   "repository that reads one of them (itself, through an import or a symlink).")
 @define_option
 @click.option("--quiet", "-q", is_flag=True, help="Print only problems.")
 @click.option("--probe", is_flag=True, help="Also verify dynamically: run the converter on self-describing inputs.")
 @click.option("--strict", is_flag=True, help="Fail on coverage warnings: guarantees the spec leaves unchecked.")
-def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe: bool, strict: bool) -> int:
+def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe: bool, strict: bool,
+          affected: bool) -> int:
     """Parse and verify SPECS; every parameter combination unless fixed with -D.
 
     Warnings say which guarantees the spec leaves unchecked (a scale with no tie, a gated weight
@@ -231,18 +215,28 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
     from .coverage import strict as as_errors
     from .probe import probe as run_probe
 
+    from .families import check_file, is_family_file
+    from .parse import parse
+    from .shipped import locate, unknown
+    from .source import read_spec
+
     fixed = _parse_defines(defines)
     failed = 0
-    from .shipped import find
-
-    for path in specs:
-        if not path.is_file() and not path.exists() and find(str(path)) is not None:
-            path = find(str(path))  # a shipped spec's name
+    if affected:
+        specs = _affected_specs(specs)
+    for given in specs:
+        path = locate(given)  # a file, or a shipped spec's name
         if not path.is_file():
-            click.echo(f"{display(str(path))}: error: {'is a folder' if path.is_dir() else 'no such file'}", err=True)
+            click.echo(f"{display(str(given))}: error: {unknown(given)}", err=True)
             failed += 1
             continue
         try:
+            tree = parse(read_spec(path), str(path))
+            if is_family_file(tree):  # a file a spec imports: its definitions, checked on their own
+                found = check_file(tree)
+                if not quiet:
+                    click.echo(f"{path}: ok: families {', '.join(f.name for f in found)}")
+                continue
             combos = _param_domains(path, fixed)
             for params in combos:
                 shown = ", ".join(f"{k}={v}" for k, v in params.items())
@@ -269,6 +263,31 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
         click.echo(f"{failed} spec{'s' if failed != 1 else ''} failed", err=True)
         return EXIT_SPEC_ERROR
     return 0
+
+
+def _affected_specs(changed: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The ``.lyt`` specs of this repository (git's index, else the current folder) that read one of
+    ``changed``: the file itself, a link on the way, or a file it imports. A family file named
+    ``families.txt`` behind ``fam.lyt -> families.txt`` has no ``.lyt`` name for a hook to match."""
+    from .gitrepo import run_git, toplevel
+    from .tree import file_dependencies, located
+
+    try:
+        top = toplevel(Path("."))
+        listed = run_git("ls-files", "-z", cwd=top).stdout.decode("utf-8", "surrogateescape").split("\0")
+        candidates = [top / p for p in listed if p.endswith(".lyt")]
+    except ValueError:
+        candidates = sorted(Path(".").rglob("*.lyt"))
+    touched = set().union(*(located(p) for p in changed)) if changed else set()
+    out = [p for p in changed if p.name.endswith(".lyt") and p.exists()]
+    mine = set().union(*(located(p) for p in out)) if out else set()
+    for spec in candidates:
+        if located(spec) & mine:
+            continue
+        deps, complete = file_dependencies(spec)
+        if deps & touched or not complete:  # an import that is gone is an error to report too
+            out.append(spec)
+    return tuple(out)
 
 
 @command(name="compile")

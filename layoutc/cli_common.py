@@ -3,6 +3,7 @@ half of the command line, which would be an import cycle)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -25,3 +26,18 @@ def parse_defines(defines: tuple[str, ...]) -> dict[str, Any]:
         except ValueError as err:
             raise click.BadParameter(f"{display(name.strip())}: {err}", param_hint="-D") from None
     return out
+
+
+class SpecFile(click.ParamType):
+    """A spec argument: a file, or the name of a shipped spec (``flashinfer_cutlass_bf16``), by the one
+    rule every command and the API follow (:func:`layoutc.shipped.locate`)."""
+
+    name = "spec"
+
+    def convert(self, value, param, ctx):
+        from .shipped import locate, unknown
+
+        path = locate(value)
+        if path.is_file():
+            return path
+        self.fail(f"{display(str(value))!r}: {unknown(value)}", param, ctx)

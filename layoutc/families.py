@@ -167,3 +167,21 @@ def load_import(path: str, tree) -> tuple[tuple[Family, ...], str]:
 
     loaded = tree.read(path)
     return _load(loaded.name, loaded.text), sha256(loaded.text)
+
+
+def is_family_file(spec: ast.Spec) -> bool:
+    """A file that only defines families (one a spec imports), rather than a spec."""
+    return bool(spec.items) and all(isinstance(i, ast.FamilyDef) for i in spec.items)
+
+
+def check_file(spec: ast.Spec) -> list[Family]:
+    """The families of a file of families, checked on their own: their shape (roles, parameters,
+    axis names) and that no name is taken by the prelude, as a spec importing the file would find.
+    Raises :class:`SpecError`."""
+    found = families_of(spec)
+    builtin = {f.name for f in prelude()}
+    clashes = [Diagnostic("error", f"family {f.name} is already defined (layoutc's prelude)", f.pos,
+                          "give this one another name") for f in found if f.name in builtin]
+    if clashes:
+        raise SpecError(clashes, spec.filename, spec.source)
+    return found

@@ -14,6 +14,7 @@ changed file touches. Problems are ``ValueError`` with the reason.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path, PurePosixPath
 
 import attrs
@@ -122,3 +123,56 @@ def resolve_path(snap, path: str) -> tuple[str, tuple[str, ...]]:
             continue
         done.append(part)
     return "/".join(done), tuple(seen)
+
+
+def _where(path: Path) -> str:
+    """A path as its folder's real location plus its own name (the name itself may be a link)."""
+    path = Path(os.path.abspath(path))
+    return str(Path(os.path.realpath(path.parent)) / path.name)
+
+
+def _link_chain(path: Path) -> tuple[set[str], bool]:
+    """Every location on the way from ``path`` to the file it names (each link, then the file), and
+    whether a file is reached."""
+    seen = set()
+    for _ in range(MAX_LINKS + 1):
+        seen.add(_where(path))
+        if not path.is_symlink():
+            seen.add(os.path.realpath(path))
+            return seen, path.is_file()
+        path = Path(os.path.abspath(path)).parent / os.readlink(path)
+    return seen, False
+
+
+def file_dependencies(spec: Path) -> tuple[set[str], bool]:
+    """(every location spec file ``spec`` reads: its links and file, and those of its imports; whether
+    all of them were found). Locations are absolute, the folders resolved, as :func:`located` gives."""
+    from . import ast as spec_ast
+    from .errors import SpecError
+    from .parse import parse
+    from .source import read_spec
+
+    deps, complete = _link_chain(spec)
+    if not complete:
+        return deps, False
+    try:
+        items = parse(read_spec(spec), str(spec)).items
+    except SpecError:
+        return deps, complete
+    base = FileTree.beside(str(spec)).base
+    for item in items:
+        if isinstance(item, spec_ast.Import):
+            try:
+                rel = check_import(item.path.value)
+            except ValueError:
+                complete = False
+                continue
+            found, ok = _link_chain(base / rel)
+            deps |= found
+            complete &= ok
+    return deps, complete
+
+
+def located(path: Path) -> set[str]:
+    """The locations a changed file stands for, to compare with :func:`file_dependencies`."""
+    return {_where(path), os.path.realpath(path)}
