@@ -459,8 +459,10 @@ def review(rev_range: str, output: Path | None, images: Path) -> int:
     from .review import safe_folder, write_file
 
     try:
-        if output is not None:
-            safe_folder(output.parent)  # before any work: no report through a committed symlink
+        if output is not None:  # before any work: no report through a committed symlink
+            safe_folder(output.parent)
+            if output.is_symlink():
+                raise ValueError(f"{output} is a symlink; review does not write through links (delete it)")
         text, ok = run_review(rev_range, images, report_dir=output.parent if output else None)
         if output is not None:
             write_file(output, text.encode("utf-8"))
