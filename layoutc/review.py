@@ -70,7 +70,10 @@ def _imports(text: str, name: str) -> list[str]:
 def dependencies(snap: Snapshot, path: str) -> set[str]:
     """Every repository path spec ``path`` reads at this commit: its links and file, and those of its
     imports."""
-    found = spec_at(snap, path)
+    try:
+        found = spec_at(snap, path)
+    except SpecError:  # not UTF-8, too large: reviewed (and reported) only when it changed itself
+        return set()
     if found is None:
         return set()
     text, resolved, seen = found
@@ -210,7 +213,10 @@ def _side(snap: Snapshot, path: str | None, params=None, verify_spec=False) -> t
 def _review_one(item: Item, base: Snapshot, head: Snapshot, scratch: Path, images: Path, link, draw_graph,
                 draw_layout) -> tuple[list[str], bool]:
     lines: list[str] = []
-    found = spec_at(head, item.path)
+    try:
+        found = spec_at(head, item.path)
+    except SpecError as err:
+        return ["The new version cannot be read:", "", md_block(err.render()), ""], False
     if found is None:
         return ["The new version is not a file (a symlink that leaves the repository, or a loop).", ""], False
     family = _family_file(found[0], item.path)

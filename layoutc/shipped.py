@@ -49,5 +49,7 @@ def locate(spec: str | Path) -> Path:
 def unknown(spec: str | Path) -> str:
     """Why ``spec`` names no spec, for a message: no such file (or a folder), and no shipped spec of that name."""
     path = Path(spec)
+    if path.is_symlink():
+        return "a symlink that leads to no file (a loop, or its target is missing)"
     what = "is a folder" if path.is_dir() else "no such file"
     return f"{what}, and no shipped spec has that name (shipped: {', '.join(names())})"
