@@ -19,6 +19,7 @@ from pathlib import Path
 import attrs
 
 from .errors import Diagnostic, SpecError
+from .limits import MAX_SOURCE_BYTES
 from .source import decode
 from .text import display
 
@@ -57,17 +58,19 @@ class Snapshot:
 
     def __init__(self, top: Path, commit: str):
         self.top, self.commit = top, commit
-        out = run_git("ls-tree", "-r", "-z", "--full-tree", commit, cwd=top)
+        out = run_git("ls-tree", "-r", "-z", "-l", "--full-tree", commit, cwd=top)
         if out.returncode != 0:
             raise ValueError(git_error(out))
         self.entries: dict[str, tuple[str, str]] = {}
+        self.sizes: dict[str, int] = {}
         self.dirs: set[str] = set()
         for record in out.stdout.split(b"\0"):
             if record:
                 meta, _, name = record.partition(b"\t")
-                mode, _kind, oid = meta.decode("ascii").split()
+                mode, _kind, oid, size = meta.decode("ascii").split()
                 path = name.decode("utf-8", "surrogateescape")
                 self.entries[path] = (mode, oid)
+                self.sizes[oid] = int(size) if size.isdigit() else 0
                 parts = path.split("/")
                 self.dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
         self._blobs: dict[str, bytes] = {}
@@ -89,6 +92,10 @@ class Snapshot:
         found = self.entries.get(path)
         if found is None or not found[0].startswith("100"):
             return None
+        size = self.sizes.get(found[1], 0)
+        if size > MAX_SOURCE_BYTES:  # a pull request's huge file is not loaded whole
+            raise SpecError([Diagnostic("error", f"the file is {size} bytes; layoutc reads specs of at most "
+                                                 f"{MAX_SOURCE_BYTES} bytes")], f"{path}@{self.commit[:12]}")
         return self._read(found[1])
 
     def _read(self, oid: str) -> bytes:

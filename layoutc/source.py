@@ -90,7 +90,8 @@ def read_spec(path: str | Path) -> str:
     hash is over these bytes). Unreadable, oversized and non-UTF-8 files are :class:`SpecError`."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)  # a huge file (or /dev/zero behind a link) is not read whole
     except OSError as err:
         raise SpecError([Diagnostic("error", f"cannot read spec: {err.strerror or err}")], str(path)) from None
     return decode(data, str(path))

@@ -226,3 +226,16 @@ def outside_code_spans(line: str) -> str:
             continue
         i = j + n
     return "".join(out)
+
+
+def test_unreadable_files_are_reported_in_their_section(tmp_path):
+    r = repo(tmp_path)
+    commit(r, {"p.lyt": PLAIN})
+    (r / "big.lyt").write_bytes(b"#" * (2 << 20))  # over the limit: not loaded whole, said so
+    (r / "bad.lyt").write_bytes(b"\xff\xfe")
+    commit(r, {"p.lyt": PLAIN + "# x\n"})
+    proc = review(r, tmp_path)
+    assert proc.exit_code == 2 and "Traceback" not in proc.output, proc.output
+    assert "### `big.lyt`" in proc.stdout and "layoutc reads specs of at most" in proc.stdout
+    assert "### `bad.lyt`" in proc.stdout and "not UTF-8" in proc.stdout
+    assert "### `p.lyt`" in proc.stdout and "No layout change" in proc.stdout
