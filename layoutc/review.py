@@ -95,8 +95,8 @@ def affected(base: Snapshot, head: Snapshot) -> list[Item]:
     for c in changed:
         if c.new and c.new.endswith(".lyt"):
             items[c.new] = Item(c.new, c.old if c.old else None, True, "")
-        elif c.old and c.old.endswith(".lyt") and not c.new:
-            items.setdefault(c.old, Item(c.old, c.old, False, ""))
+        elif c.old and c.old.endswith(".lyt"):  # deleted, or renamed to a name that is no spec's
+            items.setdefault(c.old, Item(c.old, c.old, False, f"renamed to {c.new}" if c.new else ""))
     for snap in (head, base):
         for path in sorted(p for p in snap.entries if p.endswith(".lyt")):
             if path in items:
@@ -184,12 +184,12 @@ def review(rev_range: str, images: Path, cwd: Path = Path("."), report_dir: Path
     with tempfile.TemporaryDirectory(prefix="layoutc-review-") as scratch:
         for item in items:
             lines += [f"### {md_code(item.path)}", ""]
-            if item.why:
+            if item.why and item.new_exists:
                 lines += [f"Reviewed because a file it reads changed: {md_code(item.why)}.", ""]
             if item.old_path and item.old_path != item.path:
                 lines += [f"Renamed from {md_code(item.old_path)}.", ""]
             if not item.new_exists:
-                lines += ["The spec was deleted.", ""]
+                lines += [f"The spec was deleted ({md_text(item.why)})." if item.why else "The spec was deleted.", ""]
                 continue
             section, good = _review_one(item, base, head, Path(scratch), images, link, draw_graph, draw_layout)
             lines += section

@@ -239,3 +239,12 @@ def test_unreadable_files_are_reported_in_their_section(tmp_path):
     assert "### `big.lyt`" in proc.stdout and "layoutc reads specs of at most" in proc.stdout
     assert "### `bad.lyt`" in proc.stdout and "not UTF-8" in proc.stdout
     assert "### `p.lyt`" in proc.stdout and "No layout change" in proc.stdout
+
+
+def test_a_spec_renamed_away_from_lyt_is_listed(tmp_path):
+    r = repo(tmp_path)
+    commit(r, {"p.lyt": PLAIN})
+    git(r, "mv", "p.lyt", "p.txt")
+    commit(r, {})
+    proc = review(r, tmp_path)
+    assert "### `p.lyt`" in proc.stdout and "deleted (renamed to p.txt)" in proc.stdout, proc.output
