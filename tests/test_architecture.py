@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "layoutc"
 LAYERS: tuple[tuple[str, ...], ...] = (
     # foundations: no layoutc imports, or only each other
     ("_version", "text", "limits", "names", "expr", "dtypes", "args", "lower.runtime", "lower.guard_rt",
-     "lower.dimsolve", "dimsolve", "ops.torch_impl", "shardfile", "quant", "lower"),
+     "lower.dimsolve", "dimsolve", "ops.torch_impl", "shardfile", "quant", "lower", "identity", "shipped"),
     # the algebra and the syntax tree
     ("ast", "indexmap", "instances"),
     # one error type, one reading of text
@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the grammar and the ops
     ("parse", "ops", "ops.*"),
     # the language: families, the checked program, expansion of statements into ops
-    ("families", "ir", "expand", "versions"),
+    ("families", "ir", "expand", "versions", "tree"),
     # typed chains per variant
     ("compiler",),
     # verification and lowering
