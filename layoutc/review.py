@@ -125,7 +125,10 @@ def safe_folder(folder: Path) -> Path:
     for p in check:
         if p.is_symlink():
             raise ValueError(f"{p} is a symlink; review writes only into real folders (give another folder)")
-    absolute.mkdir(parents=True, exist_ok=True)
+    try:
+        absolute.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file where the folder goes (committed as such), a read-only place
+        raise ValueError(f"cannot make the folder {absolute}: {err.strerror or err}") from None
     if absolute.is_symlink() or not absolute.is_dir():
         raise ValueError(f"{absolute} is not a folder")
     return absolute

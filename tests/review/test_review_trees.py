@@ -248,3 +248,11 @@ def test_a_spec_renamed_away_from_lyt_is_listed(tmp_path):
     commit(r, {})
     proc = review(r, tmp_path)
     assert "### `p.lyt`" in proc.stdout and "deleted (renamed to p.txt)" in proc.stdout, proc.output
+
+
+def test_a_file_where_the_pictures_go_is_an_error_not_a_crash(tmp_path):
+    r = repo(tmp_path)
+    commit(r, {"p.lyt": PLAIN, "pics": "a file"})
+    commit(r, {"p.lyt": PLAIN + "# x\n"})
+    proc = cli(r, "review", "HEAD~1..HEAD", "--images", "pics/inner")
+    assert proc.exit_code == 2 and "cannot make the folder" in proc.stderr, proc.output
