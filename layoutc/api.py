@@ -1,6 +1,6 @@
 """The Python API: compile a spec once, convert many layers.
 
-    spec = layoutc.compile_file("specs/flashinfer_cutlass_bf16.lyt")
+    spec = layoutc.compile_file("flashinfer_cutlass_bf16")   # a shipped spec by name, or a path
     out = spec.convert({"w13_weight": w13, ...})
     back = spec.inverse(out)
 
