@@ -1,18 +1,21 @@
 """The Python API: compile a spec once, convert many layers.
 
-    spec = layoutc.compile_file("specs/flashinfer_cutlass_bf16.lyt")
+    spec = layoutc.compile_file("flashinfer_cutlass_bf16")   # a shipped spec by name, or a path
     out = spec.convert({"w13_weight": w13, ...})
     back = spec.inverse(out)
 
-A compiled spec is cached on (spec text, parameters), like an einops recipe.
+A compiled spec is cached on its identity (spec text, imported files, prelude, parameters),
+like an einops recipe.
 Its ``convert``/``inverse`` are those of the generated converter module (loaded
 in memory), so the API and ``layoutc compile`` output behave identically.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import linecache
+import threading
 import types
 from pathlib import Path
 from typing import Any, Mapping
@@ -148,10 +151,20 @@ def _load_module(source: str, program: Program) -> types.ModuleType:
     return module
 
 
+#: Compiled specs by identity (layoutc.identity: spec text, imported files, prelude, parameters), the
+#: name they were compiled under, and the options: a changed imported file is a new entry, never a hit.
+_CACHE: "collections.OrderedDict[tuple, CompiledSpec]" = collections.OrderedDict()
+_CACHE_SIZE = 64
+_CACHE_LOCK = threading.Lock()
+
+
 @functools.lru_cache(maxsize=64)
-def _compile_cached(source: str, filename: str, params: tuple, check_versions: bool, verify_spec: bool = True,
-                    lowerings: tuple = ()) -> CompiledSpec:
-    program = resolve(parse(source, filename), dict(params))
+def _parsed(source: str, filename: str):
+    return parse(source, filename)
+
+
+def _compile(program: Program, check_versions: bool, verify_spec: bool) -> CompiledSpec:
+    filename, source = program.filename, program.source
     warnings: tuple[Diagnostic, ...] = ()
     if check_versions:
         version_diags = check_requires(program)
@@ -168,19 +181,36 @@ def _compile_cached(source: str, filename: str, params: tuple, check_versions: b
 
 def compile_source(
     source: str, filename: str = "<spec>", params: Mapping[str, Any] | None = None, check_versions: bool = True,
-    verify_spec: bool = True,
+    verify_spec: bool = True, tree: Any = None,
 ) -> CompiledSpec:
     """Compile spec text. Raises :class:`SpecError` listing every problem found.
 
     ``verify_spec=False`` skips the sync/contract verifier (review tools use it to compare a spec
-    that fails verification; never convert weights with such a spec)."""
-    return _compile_cached(source, filename, tuple(sorted((params or {}).items())), check_versions, verify_spec,
-                           registry.signature())  # a newly registered lowering gets new modules
+    that fails verification; never convert weights with such a spec). Imports are read from
+    ``tree`` (:mod:`layoutc.tree`; by default the folder of ``filename``), afresh on every call:
+    the cache is keyed on the spec's identity, which holds their content."""
+    program = resolve(_parsed(source, filename), dict(params or {}), tree)
+    key = (program.sha256, filename, check_versions, verify_spec,
+           registry.signature())  # a newly registered lowering gets new modules
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
+    compiled = _compile(program, check_versions, verify_spec)
+    with _CACHE_LOCK:
+        _CACHE[key] = compiled
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return compiled
 
 
 def compile_file(
     path: str | Path, params: Mapping[str, Any] | None = None, check_versions: bool = True
 ) -> CompiledSpec:
-    """Compile a ``.lyt`` file (see :func:`compile_source`)."""
-    path = Path(path)
+    """Compile a ``.lyt`` file, or a shipped spec by name (``compile_file("flashinfer_cutlass_bf16")``;
+    see :func:`layoutc.shipped.locate`). See :func:`compile_source`."""
+    from .shipped import locate
+
+    path = locate(path)
     return compile_source(read_spec(path), str(path), params, check_versions)

@@ -23,6 +23,7 @@ import click
 
 from . import progress
 from ._version import __version__
+from .cli_common import SpecFile
 from .cli_common import parse_defines as _parse_defines
 from .cli_common import refuse_overwrite, spec_inputs
 from .errors import Diagnostic, SpecError
@@ -143,27 +144,6 @@ def _check_device(ctx, param, value: str | None) -> str | None:
     return value
 
 
-class SpecFile(click.ParamType):
-    """A spec file, or the name of a shipped spec (``flashinfer_cutlass_bf16``) when no such file exists."""
-
-    name = "spec"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, Path):
-            return value
-        path = Path(value)
-        if path.is_file():
-            return path
-        from .shipped import find, names
-
-        shipped = find(value) if not path.exists() else None
-        if shipped is not None:
-            return shipped
-        what = "is a folder" if path.is_dir() else "no such file"
-        self.fail(f"{display(value)!r}: {what}, and no shipped spec has that name (shipped: {', '.join(names())})",
-                  param, ctx)
-
-
 SPEC = SpecFile()
 
 
@@ -230,11 +210,15 @@ def _param_domains(spec_path: Path, fixed: dict[str, Any]) -> list[dict[str, Any
 
 @command()
 @click.argument("specs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--affected", is_flag=True,
+              help="SPECS are changed files of any kind (a pre-commit hook's list): check every .lyt spec in the "
+                   "repository that reads one of them (itself, through an import or a symlink).")
 @define_option
 @click.option("--quiet", "-q", is_flag=True, help="Print only problems.")
 @click.option("--probe", is_flag=True, help="Also verify dynamically: run the converter on self-describing inputs.")
 @click.option("--strict", is_flag=True, help="Fail on coverage warnings: guarantees the spec leaves unchecked.")
-def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe: bool, strict: bool) -> int:
+def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe: bool, strict: bool,
+          affected: bool) -> int:
     """Parse and verify SPECS; every parameter combination unless fixed with -D.
 
     Warnings say which guarantees the spec leaves unchecked (a scale with no tie, a gated weight
@@ -247,18 +231,28 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
     from .probe import probe_steps
 
     progress.set_quiet(quiet)
+    from .families import check_file, is_family_file
+    from .parse import parse
+    from .shipped import locate, unknown
+    from .source import read_spec
+
     fixed = _parse_defines(defines)
     failed = 0
-    from .shipped import find
-
-    for path in specs:
-        if not path.is_file() and not path.exists() and find(str(path)) is not None:
-            path = find(str(path))  # a shipped spec's name
+    if affected:
+        specs = _affected_specs(specs)
+    for given in specs:
+        path = locate(given)  # a file, or a shipped spec's name
         if not path.is_file():
-            click.echo(f"{display(str(path))}: error: {'is a folder' if path.is_dir() else 'no such file'}", err=True)
+            click.echo(f"{display(str(given))}: error: {unknown(given)}", err=True)
             failed += 1
             continue
         try:
+            tree = parse(read_spec(path), str(path))
+            if is_family_file(tree):  # a file a spec imports: its definitions, checked on their own
+                found = check_file(tree)
+                if not quiet:
+                    click.echo(f"{path}: ok: families {', '.join(f.name for f in found)}")
+                continue
             combos = _param_domains(path, fixed)
             for params in combos:
                 shown = ", ".join(f"{k}={v}" for k, v in params.items())
@@ -288,6 +282,31 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
         click.echo(f"{failed} spec{'s' if failed != 1 else ''} failed", err=True)
         return EXIT_SPEC_ERROR
     return 0
+
+
+def _affected_specs(changed: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The ``.lyt`` specs of this repository (git's index, else the current folder) that read one of
+    ``changed``: the file itself, a link on the way, or a file it imports. A family file named
+    ``families.txt`` behind ``fam.lyt -> families.txt`` has no ``.lyt`` name for a hook to match."""
+    from .gitrepo import run_git, toplevel
+    from .tree import file_dependencies, located
+
+    try:
+        top = toplevel(Path("."))
+        listed = run_git("ls-files", "-z", cwd=top).stdout.decode("utf-8", "surrogateescape").split("\0")
+        candidates = [top / p for p in listed if p.endswith(".lyt")]
+    except ValueError:
+        candidates = sorted(Path(".").rglob("*.lyt"))
+    touched = set().union(*(located(p) for p in changed)) if changed else set()
+    out = [p for p in changed if p.name.endswith(".lyt") and p.exists()]
+    mine = set().union(*(located(p) for p in out)) if out else set()
+    for spec in candidates:
+        if located(spec) & mine:
+            continue
+        deps, complete = file_dependencies(spec)
+        if deps & touched or not complete:  # an import that is gone is an error to report too
+            out.append(spec)
+    return tuple(out)
 
 
 @command(name="compile")
@@ -403,24 +422,28 @@ def explain(spec: Path, fmt: str, tensor: str | None, defines: tuple[str, ...]) 
 @define_option
 def diff_cmd(paths: tuple[str, ...], revs: tuple[str, str] | None, fmt: str, defines: tuple[str, ...]) -> int:
     """Semantic diff: OLD.lyt NEW.lyt, or --git REV1 REV2 FILE. Exit 0: no layout change, 1: layouts differ."""
-    from .diff import as_json, as_markdown, as_text, diff, load_pair
+    from .api import compile_source
+    from .diff import as_json, as_markdown, as_text, diff
     from .gitrepo import text_at
+    from .shipped import locate, unknown
     from .source import read_spec
 
+    params = _parse_defines(defines)
     if revs:
         if len(paths) != 1:
             raise click.UsageError("with --git give exactly one spec file")
-        old_text, new_text = text_at(revs[0], paths[0]), text_at(revs[1], paths[0])
-        old_name, new_name = f"{paths[0]}@{revs[0]}", f"{paths[0]}@{revs[1]}"
+        # each side entirely from its own revision: the spec and every file it imports
+        sides = [text_at(rev, paths[0]) for rev in revs]
     else:
         if len(paths) != 2:
             raise click.UsageError("give OLD.lyt NEW.lyt (or --git REV1 REV2 FILE)")
+        sides = []
         for p in paths:
-            if not Path(p).is_file():
-                raise click.BadParameter(f"no such file: {p}")
-        old_text, new_text = (read_spec(p) for p in paths)
-        old_name, new_name = paths
-    old, new = load_pair(old_text, old_name, new_text, new_name, _parse_defines(defines))
+            path = locate(p)  # a file, or a shipped spec's name
+            if not path.is_file():
+                raise click.BadParameter(f"{display(p)!r}: {unknown(p)}")
+            sides.append((read_spec(path), None, str(path)))
+    old, new = (compile_source(text, name, params, verify_spec=False, tree=tree) for text, tree, name in sides)
     result = diff(old, new)
     click.echo({"json": as_json, "markdown": as_markdown}.get(fmt, as_text)(result), nl=False)
     return 1 if result.changed else 0
@@ -468,16 +491,22 @@ def _compile_unverified(spec: Path, defines: tuple[str, ...]):
 def review(rev_range: str, output: Path | None, images: Path) -> int:
     """A Markdown report for a pull request: diff, explain and pictures of every changed spec."""
     from .review import review as run_review
+    from .review import safe_folder, write_file
 
     try:
+        if output is not None:  # before any work: no report through a committed symlink
+            safe_folder(output.parent)
+            if output.is_symlink():
+                raise ValueError(f"{output} is a symlink; review does not write through links (delete it)")
         text, ok = run_review(rev_range, images, report_dir=output.parent if output else None)
-    except ValueError as err:  # not a git clone, a revision git does not know: one line, not the usage text
+        if output is not None:
+            write_file(output, text.encode("utf-8"))
+    except ValueError as err:  # not a git clone, a bad revision, a symlink where output goes: one line
         click.echo(f"error: {display(str(err))}", err=True)
         sys.exit(EXIT_SPEC_ERROR)
     if output is None:
         click.echo(text, nl=False)
     else:
-        output.write_text(text)
         click.echo(f"wrote {output}", err=True)
     return 0 if ok else EXIT_SPEC_ERROR
 

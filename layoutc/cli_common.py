@@ -3,6 +3,7 @@ half of the command line, which would be an import cycle)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -48,30 +49,26 @@ def refuse_overwrite(output, inputs, option: str = "-o") -> None:
 
 
 def spec_inputs(spec_path) -> list:
-    """The spec file and the files it imports (recursively; unreadable or malformed ones are left to
-    the compiler, which reports them)."""
+    """The spec file and every file it reads (its imports, and the links on the way: the spec's
+    dependencies as :func:`layoutc.tree.file_dependencies` finds them)."""
     from pathlib import Path
 
-    from . import ast
-    from .families import import_path
-    from .parse import parse
-    from .source import read_spec
+    from .tree import file_dependencies
 
-    seen: list[Path] = []
-    todo = [Path(spec_path)]
-    while todo and len(seen) < 256:
-        path = todo.pop()
-        if any(path.resolve() == p.resolve() for p in seen):
-            continue
-        seen.append(path)
-        try:
-            tree = parse(read_spec(path), str(path))
-        except Exception:  # noqa: BLE001 - the compiler reports a spec that does not parse
-            continue
-        for item in tree.items:
-            if isinstance(item, ast.Import):
-                try:
-                    todo.append(import_path(item.path.value, str(path)))
-                except ValueError:  # refused by the compiler, with its message
-                    continue
-    return seen
+    deps, _ = file_dependencies(Path(spec_path))
+    return [Path(spec_path), *sorted(Path(d) for d in deps)]
+
+
+class SpecFile(click.ParamType):
+    """A spec argument: a file, or the name of a shipped spec (``flashinfer_cutlass_bf16``), by the one
+    rule every command and the API follow (:func:`layoutc.shipped.locate`)."""
+
+    name = "spec"
+
+    def convert(self, value, param, ctx):
+        from .shipped import locate, unknown
+
+        path = locate(value)
+        if path.is_file():
+            return path
+        self.fail(f"{display(str(value))!r}: {unknown(value)}", param, ctx)

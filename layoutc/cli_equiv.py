@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from .cli_common import parse_defines, refuse_overwrite, spec_inputs
+from .cli_common import SpecFile, parse_defines, refuse_overwrite, spec_inputs
 from .text import display
 from .usercode import CALL_TIMEOUT
 
@@ -70,7 +70,7 @@ timeout_option = click.option(
     help="Time limit for each call of FUNCTION and for importing its module; past it the run stops (exit 2).")
 
 
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("spec", type=SpecFile())
 @click.option("--against", "against", required=True, metavar="MODULE:FUNCTION",
               help="The conversion function (module path or file.py), run on probe inputs. Importing it runs its module.")
 @click.option("--dims", default=None, metavar="E=2,I=256,H=512", help="Dims to compare at (and shapes sampled around them).")

@@ -172,7 +172,7 @@ class Variant:
 
 
 def _where(program: Program, pos: Pos | None) -> str:
-    return f"{program.filename}:{pos.line}" if pos else program.filename
+    return f"{program.short_filename}:{pos.line}" if pos else program.short_filename
 
 
 # ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from .compiler import Chain
 from .instances import sample_dims
 from .indexmap import concrete_shape, lift_to_bits, source_indices
 from .rowmap import axis_map, declared_rows, describe_labels, row_labels
+from .text import md_code, md_text
 from .verify import verify
 
 
@@ -230,20 +231,22 @@ def as_text(d: SpecDiff) -> str:
 
 
 def as_markdown(d: SpecDiff) -> str:
+    # Names, details and findings quote the specs: escaped, so a spec cannot write the report's words.
     if not d.changes:
         at = " at the parameter values below" if d.params else ""
-        lines = [f"**No layout change** between `{d.old}` and `{d.new}`{at}: every composed map, value conversion "
-                 "and contract is identical."]
+        lines = [f"**No layout change** between {md_code(d.old)} and {md_code(d.new)}{at}: every composed map, "
+                 "value conversion and contract is identical."]
     else:
-        lines = [f"**{len(d.changes)} tensor(s) change layout** between `{d.old}` and `{d.new}`:", "",
+        lines = [f"**{len(d.changes)} tensor(s) change layout** between {md_code(d.old)} and {md_code(d.new)}:", "",
                  "| tensor | what | details | example |", "|---|---|---|---|"]
         for c in d.changes:
-            lines.append(f"| `{c.tensor}` | {', '.join(c.kinds)} | {'<br>'.join(c.details)} | {c.example or ''} |")
+            lines.append(f"| {md_code(c.tensor, cell=True)} | {md_text(', '.join(c.kinds))} | "
+                         f"{'<br>'.join(md_text(x) for x in c.details)} | {md_text(c.example or '')} |")
     if d.params:
-        lines += ["", "Parameters: " + "; ".join(f"`{p}`" for p in d.params) + (
+        lines += ["", "Parameters: " + "; ".join(md_code(p) for p in d.params) + (
             " (the maps are compared at these values)." if not d.changes else ".")]
-    lines += ["", f"Verdict on `{d.new}`: {d.verdict}."]
-    lines += [f"- {f}" for f in d.findings]
+    lines += ["", f"Verdict on {md_code(d.new)}: {md_text(d.verdict)}."]
+    lines += [f"- {md_text(f)}" for f in d.findings]
     return "\n".join(lines) + "\n"
 
 

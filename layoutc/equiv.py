@@ -1473,9 +1473,11 @@ def load_spec(spec, params: Mapping[str, Any] | None = None):
         if params and dict(params) != {k: v for k, v in spec.params.items() if k in params}:
             raise EquivError("params given for an already compiled spec; compile it with them")
         return spec
+    from .shipped import find, locate
+
     text = str(spec)
-    if isinstance(spec, Path) or (("\n" not in text) and text.endswith(".lyt")):
-        path = Path(spec)
+    if isinstance(spec, Path) or (("\n" not in text) and (text.endswith(".lyt") or find(text) is not None)):
+        path = locate(spec)  # a file, or a shipped spec's name
         if not path.is_file():
             raise EquivError(f"{path}: no such spec file")
         return compile_file(path, params)

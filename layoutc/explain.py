@@ -15,6 +15,7 @@ from .api import CompiledSpec
 from .compiler import Chain
 from .lower.maptext import map_text
 from .rowmap import declared_rows
+from .text import md_block, md_code, md_text
 
 
 def _need(k) -> str:
@@ -129,40 +130,43 @@ def as_text(r: dict[str, Any]) -> str:
 
 
 def as_markdown(r: dict[str, Any]) -> str:
-    params = ", ".join(f"`{k}={v}`" for k, v in r["params"].items()) or "none"
+    # Every name and value comes from the spec: code spans and prose that it cannot break out of.
+    c, t_ = md_code, md_text
+    params = ", ".join(c(f"{k}={v}") for k, v in r["params"].items()) or "none"
     lines = [
-        f"### `{r['spec']}`",
+        f"### {c(r['spec'])}",
         "",
-        f"`{r['file']}` (sha256 `{r['sha256'][:12]}`), parameters: {params}, requires "
-        f"{', '.join(f'`{q}`' for q in r['requires']) or 'nothing'}, dims `{', '.join(r['dims'])}`.",
-        f"Verdict: {r['verdict']}.",
+        f"{c(r['file'])} (sha256 {c(r['sha256'][:12])}), parameters: {params}, requires "
+        f"{', '.join(c(str(q)) for q in r['requires']) or 'nothing'}, dims {c(', '.join(r['dims']))}.",
+        f"Verdict: {t_(r['verdict'])}.",
     ]
     for t in r["tensors"]:
-        lines += ["", f"#### `{t['name']}`: `{t['input']}` -> `{t['output']}`", ""]
+        lines += ["", f"#### {c(t['name'])}: {c(t['input'])} -> {c(t['output'])}", ""]
         facts = []
         if "tie" in t:
-            facts.append(f"tied with {', '.join(f'`{x}`' for x in t['tie']['partners'])}")
+            facts.append(f"Tied with {', '.join(c(x) for x in t['tie']['partners'])}")
         if t["rows"]["input"] or t["rows"]["output"]:
-            facts.append(f"rows `{t['rows']['input']}` -> `{t['rows']['output']}`")
+            facts.append(f"{'rows' if facts else 'Rows'} {c(str(t['rows']['input']))} -> {c(str(t['rows']['output']))}")
         if t["packing"]:
-            facts.append(f"packing `{t['packing']}`")
+            facts.append(f"{'packing' if facts else 'Packing'} {c(str(t['packing']))}")
         if facts:
-            lines += ["; ".join(facts).capitalize() + ".", ""]
+            lines += ["; ".join(facts) + ".", ""]
         if t["chain"]:
             lines += ["| line | statement | primitive | kind |", "|---|---|---|---|"]
-            lines += [f"| {s['line']} | `{s['statement']}` | `{s['op']}` | {s['kind']} |" for s in t["chain"]]
+            lines += [f"| {s['line']} | {c(s['statement'], cell=True)} | {c(str(s['op']), cell=True)} | "
+                      f"{t_(str(s['kind']))} |" for s in t["chain"]]
         else:
             lines.append("Copied as is.")
         if "\n" in t["map"]:
-            lines += ["", "Map:", "", "```", t["map"], "```"]
+            lines += ["", "Map:", "", md_block(t["map"])]
         else:
-            lines += ["", f"Map: `{t['map']}`"]
+            lines += ["", f"Map: {c(t['map'])}"]
         if t["needs"]:
-            lines += ["", "Needs: " + "; ".join(f"`{n['text']}` ({n['status']})" for n in t["needs"])]
+            lines += ["", "Needs: " + "; ".join(f"{c(n['text'])} ({t_(n['status'])})" for n in t["needs"])]
         if t.get("proved"):
-            lines += ["", "Proved: " + "; ".join(t["proved"]) + "."]
+            lines += ["", "Proved: " + "; ".join(t_(x) for x in t["proved"]) + "."]
         if t.get("unchecked"):
-            lines += ["", "**Not checked**: " + "; ".join(t["unchecked"]) + "."]
+            lines += ["", "**Not checked**: " + "; ".join(t_(x) for x in t["unchecked"]) + "."]
     return "\n".join(lines) + "\n"
 
 

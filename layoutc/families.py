@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -134,41 +134,54 @@ def families_of(spec: ast.Spec, allow_other: bool = False) -> list[Family]:
 
 
 @functools.lru_cache(maxsize=1)
+def prelude_text() -> str:
+    return resources.files("layoutc").joinpath(PRELUDE).read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=1)
 def prelude() -> tuple[Family, ...]:
     """The built-in families, defined in the spec language (``layoutc/prelude.lyt``)."""
     from .parse import parse
 
-    text = resources.files("layoutc").joinpath(PRELUDE).read_text(encoding="utf-8")
-    return tuple(families_of(parse(text, f"<layoutc>/{PRELUDE}")))
+    return tuple(families_of(parse(prelude_text(), f"<layoutc>/{PRELUDE}")))
 
 
-def import_path(path: str, spec_filename: str) -> Path:
-    """Where ``import "path"`` points: a relative path inside the importing spec's folder (a spec from
-    a pull request must not read files elsewhere). Raises ValueError with the reason."""
-    rel = PurePosixPath(path)
-    if not path or rel.is_absolute() or "\\" in path or any(part in ("..", "") for part in rel.parts[:-1]) \
-            or ".." in rel.parts or not path.endswith(".lyt"):
-        raise ValueError(f"import {path!r}: give a relative path to a .lyt file in the spec's folder "
-                         f"(no '..', no absolute paths)")
-    base = Path(spec_filename).resolve().parent if spec_filename and not spec_filename.startswith("<") \
-        else Path.cwd()
-    target = (base / rel).resolve()
-    if base not in target.parents:
-        raise ValueError(f"import {path!r} leaves the spec's folder {base}")
-    return target
+def prelude_sha256() -> str:
+    """Part of every spec's identity: the same spec means another thing with another prelude."""
+    from .source import sha256
+
+    return sha256(prelude_text())
 
 
 @functools.lru_cache(maxsize=64)
-def _load(path: str, text: str) -> tuple[Family, ...]:
+def _load(name: str, text: str) -> tuple[Family, ...]:
     from .parse import parse
 
-    return tuple(families_of(parse(text, path)))
+    return tuple(families_of(parse(text, name)))
 
 
-def load_import(path: str, spec_filename: str) -> tuple[Family, ...]:
-    from .source import read_spec
+def load_import(path: str, tree) -> tuple[tuple[Family, ...], str]:
+    """(families, content sha256) of ``import "path"`` read from ``tree`` (:mod:`layoutc.tree`).
+    ValueError for a path the tree refuses, SpecError for a file with errors."""
+    from .source import sha256
 
-    target = import_path(path, spec_filename)
-    if not target.is_file():
-        raise ValueError(f"import {path!r}: no such file {target}")
-    return _load(str(target), read_spec(target))
+    loaded = tree.read(path)
+    return _load(loaded.name, loaded.text), sha256(loaded.text)
+
+
+def is_family_file(spec: ast.Spec) -> bool:
+    """A file that only defines families (one a spec imports), rather than a spec."""
+    return bool(spec.items) and all(isinstance(i, ast.FamilyDef) for i in spec.items)
+
+
+def check_file(spec: ast.Spec) -> list[Family]:
+    """The families of a file of families, checked on their own: their shape (roles, parameters,
+    axis names) and that no name is taken by the prelude, as a spec importing the file would find.
+    Raises :class:`SpecError`."""
+    found = families_of(spec)
+    builtin = {f.name for f in prelude()}
+    clashes = [Diagnostic("error", f"family {f.name} is already defined (layoutc's prelude)", f.pos,
+                          "give this one another name") for f in found if f.name in builtin]
+    if clashes:
+        raise SpecError(clashes, spec.filename, spec.source)
+    return found

@@ -18,6 +18,8 @@ from . import expr as ex
 from . import families
 from .dtypes import ELEMENT_TYPES, EXACT_WIDENINGS, ElemType, widens_exactly
 from .errors import Reporter, SpecError
+from .identity import spec_identity
+from .tree import FileTree
 from .limits import MAX_DIMS, MAX_INT, MAX_OPTIONAL_INPUTS, MAX_STATEMENTS, MAX_STRING
 from .names import identifier_problem
 from .args import ArgValue
@@ -216,13 +218,15 @@ class Program:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     statements: tuple[Statement, ...]
-    sha256: str = ""  # of the spec text as given (a file's bytes)
+    sha256: str = ""  # the spec's identity (layoutc.identity): text, imported files, prelude, parameters
     dim_pos: tuple[ast.Pos, ...] = ()  # where each dim is declared
     conditions: tuple[SizeCondition, ...] = ()  # size conditions (run-time branches)
     families: tuple[Any, ...] = ()  # packing families in scope (layoutc.families.Family)
     size_assumptions: tuple[SizeAssumption, ...] = ()  # assume N != 96, ranges, 'or'
     # Further declarations of outputs under size conditions (the first of each name is in ``outputs``).
     conditional_outputs: tuple[TensorSpec, ...] = ()
+    text_sha256: str = ""  # of the spec file's own bytes (what sha256sum prints)
+    imports: tuple[tuple[str, str], ...] = ()  # (import as written, content sha256), in order
 
     def output_for(self, name: str, present: frozenset[str]) -> TensorSpec | None:
         """The declaration of output ``name`` in the variant keyed by ``present`` (None where none holds)."""
@@ -235,6 +239,12 @@ class Program:
         ``(dim, m)`` and conditions ``(condition, 0)``."""
         return [(ex.Var(a.dim), a.multiple) for a in self.assumptions] + [
             (a.condition, 0) for a in self.size_assumptions]
+
+    @property
+    def short_filename(self) -> str:
+        """The spec file's name without its folder: what generated code and run-time messages say, so
+        that a converter does not depend on where its spec was compiled from."""
+        return self.filename.replace("\\", "/").rsplit("/", 1)[-1]
 
     def dim_position(self, dim: str) -> ast.Pos | None:
         return self.dim_pos[self.dims.index(dim)] if dim in self.dims and self.dim_pos else None
@@ -342,6 +352,7 @@ class _Resolver:
         self.statements: list[Statement] = []
         self.conditions: dict[str, SizeCondition] = {}
         self.families: dict[str, Any] = {}
+        self.imports: list[tuple[str, str]] = []  # (import as written, content sha256): part of the identity
         self.undeclared: dict[str, list[ast.Pos]] = {}  # dims used but not declared -> where (one error each)
         self.broken: set[str] = set()  # tensors whose declaration failed (no cascade of 'unknown tensor')
 
@@ -542,7 +553,9 @@ class _Resolver:
 
     def import_families(self, item: ast.Import) -> None:
         try:
-            for fam in families.load_import(item.path.value, self.spec.filename):
+            loaded, digest = families.load_import(item.path.value, self.tree)
+            self.imports.append((item.path.value, digest))
+            for fam in loaded:
                 self.add_family(fam, item.path.pos)
         except ValueError as err:
             self.error(str(err), item.path.pos)
@@ -874,9 +887,11 @@ class _Resolver:
         return Program(
             self.name, self.spec.filename, self.spec.source, tuple(sorted(self.params.items())), tuple(self.dims),
             tuple(self.assumptions), tuple(self.requires), tuple(self.inputs.values()), tuple(self.outputs.values()),
-            tuple(self.statements), self.spec.sha256, tuple(self.dim_pos[d] for d in self.dims),
-            tuple(self.conditions.values()), tuple(self.families.values()), tuple(self.size_assumptions),
-            tuple(self.conditional_outputs),
+            tuple(self.statements),
+            spec_identity(self.spec.sha256, self.imports, families.prelude_sha256(), self.params),
+            tuple(self.dim_pos[d] for d in self.dims), tuple(self.conditions.values()), tuple(self.families.values()),
+            size_assumptions=tuple(self.size_assumptions), conditional_outputs=tuple(self.conditional_outputs),
+            text_sha256=self.spec.sha256, imports=tuple(self.imports),
         )
 
 
@@ -889,8 +904,11 @@ def _default_name(filename: str) -> str:
     return name if name and not name[0].isdigit() else f"spec_{name}"
 
 
-def resolve(spec: ast.Spec, params: Mapping[str, Any] | None = None) -> Program:
+def resolve(spec: ast.Spec, params: Mapping[str, Any] | None = None, tree: Any = None) -> Program:
+    """The program of a parsed spec at these parameter values. Imports are read from ``tree``
+    (:mod:`layoutc.tree`; by default the spec file's folder)."""
     r = _Resolver(spec, params or {})
+    r.tree = tree if tree is not None else FileTree.beside(spec.filename)
     for fam in families.prelude():
         r.families[fam.name] = fam
     r.collect_params(spec.items)

@@ -33,3 +33,23 @@ def find(name: str) -> Path | None:
         return None
     path = SPECS / (name if name.endswith(".lyt") else name + ".lyt")
     return path if path.is_file() else None
+
+
+def locate(spec: str | Path) -> Path:
+    """Where a spec argument points, the one rule for every command and API that takes a spec: an
+    existing path is that file; otherwise a shipped spec's name (``flashinfer_cutlass_bf16``) is the
+    shipped file; otherwise the path as given (reading it reports what is wrong)."""
+    path = Path(spec)
+    if path.exists():
+        return path
+    found = find(str(spec))
+    return found if found is not None else path
+
+
+def unknown(spec: str | Path) -> str:
+    """Why ``spec`` names no spec, for a message: no such file (or a folder), and no shipped spec of that name."""
+    path = Path(spec)
+    if path.is_symlink():
+        return "a symlink that leads to no file (a loop, or its target is missing)"
+    what = "is a folder" if path.is_dir() else "no such file"
+    return f"{what}, and no shipped spec has that name (shipped: {', '.join(names())})"

@@ -15,8 +15,8 @@ a comment to one tool and as a statement to another. Hence one normalisation, us
   format characters (bidirectional overrides, zero-width spaces: "Trojan Source") are errors,
   reported with their line and column. Tabs are allowed.
 
-The spec's hash (``SPEC_SHA256``) is taken over the file's own bytes, so it is what ``sha256sum``
-prints whatever the line ends.
+The hash of a spec's text (``ast.Spec.sha256``, part of its identity, :mod:`layoutc.identity`) is
+taken over the file's own bytes, so it is what ``sha256sum`` prints whatever the line ends.
 
 Text that came from outside (a spec line, a file name, a ``-D`` value) is shown on terminals
 through :func:`display` and reaches generated code only through :func:`comment` (one line,
@@ -90,7 +90,8 @@ def read_spec(path: str | Path) -> str:
     hash is over these bytes). Unreadable, oversized and non-UTF-8 files are :class:`SpecError`."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)  # a huge file (or /dev/zero behind a link) is not read whole
     except OSError as err:
         raise SpecError([Diagnostic("error", f"cannot read spec: {err.strerror or err}")], str(path)) from None
     return decode(data, str(path))

@@ -18,8 +18,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "layoutc"
 LAYERS: tuple[tuple[str, ...], ...] = (
     # foundations: no layoutc imports, or only each other
     ("_version", "text", "limits", "names", "expr", "dtypes", "args", "progress", "lower.runtime", "lower.fingerprint",
-     "lower.guard_rt",
-     "lower.dimsolve", "dimsolve", "ops.torch_impl", "shardfile", "quant", "lower"),
+     "lower.guard_rt", "lower.dimsolve", "dimsolve", "ops.torch_impl", "shardfile", "quant", "lower", "identity",
+     "shipped"),
     # the algebra and the syntax tree
     ("ast", "indexmap", "instances"),
     # one error type, one reading of text
@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the grammar and the ops
     ("parse", "ops", "ops.*"),
     # the language: families, the checked program, expansion of statements into ops
-    ("families", "ir", "expand", "versions"),
+    ("families", "ir", "expand", "versions", "tree"),
     # typed chains per variant
     ("compiler",),
     # verification and lowering

@@ -142,9 +142,9 @@ def test_a_folder_converted_with_other_parameters_is_not_resumed(tmp_path, bf16)
     make_checkpoint(tmp_path / "in", bf16, layers=2, shards=1)
     convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")
     tp = layoutc.compile_file(SPECS / "flashinfer_cutlass_bf16.lyt", {"tp_size": 2, "tp_rank": 1})
-    assert tp.sha256 == bf16.sha256  # the same file: only the parameters tell the two apart
+    assert tp.sha256 != bf16.sha256  # the same file: the parameters are part of the spec's identity
     before = folder_digest(tmp_path / "out")
-    with pytest.raises(layoutc.LayoutError, match="another params .* would mix two layouts"):
+    with pytest.raises(layoutc.LayoutError, match="another sha256, params .* would mix two layouts"):
         convert_checkpoint(tp, tmp_path / "in", tmp_path / "out")
     assert folder_digest(tmp_path / "out") == before  # nothing of the refused run was written
     summary = convert_checkpoint(tp, tmp_path / "in", tmp_path / "out-rank1")

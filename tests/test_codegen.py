@@ -15,6 +15,8 @@ import pytest
 import torch
 
 import layoutc
+from layoutc.families import prelude_sha256
+from layoutc.identity import spec_identity
 from tests.helpers import ROOT, SPECS, bits
 
 SPEC = SPECS / "flashinfer_cutlass_bf16.lyt"
@@ -103,14 +105,9 @@ def test_written_module_imports_only_torch_and_the_standard_library(written):
 def test_written_module_describes_itself(module, written, compiled):
     assert callable(module.convert) and callable(module.inverse)
     assert module.SPEC_NAME == "flashinfer_cutlass_bf16"
-    assert module.SPEC_SHA256 == hashlib.sha256(SPEC.read_bytes()).hexdigest()
-    # of the text alone: the same wherever the file lies, another for one more byte
-    from layoutc.ir import resolve
-    from layoutc.parse import parse
-
-    text = SPEC.read_text()
-    assert resolve(parse(text, "elsewhere/copy.lyt"), {}).sha256 == module.SPEC_SHA256
-    assert resolve(parse(text + "\n", str(SPEC)), {}).sha256 != module.SPEC_SHA256
+    # the spec's identity: its text, imports (none), layoutc's prelude and the parameters
+    assert module.SPEC_SHA256 == spec_identity(hashlib.sha256(SPEC.read_bytes()).hexdigest(), [],
+                                               prelude_sha256(), module.PARAMS)
     assert module.INVERTIBLE is True
     assert module.PARAMS == {"tp_rank": 0, "tp_size": 1}
     assert module.DIMS == ("E", "I", "H")
@@ -135,7 +132,8 @@ def test_written_module_describes_itself(module, written, compiled):
 
 def test_written_file_is_the_api_source(written, compiled):
     assert written.read_text() == compiled.source
-    assert compiled.module.SPEC_SHA256 == compiled.sha256 == hashlib.sha256(SPEC.read_bytes()).hexdigest()
+    assert compiled.module.SPEC_SHA256 == compiled.sha256 == spec_identity(
+        hashlib.sha256(SPEC.read_bytes()).hexdigest(), [], prelude_sha256(), compiled.params)
 
 
 @pytest.mark.parametrize("biases", [(), ("w13_bias",), ("w13_bias", "w2_bias")], ids=["none", "w13", "both"])
@@ -204,7 +202,7 @@ def test_generated_code_cites_every_statement(compiled):
     acting = {s.statement.pos for v in compiled.compiled.variants for c in v.chains for s in c.steps}
     for st in p.statements:
         if st.pos in acting:  # identities (one TP rank of one) leave no code to cite
-            assert f"{p.filename}:{st.pos.line}: {st.text}" in compiled.source, st.text
+            assert f"{p.short_filename}:{st.pos.line}: {st.text}" in compiled.source, st.text
     assert any(st.pos not in acting and st.op == "shard" for st in p.statements)
     sharded = layoutc.compile_file(p.filename, {"tp_size": 2})
     assert "shard(" in sharded.source
@@ -226,7 +224,8 @@ def test_every_shipped_spec_generates_a_standalone_module(path, params, tmp_path
     target = spec.write(tmp_path / "conv.py")
     module = _load(target, f"gen_{path[:-4]}_{'_'.join(map(str, params.values()))}")
     assert module.PARAMS == spec.params and params.items() <= module.PARAMS.items()
-    assert module.SPEC_SHA256 == hashlib.sha256((ROOT / "specs" / path).read_bytes()).hexdigest()
+    assert module.SPEC_SHA256 == spec_identity(hashlib.sha256((ROOT / "specs" / path).read_bytes()).hexdigest(), [],
+                                               prelude_sha256(), spec.params)
     for name, _, _, _ in _imports(ast.parse(target.read_text())):
         assert "layoutc" not in name
     x = synthetic_inputs(spec, DIMS if params.get("tp_size", 1) == 1 else {**DIMS, "I": 256})  # local I % 128

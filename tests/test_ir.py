@@ -12,6 +12,8 @@ import layoutc
 from layoutc import expr as ex
 from layoutc.ir import Guard, parse_param_value, resolve
 from layoutc.parse import parse
+from layoutc.families import prelude_sha256
+from layoutc.identity import spec_identity
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +54,8 @@ def test_program_of_a_shipped_spec():
     p = resolve(parse(source, str(path)))
     assert p.name == "flashinfer_cutlass_bf16"
     assert p.dims == ("E", "I", "H")
-    assert p.sha256 == hashlib.sha256(source.encode()).hexdigest()
+    assert p.text_sha256 == hashlib.sha256(source.encode()).hexdigest()
+    assert p.sha256 == spec_identity(p.text_sha256, [], prelude_sha256(), p.param_values)
     assert [str(r) for r in p.requires] == ["flashinfer >= 0.6.16"]
     assert [t.name for t in p.inputs] == [t.name for t in p.outputs]
     assert p.optional_inputs == ("w13_bias", "w2_bias")

@@ -261,19 +261,20 @@ def _guard_layer(tensors, expect_sha256=None, expect_params=None, same_call=Fals
             raise LayoutError(f"{what}: {', '.join(dropped)} {'was' if len(dropped) == 1 else 'were'} converted with "
                               f"{name} but {'is' if len(dropped) == 1 else 'are'} None now; the kernel would run "
                               f"without {'it' if len(dropped) == 1 else 'them'}")
+        # parameters first: they are part of the spec's identity (sha256), and the more precise reason
+        if expect_params is not None and r["params"] != expect_params:
+            raise LayoutError(f"{what}: {name} was converted with parameters {_params_text(r['params'])}, "
+                              f"expected {_params_text(expect_params)}")
         if expect_sha256 is not None and r["sha256"] != expect_sha256:
             raise LayoutError(
                 f"{what}: {name} was converted by spec {r['spec']} (sha256 {r['sha256'][:12]}), "
                 f"not the expected one (sha256 {expect_sha256[:12]})"
             )
-        if expect_params is not None and r["params"] != expect_params:
-            raise LayoutError(f"{what}: {name} was converted with parameters {_params_text(r['params'])}, "
-                              f"expected {_params_text(expect_params)}")
         if first is None:
             first = (name, r)
             continue
         fname, f = first
-        for key, label in (("sha256", "spec"), ("params", "parameters"), ("library", "library versions")):
+        for key, label in (("params", "parameters"), ("sha256", "spec"), ("library", "library versions")):
             if r[key] != f[key]:
                 shown = (lambda x: x[:12]) if key == "sha256" else _params_text if key == "params" else str
                 raise LayoutError(

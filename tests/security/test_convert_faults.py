@@ -103,7 +103,7 @@ def test_other_parameters_and_concurrent_runs_are_refused(tmp_path, bf16):
         with pytest.raises(layoutc.LayoutError, match="another layoutc convert .* is writing"):
             convert_checkpoint(bf16, tmp_path / "in", out)
         tp = layoutc.compile_file(SPECS / "flashinfer_cutlass_bf16.lyt", {"tp_size": 2, "tp_rank": 0})
-        with pytest.raises(layoutc.LayoutError, match="another params"):
+        with pytest.raises(layoutc.LayoutError, match="another sha256, params"):
             convert_checkpoint(tp, tmp_path / "in", out)
     finally:
         lock.close()
