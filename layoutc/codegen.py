@@ -210,7 +210,7 @@ def _emit_direction(
     lowered = fn_name == "convert"
     if lowered:
         body = [
-            "def convert(tensors, dims=None, lowering='auto', chunk=None, inplace=False):",
+            "def convert(tensors, dims=None, lowering='auto', chunk=None, inplace=False, fingerprint=True):",
             textwrap.indent(f'"""{doc}', "    "),
             "",
             "    lowering: 'auto' or one of LOWERINGS: " + comment(registry.describe()) + ".",
@@ -218,6 +218,8 @@ def _emit_direction(
             "    time (bounds the eager lowering's temporaries). inplace=True writes each output whose",
             "    bytes per expert equal its input's into the input's memory, one expert at a time, and",
             "    returns views of it: the inputs are overwritten, peak extra memory is about one expert.",
+            "    fingerprint=False skips the fingerprint of the outputs' bytes (a pass over them, queued on their",
+            "    device): the guard then accepts the outputs themselves but no copy of them.",
             '    """',
             "    _check_requires(REQUIRES, SPEC_NAME)",
             f"    d, present = _check_call(tensors, dims, 'convert', {contract}, {shapes}, {axes}, DIMS, _CONDITIONS, {checks})",
@@ -231,7 +233,7 @@ def _emit_direction(
             "        else:",
             "            out = _convert_in_chunks(_convert, tensors, d, present, how, 1 if chunk is None else chunk, inplace, _OUTPUT_SHAPES, CHUNK_DIM)",
             "        _check_outputs(out, _OUTPUT_SHAPES, d, 'convert')",
-            "        _stamp(out, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, d)",
+            "        _stamp(out, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, d, fingerprint)",
             "    return out",
             "",
             "",

@@ -162,6 +162,16 @@ def test_data_edits_are_seen_only_by_rehash(bf16):
         guard.check(params, bf16, rehash=True)
 
 
+def test_without_fingerprints_the_outputs_pass_and_copies_and_rehash_are_refused(bf16):
+    # fingerprint=False: no pass over the outputs' bytes; the guard knows them by storage alone
+    out = bf16.convert(synthetic_inputs(bf16, DIMS, 13), fingerprint=False)
+    assert guard.check(out, bf16)["spec"] == "flashinfer_cutlass_bf16"
+    with pytest.raises(layoutc.LayoutError, match="copy of a conversion made with fingerprint=False"):
+        guard.check({k: v.clone() for k, v in out.items()}, bf16)
+    with pytest.raises(layoutc.LayoutError, match="converted with fingerprint=False"):
+        guard.check(out, bf16, rehash=True)
+
+
 def test_a_copy_with_the_bytes_of_another_tensor_or_another_layout_is_named(bf16):
     out = bf16.convert(synthetic_inputs(bf16, DIMS, 13))
     with pytest.raises(layoutc.LayoutError, match="w13_weight holds the converted w2_weight"):

@@ -91,8 +91,9 @@ def _sweep(reg):
         reg.sweep_at = max(64, 2 * len(reg.records))
 
 
-def _stamp(outputs, spec_name, sha256, params, requires, dims=None):
-    # Record which spec produced each output, and queue the fingerprints of their bytes.
+def _stamp(outputs, spec_name, sha256, params, requires, dims=None, fingerprint=True):
+    # Record which spec produced each output, and queue the fingerprints of their bytes (fingerprint=False:
+    # none; the outputs are then known by their storage alone, and a copy of them is not followed).
     reg = _provenance_registry()
     _sweep(reg)
     call = next(reg.calls)
@@ -109,6 +110,8 @@ def _stamp(outputs, spec_name, sha256, params, requires, dims=None):
         }
         key, reg.records[key] = _record(t, origin)
         origins.append(origin)
+    if not fingerprint:
+        return
     handle = _fingerprint_start(list(outputs.values()))
     for i, origin in enumerate(origins):
         origin["pending"] = (handle, i, len(origins))
@@ -188,7 +191,8 @@ def _adopt(misses, found, what):
         if not entries:
             raise LayoutError(
                 f"{what}: {name} was not produced by a layoutc converter: its bytes match no tensor converted "
-                f"(or loaded with trust_checkpoint) in this process; a copy changed since, or never converted")
+                f"(or loaded with trust_checkpoint) in this process; a copy changed since, never converted, or a "
+                f"copy of a conversion made with fingerprint=False")
         if not same:
             e = entries[-1]
             raise LayoutError(f"{what}: {name} holds the converted {e['tensor']} of spec {e['spec']}")
@@ -213,7 +217,11 @@ def _rehash(found, tensors, what):
     names = list(found)
     fps = _fingerprint_finish(_fingerprint_start([tensors[n] for n in names]), len(names))
     for name, fp in zip(names, fps):
-        if fp != _origin_fingerprint(found[name]["origin"]):
+        want = _origin_fingerprint(found[name]["origin"])
+        if want is None:
+            raise LayoutError(f"{what}: {name} was converted with fingerprint=False, so its bytes cannot be "
+                              f"checked again (rehash=True needs the conversion's fingerprint)")
+        if fp != want:
             raise LayoutError(f"{what}: the bytes of {name} changed since {found[name]['spec']} converted them "
                               f"(a write the version counter does not see: .data, a raw pointer)")
 
