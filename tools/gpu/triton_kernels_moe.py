@@ -154,8 +154,9 @@ GUARD_NOTES = []
 
 
 def guard(lc, tensors):
-    """lc.guard(); where the generated guard cannot bind the dims from padded outputs (round_up hides I), its
-    provenance half (_guard_layer: spec hash, parameters, same storage/shape/stride/version) -- recorded."""
+    """lc.guard(). A converter generated before the guard took the dims of the conversion from its record cannot
+    bind I from these padded outputs (round_up hides it); for those, its provenance half (_guard_layer: spec
+    hash, parameters, storage, shape, stride, version) -- and the run records that it did so."""
     try:
         return lc.guard(tensors)
     except lc.LayoutError as e:
@@ -231,7 +232,7 @@ def case(tk, lc, name, E, I, H, n_tokens, n_act, log):
         res["guard_on_edited_copy"] = "NOT REFUSED"
     except lc.LayoutError as e:
         res["guard_on_edited_copy"] = f"refused: {e}"
-    out["w13_weight"].view(-1)[0] ^= 0  # an in-place write (a no-op value) after conversion
+    out["w13_weight"].view(-1)[0] ^= 1  # one byte changed in place after conversion
     try:
         guard(lc, out)
         res["guard_on_written_in_place"] = "NOT REFUSED"
