@@ -14,30 +14,24 @@ from __future__ import annotations
 from typing import Sequence
 
 from .. import expr as ex
-from .plan import Plan, affine_strides, bit_permutation_terms, linear
+from ..ops.conversion import known
+from .plan import Access, Pattern, Plan, affine_strides, linear, unknown
 
 BIT_VIEWS = {8: "uint8", 16: "int16", 32: "int32", 64: "int64"}
 
 
 def conversions(p: Plan, var: str, indent: str) -> list[str]:
     """Value conversions through the eager ops' own functions: one semantics (NaNs, bit fields)."""
-    out = []
-    for conv in p.conversions:
-        kind, to = conv[0], conv[-1]
-        if kind == "view":
-            call = f"{var}.view(torch.{to.canonical})"
-        elif kind == "cast":
-            call = f"cast({var}, torch.{to.canonical})"
-        else:
-            fn = "extract_bits" if kind == "extract" else "insert_bits"
-            call = f"{fn}({var}, {conv[1]}, {conv[2]}, torch.{to.canonical})"
-        out.append(f"{indent}{var} = {call}")
-    return out
+    return [f"{indent}{var} = {known(conv).eager(var)}" for conv in p.conversions]
 
 
 def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
     """Source of ``def name(x, d, compiled=False) -> Tensor`` computing ``p`` with torch ops."""
     t = ex.to_torch
+    if p.pattern not in (Pattern.COPY, Pattern.AFFINE, Pattern.GATHER, Pattern.WORDS):
+        raise unknown("torch gather", p.pattern)
+    if p.access not in (Access.ELEMENTS, Access.ROWS, Access.WORDS, Access.QUADS):
+        raise unknown("torch gather", p.access)
     bind = [f"    {d} = d[{d!r}]" for d in dims]
     if p.pattern in ("copy", "affine"):
         lines = [f"def {name}(x, d, compiled=False):", *bind]
@@ -72,10 +66,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
                 part.append(f"    ok = ({t(valid)}) & (zero == 0)")
                 part.append(f"    byte = torch.where(ok, flat[torch.where(ok, {addr}, 0)].to(torch.int64), 0)")
             part.append("    w = byte" if b == 0 else f"    w = w | (byte << {8 * b})")
-        part.append("    r = torch.zeros_like(w)")
-        for mask, shift in bit_permutation_terms(p.table):
-            op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
-            part.append(f"    r = r | ((w & {mask:#x}) {op})")
+        part += p.permutation.eager("w", "r", "    ")
         part.append("    return torch.where(r >= 2**31, r - 2**32, r).to(torch.int32)")
         store = "torch.int32"
     else:

@@ -19,19 +19,9 @@ from .. import expr as ex
 from ..compiler import Chain
 from ..text import comment
 from .maptext import map_text
-from .plan import Plan, bit_permutation_terms, linear, swar_terms
+from ..ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
+from .plan import Access, Pattern, Plan, linear, swar_terms, unknown
 from .torch_emit import BIT_VIEWS
-
-TRITON_DTYPES = {
-    "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "float16": "tl.float16",
-    "bfloat16": "tl.bfloat16", "float32": "tl.float32", "float8_e4m3fn": "tl.float8e4nv", "float8_e5m2": "tl.float8e5",
-}
-UINT = {8: "tl.uint8", 16: "tl.uint16", 32: "tl.uint32", 64: "tl.uint64"}
-
-#: Canonical quiet NaN of each float type, as bits (what torch.tensor(nan, dtype) holds).
-CANONICAL_NAN = {"bfloat16": ("tl.uint16", 0x7FC0), "float16": ("tl.uint16", 0x7E00),
-                 "float32": ("tl.uint32", 0x7FC00000), "float8_e4m3fn": ("tl.uint8", 0x7F),
-                 "float8_e5m2": ("tl.uint8", 0x7E)}
 
 # Work per program (lanes x elements per lane), with NUM_WARPS warps per program.
 NUM_WARPS = 4
@@ -117,40 +107,12 @@ def unravel(var: str, shape: Sequence[ex.Expr]) -> list[str]:
 
 
 def _conversions(p: Plan, value: str) -> list[str]:
+    """Each value conversion's kernel form, in chain order, on the element type it receives."""
     lines = []
     elem = p.in_elem
     for conv in p.conversions:
-        kind, to = conv[0], conv[-1]
-        dtype = TRITON_DTYPES[to.canonical]
-        if kind == "cast" and elem.canonical == "float32" and to.canonical == "bfloat16":
-            # Round to nearest even on the bits, exactly as torch does, whatever the backend's
-            # conversion (Triton's CPU interpreter truncates); NaN -> the canonical 0x7FC0.
-            lines += [
-                f"_b = {value}.to(tl.uint32, bitcast=True)",
-                "_c = (_b + 0x7FFF + ((_b >> 16) & 1)) >> 16",
-                "_c = tl.where((_b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, _c)",
-                f"{value} = _c.to(tl.uint16).to(tl.bfloat16, bitcast=True)",
-            ]
-        elif kind == "cast" and elem.numeric and elem.canonical.startswith(("float", "bfloat")) \
-                and to.canonical in CANONICAL_NAN and to.canonical != elem.canonical:
-            bits, nan = CANONICAL_NAN[to.canonical]
-            lines += [
-                f"_nan = {value} != {value}",
-                f"{value} = {value}.to({dtype})",
-                f"{value} = tl.where(_nan, tl.full({value}.shape, {nan:#x}, {bits}).to({dtype}, bitcast=True), {value})",
-            ]
-        elif kind in ("extract", "insert"):
-            shift, width = conv[1], conv[2]
-            src_u, dst_u = UINT[elem.bits], UINT[to.bits]
-            if kind == "extract":
-                lines.append(f"_f = ({value}.to({src_u}, bitcast=True) >> {shift}) & {(1 << width) - 1:#x}")
-                lines.append(f"{value} = _f.to({dst_u}).to({dtype}, bitcast=True)")
-            else:
-                lines.append(f"_f = ({value}.to({src_u}, bitcast=True) & {(1 << width) - 1:#x}).to({dst_u})")
-                lines.append(f"{value} = (_f << {shift}).to({dtype}, bitcast=True)")
-        else:
-            lines.append(f"{value} = {value}.to({dtype}{', bitcast=True' if kind == 'view' else ''})")
-        elem = to
+        lines += known(conv).kernel(value, elem)
+        elem = conv.to
     return lines
 
 
@@ -229,14 +191,6 @@ def _rows(p: Plan, w: int = 1) -> list[str]:
     ]
 
 
-def _permuted(p: Plan, word: str, out: str) -> list[str]:
-    lines = [f"{out} = tl.zeros_like({word})"]
-    for mask, shift in bit_permutation_terms(p.table):
-        op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
-        lines.append(f"{out} = {out} | (({word} & {mask:#x}) {op})")
-    return lines
-
-
 def _words(p: Plan) -> list[str]:
     """One output word per lane: its four source bytes, the bits permuted."""
     body = _lanes(p, BLOCK_WORDS) + [f"mask = offs < ({t(ex.mul(*p.word_shape))})"] + unravel("offs", p.word_shape)
@@ -245,7 +199,7 @@ def _words(p: Plan) -> list[str]:
         load_mask = "mask" if valid == ex.TRUE else f"mask & {t(valid)}"
         body.append(f"b{b} = tl.load(x_ptr + ({t(linear(coords, p.in_shape))}), mask={load_mask}, other=0).to(tl.uint32)")
         body.append(f"w = w | (b{b} << {8 * b})" if b else "w = w | b0")
-    body += _permuted(p, "w", "r")
+    body += p.permutation.kernel("w", "r")
     body.append("tl.store(y_ptr + offs, r.to(tl.int32, bitcast=True), mask=mask)")
     return body
 
@@ -321,6 +275,8 @@ def body(p: Plan, name: str, dims: Sequence[str]) -> str:
     allows inline PTX."""
     params = ", ".join(["x_ptr", "y_ptr", "pid"] + [f"{d}: tl.constexpr" for d in dims]
                        + ["WIDE: tl.constexpr", "_ALT: tl.constexpr", "_T: tl.constexpr", "_ASM: tl.constexpr"])
+    if p.pattern not in (Pattern.COPY, Pattern.AFFINE, Pattern.GATHER, Pattern.WORDS):
+        raise unknown("Triton", p.pattern)
     if p.access == "quads":
         lines = ["if _ALT:", *("    " + x for x in _quads(p)), "else:", *("    " + x for x in _words(p))]
     elif p.access == "words":
@@ -329,6 +285,8 @@ def body(p: Plan, name: str, dims: Sequence[str]) -> str:
         lines = ["if _ALT:", *("    " + x for x in _rows(p, rows_word(p))), "else:", *("    " + x for x in _rows(p))]
     elif p.access == "rows":
         lines = _rows(p)
+    elif p.access != Access.ELEMENTS:
+        raise unknown("Triton", p.access)
     elif p.coarse > 1:
         lines = ["if _ALT:", *("    " + x for x in _coarse(p)), "else:", *("    " + x for x in _elements(p))]
     else:
@@ -433,6 +391,8 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
         bound = f" and ({ex.to_python(p.col_bound)}) % {w} == 0" if p.col_bound is not None else ""
         return [(f"x.shape[-1] % {w} == 0 and y.shape[-1] % {w} == 0{bound}  # whole words", rows("int32", w)),
                 (None, rows(same, 1))]
+    if p.access != Access.ELEMENTS:
+        raise unknown("Triton launcher", p.access)
     total = ex.to_python(ex.mul(*p.out_shape)) if p.out_shape else "1"
     plain = walk(same, same, f"-(-({total}) // {elements_block(p)})")
     if p.coarse > 1:
