@@ -963,6 +963,13 @@ def _expand(e: Expr) -> tuple[Expr, ...]:
     return tuple(out)
 
 
+def always_at_most(a: Expr, b: Expr) -> bool:
+    """``a <= b`` for every binding of the dims to integers >= 1, shown from symbolic bounds (False:
+    not shown, which may still hold). A run-time check of a fact shown here is never emitted."""
+    lo = sym_bounds(add(b, mul(-1, a)), {})[0]
+    return lo is not None and _lf_nonneg(lo)
+
+
 def simplify_symbolic(e: Expr, ranges: Mapping[str, SymBounds]) -> Expr:
     """``(a*X + b) // X -> a`` and ``(a*X + b) mod X -> b`` for a symbolic size ``X`` when
     ``0 <= b < X`` follows from the coordinate ranges (linear in the dims). This is what
