@@ -68,21 +68,25 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
     else:
         store = f"torch.{BIT_VIEWS[p.in_elem.bits]}" if bitwise else f"torch.{p.in_elem.canonical}"
     per = " * ".join(f"({s})" for s in sizes[1:]) or "1"
-    eager_part = f"{name}_part"
+    eager_part, choose = f"{name}_part", []
     if p.pattern == "words" and p.access == "quads" and p.quads is not None and rank >= 2:  # rank 1: chunks split quads
         # torch.compile keeps the plain part (it fuses that one itself); the quads part holds for
         # the dims the plan checked it on, the plain part for any
         cond = " and ".join(f"{d} % {p.quads.multiple} == 0" for d in p.quads.guard_dims) or "True"
-        eager_part = f"({name}_quads if {cond} else {name}_part)"
+        choose = [f"    whole = {cond}  # the dims the quads part was checked for",
+                  f"    part = {name}_quads if whole else {name}_part"]
+        eager_part = "part"
         part += ["", "", f"def {name}_quads({args}, start, stop):"] + _named(lambda t: quads_part(p, dims, t), dims)
     elif bitwise and p.coarse > 1 and rank >= 2:
         r = p.coarse
-        eager_part = (f"({name}_coarse if x.shape[-1] % {r} == 0 and ({sizes[-1]}) % {r} == 0 "
-                      f"else {name}_part)")  # whole words: the shapes _coarsen checked
+        choose = [f"    whole = x.shape[-1] % {r} == 0 and ({sizes[-1]}) % {r} == 0  # the shapes _coarsen checked",
+                  f"    part = {name}_coarse if whole else {name}_part"]
+        eager_part = "part"
         part += ["", "", f"def {name}_coarse({args}, start, stop):"] + _named(lambda t: coarse_part(p, dims, t), dims)
     drive = [
         f"def {name}(x, d, compiled=False):",
         *bind,
+        *choose,
         "    if compiled:",
         f"        y = _compiled({name}_part)({args}, 0, {sizes[0]})",
         f"    elif {per} * {sizes[0]} <= 1 << 24:  # one part: its result is the output, no copy",

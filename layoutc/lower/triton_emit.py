@@ -13,6 +13,7 @@ constants then need no sign fix-ups), 64-bit when a tensor has 2^30 elements or 
 
 from __future__ import annotations
 
+import textwrap
 from typing import Sequence
 
 from .. import expr as ex
@@ -53,17 +54,19 @@ _LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "mask", "pid", "rows", 
 # the header: statements and map
 
 
-def header(chain: Chain, p: Plan, filename: str) -> list[str]:
-    """Comment lines above a body: what it converts, the statements it fuses, the composed map."""
+def header(chain: Chain, p: Plan, filename: str, walk: bool = True) -> list[str]:
+    """Comment lines above a body (or a CPU gather: ``walk=False`` leaves out the kernel's walk): what
+    it converts, the statements it fuses (file:line), the composed map."""
     src, out = chain.source, chain.target
     how = {"copy": "copied", "affine": "one strided copy", "gather": "gathered",
            "words": "bits permuted within 32-bit words"}[p.pattern]
     lane = f"{COPY_BYTES // (32 * NUM_WARPS)} bytes per lane" if p.pattern == "copy" and not p.conversions \
         else "one element per lane"
-    walk = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else lane,
-            "rows": "2-D tiles of rows", "words": "one word per lane", "quads": "four words per lane"}[p.access]
+    walks = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else lane,
+             "rows": "2-D tiles of rows", "words": "one word per lane", "quads": "four words per lane"}
     lines = [f"{chain.tensor}: {src.elem.name}{src.shape_str()} -> "
-             f"{out.elem.name + out.shape_str() if out is not None else chain.out_type}; {how}, {walk}"]
+             f"{out.elem.name + out.shape_str() if out is not None else chain.out_type}; {how}"
+             + (f", {walks[p.access]}" if walk else "")]
     seen: dict[tuple, list[str]] = {}
     for s in chain.steps:
         key = (s.statement.pos.line, s.statement.text) if s.statement else (None, str(s.op))
@@ -76,8 +79,15 @@ def header(chain: Chain, p: Plan, filename: str) -> list[str]:
     if not chain.steps:
         lines.append("  (no statements: copied as is)")
     text = map_text(chain, out.shape_text if out is not None else (), planned=p).split("\n")
-    lines += ["map: " + text[0]] + ["  " + x for x in text[1:]]
-    return ["# " + comment(line) for line in lines]
+    lines.append("map: " + text[0])
+    return [x for line in lines for x in wrap_comment(comment(line))] + \
+        [x for line in text[1:] for x in wrap_comment(comment(line), "#      ")]
+
+
+def wrap_comment(text: str, first: str = "# ", width: int = 120) -> list[str]:
+    """A comment in lines of at most ``width`` characters (continuations indented)."""
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent="#" + " " * (len(first) + 3),
+                         break_long_words=True, break_on_hyphens=False) or [first.rstrip()]
 
 
 # ---------------------------------------------------------------------------
