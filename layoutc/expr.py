@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any, Callable, Iterable, Mapping, Union
+from typing import Any, Iterable, Mapping, Union
 
 import attrs
 
@@ -844,10 +844,6 @@ def to_triton(e: Expr) -> str:
 
 def rename(e: Expr, names: Mapping[str, str]) -> Expr:
     return substitute(e, {k: Var(v) for k, v in names.items()})
-
-
-def map_exprs(fn: Callable[[Expr], Expr], xs: Iterable[Expr]) -> tuple[Expr, ...]:
-    return tuple(fn(x) for x in xs)
 
 
 # ---------------------------------------------------------------------------
