@@ -461,7 +461,8 @@ def _applies(op, t, dims):
     except OpTypeError:
         return None
     for req in inferred.requires:
-        if int(ex.evaluate(req.value, dims)) % req.multiple:
+        value = int(ex.evaluate(req.value, dims))
+        if (not value) if req.multiple == 0 else value % req.multiple:  # multiple 0: a condition that must hold
             return None
     if op.name == "crop" and int(ex.evaluate(t.shape[1], dims)) < 16:
         return None

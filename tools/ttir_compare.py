@@ -1,7 +1,7 @@
 """Compare the Triton IR of two versions of generated converters (no GPU needed).
 
 ``python tools/ttir_compare.py BEFORE_DIR AFTER_DIR``: each directory holds generated converter
-modules of the same names (``layoutc compile spec.lyt -o DIR/name.py``). Every layer kernel of each
+modules of the same names (``layoutc compile spec.lyt -o DIR/name.py``). Every kernel body of each
 module is lowered to TTIR for the CUDA target (sm_90) at fixed dims, for every walk flag and pointer
 type, and the IR after Triton's TTIR passes (inlining, canonicalisation, CSE) is compared with
 locations stripped, as the multiset of its operations (operation, predicate, constant operands
@@ -36,19 +36,20 @@ def _kernels(path: Path) -> dict:
     namespace = {"triton": triton, "tl": tl, "__name__": filename}
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # for Triton's getsource
     exec(compile(source, filename, "exec"), namespace)
-    return {k: v for k, v in namespace.items() if k.startswith("_k_layer_")}
+    return {k: v for k, v in namespace.items() if k.startswith("_b_")}
 
 
 def ttir(fn, pointer: str, dims: dict, alt: bool, wide: bool = False) -> str:
+    """The TTIR of one tensor's body compiled as a kernel (x and y of type ``pointer``)."""
     signature, constexprs = {}, {}
     for i, name in enumerate(fn.arg_names):
-        if name.startswith(("_x", "_y")):
+        if name in ("x_ptr", "y_ptr"):
             signature[name] = pointer
+        elif name == "pid":
+            signature[name] = "i32"
         else:
             signature[name] = "constexpr"
-            flag = re.match(r"_([GWAT])\d+$", name)
-            value = dims.get(name) if flag is None else {"G": 8, "W": wide, "A": alt, "T": 64}[flag.group(1)]
-            constexprs[(i,)] = False if name == "_ASM" else value
+            constexprs[(i,)] = {"WIDE": wide, "_ALT": alt, "_T": 64, "_ASM": False}.get(name, dims.get(name))
     src = ASTSource(fn, signature, constexprs)
     backend = CUDABackend(TARGET)
     options = backend.parse_options({})
