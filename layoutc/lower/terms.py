@@ -3,7 +3,8 @@
 The planner's index expressions inline every size and every shared term (a swizzled scale's
 address repeats ``(H // 16 + 3) // 4`` a dozen times). Here the terms are named once, as the map
 in a kernel's header names them: sizes (of the dims only) get capitals and are bound first,
-terms of the output coordinates lower case, bound once the coordinates are. A name stands for
+terms of the output coordinates lower case, bound once the coordinates are; each with a leading
+underscore (``_A``, ``_p``), which no dim can have. A name stands for
 exactly the expression it replaces (the same tree, evaluated in the same order), so a kernel
 computes the same values with the same arithmetic: only the text is shorter.
 """
@@ -43,7 +44,7 @@ class Terms:
         return tuple((n, d) for n, d in self.defs if self._local(n))
 
     def _local(self, name: str) -> bool:
-        return name[0].islower()
+        return name.lstrip("_")[0].islower()
 
 
 def replace(e: ex.Expr, old: ex.Expr, new: ex.Expr) -> ex.Expr:
@@ -79,8 +80,9 @@ def name_terms(exprs: Sequence[ex.Expr], taken: Iterable[str], printer: Callable
     ``width`` characters: first the term whose repeats are longest in all (a name read many times),
     then, where no term repeats, the longest term of the longest line. ``taken``: names in use."""
     taken = set(taken) | {v for e in exprs for v in ex.free_vars(e)}
-    upper = iter([c for c in "ABCDFGJLMNPQRSTUVWXYZ" if c not in taken])
-    lower = iter([c for c in "pqstuabcdfghjklmnz" if c not in taken])
+    # A leading underscore: no dim (a letter first, layoutc.names) can ever shadow a term's name.
+    upper = iter([f"_{c}" for c in "ABCDFGJLMNPQRSTUVWXYZ" if f"_{c}" not in taken])
+    lower = iter([f"_{c}" for c in "pqstuabcdfghjklmnz" if f"_{c}" not in taken])
     local: set[str] = {v for e in exprs for v in ex.free_vars(e) if _COORD.match(v)}
     exprs = list(exprs)
     chosen: list[tuple[str, ex.Expr]] = []
