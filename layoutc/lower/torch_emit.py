@@ -22,7 +22,7 @@ from .terms import collect_and_name
 TERMS = "#<terms>"
 #: Names the parts bind themselves (a named term takes none of them).
 _LOCALS = {"x", "d", "y", "w", "r", "v", "s", "ok", "src", "flat", "zero", "byte", "step", "start", "stop", "per",
-           "index", "rows", "runs", "words", "halves", "low", "high", "out", "store"}
+           "index", "rows", "runs", "words", "halves", "low", "high", "out", "store", "_dev"}
 
 
 def _named(emit, dims) -> list[str]:

@@ -47,7 +47,8 @@ def t(e: ex.Expr) -> str:
 #: The line a walk puts after binding the output coordinates: where their named terms go.
 TERMS = "#<terms>"
 #: Names a body binds itself (a named term takes none of them).
-_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "mask", "pid", "rows", "cols", "live", "inside"}
+_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "mask", "pid", "rows", "cols", "live", "inside",
+           "_T", "_ALT", "_ASM", "_b", "_c", "_f", "_nan", "_nct", "_read"}
 
 
 # ---------------------------------------------------------------------------

@@ -69,3 +69,15 @@ def test_wrapping_keeps_the_syntax_tree_and_refuses_to_break_strings():
     assert all(len(x) <= 120 for x in out.split("\n"))
     assert pywrap.wrap(line.strip()) == pywrap.wrap_source(line.strip())
     assert "'a, b 7'" in out  # a string is never broken
+
+
+def test_named_terms_take_no_name_a_kernel_binds_itself():
+    from layoutc import expr as ex
+    from layoutc.lower import terms, triton_emit
+
+    o = [ex.Var(f"o{k}") for k in range(3)]
+    size = ex.floordiv(ex.add(ex.Var("H"), 3), 4)
+    exprs = [ex.mul(ex.add(o[0], ex.mul(o[1], size), k), ex.add(size, k)) for k in range(1, 20)]
+    names = {n for n, _ in terms.name_terms(exprs, triton_emit._LOCALS | {"H"}, ex.to_triton, width=20).defs}
+    assert names and not names & triton_emit._LOCALS
+    assert all(n.startswith("_") for n in names)
