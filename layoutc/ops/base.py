@@ -110,6 +110,10 @@ class Op:
     summary: ClassVar[str] = ""
     binder_args: ClassVar[tuple] = ()  # arguments that are not fields (see BinderArg)
     public: ClassVar[bool] = True  # a spec can name it (else it is reached as an inverse or specialisation)
+    #: Argument sets ``layoutc infer`` tries for this op when it searches row permutations, in order,
+    #: and where the op's moves come in the search (lower first): empty for ops it does not try.
+    search: ClassVar[tuple[dict, ...]] = ()
+    search_rank: ClassVar[int] = 0
 
     @property
     def category(self) -> Category:
@@ -123,6 +127,11 @@ class Op:
     @property
     def ranks(self) -> int:
         """Tensor-parallel ranks a ``slice`` op divides its axis among (1 for every other op)."""
+        return 1
+
+    @property
+    def parts(self) -> int:
+        """Equal parts of its axis the op treats separately (gate and up: 2; 1 for every other op)."""
         return 1
 
     def word_permutation(self) -> "BitPermutation | None":
