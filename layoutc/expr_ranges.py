@@ -9,8 +9,8 @@ from fractions import Fraction
 from typing import Iterable, Mapping, Union
 
 from .expr_core import (
-    TRUE, Add, And, Const, Div, Expr, FloorDiv, Lt, Mod, Mul, Table, Var, Where, _split_coef, _terms, add, children, div,
-    mul, rebuild,
+    TRUE, Add, And, Const, Div, Expr, FloorDiv, Lt, Mod, Mul, Table, Var, Where, _split_coef, _terms, add, children,
+    div, mul, rebuild,
 )
 
 # ---------------------------------------------------------------------------

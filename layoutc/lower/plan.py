@@ -43,7 +43,7 @@ from ..compiler import Chain
 from ..dtypes import ElemType
 from ..indexmap import IndexMap, compose_all, identity
 from ..ops.base import Category
-from ..ops.conversion import BitPermutation, Conversion, UnknownKind, bit_permutation_terms, known
+from ..ops.conversion import BitPermutation, Conversion, UnknownKind, known
 
 
 class Pattern(enum.StrEnum):

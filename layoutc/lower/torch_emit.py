@@ -179,7 +179,8 @@ def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch) -> list[str]:
     lines += _coordinates(qshape)
     if q.row_stride is not None:  # runs: one index per row and source word, not per quad
         lines[-3] = f"    o{rank - 1} = torch.zeros(1, dtype=torch.int64, device=_dev).view({', '.join(['1'] * rank)})"
-        lines[-2] = "    zero = " + " + ".join(f"o{k} * 0" for k in range(rank - 1)) + f" + o{rank - 1}  # one quad per row"
+        lines[-2] = ("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank - 1))
+                     + f" + o{rank - 1}  # one quad per row")
         lines.append("    rows = torch.stack([" + ", ".join(f"(({t(base)}) + zero) // 4" for base in q.bases)
                      + "], dim=-1)  # row, source word b: the first quad's word")
         lines.append(f"    step = ({ex.to_python(q.row_stride)}) // 4  # words between a row's neighbouring quads")

@@ -114,7 +114,8 @@ class Cast(Conversion):
             return [
                 f"_nan = {value} != {value}",
                 f"{value} = {value}.to({dtype})",
-                f"{value} = tl.where(_nan, tl.full({value}.shape, {nan:#x}, {bits}).to({dtype}, bitcast=True), {value})",
+                f"{value} = tl.where(_nan, tl.full({value}.shape, {nan:#x}, {bits}).to({dtype}, bitcast=True), "
+                f"{value})",
             ]
         return [f"{value} = {value}.to({dtype})"]
 
@@ -158,7 +159,8 @@ class InsertBits(Conversion):
 
     def kernel(self, value: str, src: ElemType) -> list[str]:
         dtype = TRITON_DTYPES[self.to.canonical]
-        return [f"_f = ({value}.to({UINT[src.bits]}, bitcast=True) & {(1 << self.width) - 1:#x}).to({UINT[self.to.bits]})",
+        field = f"({value}.to({UINT[src.bits]}, bitcast=True) & {(1 << self.width) - 1:#x})"
+        return [f"_f = {field}.to({UINT[self.to.bits]})",
                 f"{value} = (_f << {self.shift}).to({dtype}, bitcast=True)"]
 
 
