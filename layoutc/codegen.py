@@ -29,7 +29,7 @@ from ._version import __version__
 from . import expr as ex
 from .compiler import Chain, Compiled, Constraint, Variant, shape_axes
 from .ir import TensorSpec
-from .lower import eager, fingerprint, guard_rt, registry, runtime
+from .lower import eager, fingerprint, guard_rt, pywrap, registry, runtime
 from .text import comment
 from .versions import distribution
 
@@ -191,11 +191,23 @@ def _checks(variants: tuple[Variant, ...], dims: tuple[str, ...], assumptions: l
     for (tensor, value, multiple, message), (_, where) in by_key.items():
         scope = None if where == tensor_variants[tensor] else sorted(where, key=sorted)
         scope_src = "None" if scope is None else "(" + ", ".join(f"frozenset({sorted(p)!r})" for p in scope) + ",)"
-        lines.append(
-            f"    ({tensor!r}, {_dims_lambda(dims, ex.to_python(value))}, {multiple}, {message!r}, {scope_src}),"
-        )
+        pieces = _pieces(message, 96)  # one string, as adjacent literals of at most a line each
+        lines.append(f"    ({tensor!r}, {_dims_lambda(dims, ex.to_python(value))}, {multiple},")
+        lines += [f"     {piece!r}" for piece in pieces[:-1]] + [f"     {pieces[-1]!r}, {scope_src}),"]
     lines.append("]")
     return "\n".join(lines)
+
+
+def _pieces(text: str, width: int) -> list[str]:
+    """``text`` cut after spaces into pieces of at most about ``width`` characters (joined: ``text``)."""
+    pieces, start = [], 0
+    while len(text) - start > width:
+        cut = text.rfind(" ", start, start + width)
+        if cut <= start:
+            break
+        pieces.append(text[start:cut + 1])
+        start = cut + 1
+    return pieces + [text[start:]]
 
 
 def _emit_direction(
@@ -213,7 +225,8 @@ def _emit_direction(
             "def convert(tensors, dims=None, lowering='auto', chunk=None, inplace=False, fingerprint=True):",
             textwrap.indent(f'"""{doc}', "    "),
             "",
-            "    lowering: 'auto' or one of LOWERINGS: " + comment(registry.describe()) + ".",
+            *textwrap.wrap("lowering: 'auto' or one of LOWERINGS: " + comment(registry.describe()) + ".", 116,
+                           initial_indent="    ", subsequent_indent="    "),
             "    'auto' takes the first that runs on the tensors' device. chunk=k converts k experts at a",
             "    time (bounds the eager lowering's temporaries). inplace=True writes each output whose",
             "    bytes per expert equal its input's into the input's memory, one expert at a time, and",
@@ -325,6 +338,7 @@ def _lowered(compiled: Compiled) -> tuple[list[str], dict[tuple, tuple[str, list
              *(f"    {lw.table_entry()!r}," for lw in registry.lowerings()), ")",
              "LOWERINGS = tuple(entry[0] for entry in _LOWERINGS)", ""]
     kernel_text = "\n\n".join(sorted(ctx.kernels.values(), key=lambda k: "def _k_layer_" in k))  # bodies first
+    kernel_text = pywrap.wrap(kernel_text)  # lines of at most 120 characters, the same kernels
     lines += [
         f"_TRITON_FILE = {f'<layoutc triton kernels of {p.name}>'!r}",
         f"_TRITON_SOURCE = {text_literal(chr(10) + kernel_text) if kernel_text else repr('')}",
@@ -408,13 +422,17 @@ def generate(compiled: Compiled) -> str:
         "'SPEC_SHA256', 'PARAMS', 'REQUIRES', 'DIMS', 'INPUTS', 'OUTPUTS', 'INVERTIBLE', 'LOWERINGS']",
         "",
     ]
+    # The copied run time (the same in every converter) comes last, in one marked section: a reviewer
+    # reads the layout first. Nothing above runs it at import.
+    runtime = ["", "", "# " + "=" * 98, "# RUNTIME: copied from layoutc, the same in every converter (checks, dims, launch, guard).",
+               "# Nothing below depends on the spec; the spec's own code is above.", "# " + "=" * 98]
     for module in RUNTIME_MODULES:
         title = f"# -- {module.__name__} (copied whole) "
-        lines += ["", title + "-" * max(3, 99 - len(title)), "", module_text(module)]
-    lines += ["", "# -- primitives (eager implementations of layoutc.ops) " + "-" * 44, ""]
+        runtime += ["", title + "-" * max(3, 99 - len(title)), "", module_text(module)]
+    runtime += ["", "# -- primitives (eager implementations of layoutc.ops) " + "-" * 44, ""]
     for chunk in _impl_closure(eager.functions_used(chains)):
-        lines.append("")
-        lines.append(chunk)
+        runtime.append("")
+        runtime.append(chunk)
     lowered, passes, layers = _lowered(compiled)
     lines += [
         "",
@@ -458,8 +476,8 @@ def generate(compiled: Compiled) -> str:
             "def inverse(tensors, dims=None):",
             f"    raise NotImplementedError({p.name + ': some transform has no inverse, so this layout cannot be undone'!r})",
         ]
-    lines += ["", "", *PUBLIC_FUNCTIONS]
-    return "\n".join(lines).rstrip() + "\n"
+    lines += ["", "", *PUBLIC_FUNCTIONS, *runtime]
+    return pywrap.wrap("\n".join(lines).rstrip() + "\n")
 
 
 PUBLIC_FUNCTIONS = [

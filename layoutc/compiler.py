@@ -153,14 +153,6 @@ class Chain:
         tags = [s.tag for s in self.steps if s.tag is not None] + list(self.empty_packings)
         return tuple(dict.fromkeys(t.family for t in sorted(tags, key=lambda t: t.instance)))
 
-    def applications(self) -> dict[tuple[int, int], list[Step]]:
-        """The steps of each family application (one ``interleave`` statement), in order."""
-        out: dict[tuple[int, int], list[Step]] = {}
-        for s in self.steps:
-            if s.tag is not None:
-                out.setdefault(s.tag.instance, []).append(s)
-        return out
-
 
 @attrs.frozen
 class Variant:
@@ -476,12 +468,6 @@ class Compiled:
         """The variant for these present optional inputs and holding size conditions (by label)."""
         key = frozenset(present) & frozenset(self.program.variant_keys)
         return next(v for v in self.variants if v.present == key)
-
-    def inverse_variant(self, present: Iterable[str]) -> Variant:
-        if self.inverse_variants is None:
-            raise ValueError(f"spec {self.program.name} is not invertible")
-        key = frozenset(present) & frozenset(self.program.variant_keys)
-        return next(v for v in self.inverse_variants if v.present == key)
 
 
 def presence_sets(program: Program) -> list[frozenset[str]]:

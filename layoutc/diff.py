@@ -206,12 +206,6 @@ def load_pair(old_text: str, old_name: str, new_text: str, new_name: str,
             compile_source(new_text, new_name, params, verify_spec=False))
 
 
-def _diag(message: str):
-    from .errors import Diagnostic
-
-    return Diagnostic("error", message)
-
-
 def as_text(d: SpecDiff) -> str:
     if not d.changes:
         at = " at the parameter values below" if d.params else ""

@@ -89,10 +89,6 @@ def widens_exactly(narrow: ElemType, wide: ElemType) -> bool:
     return (narrow.name, wide.name) in EXACT_WIDENINGS
 
 
-def elem_type(name: str) -> ElemType:
-    return ELEMENT_TYPES[name]
-
-
 def bit_view(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bit patterns as same-width integers: exact (NaN-safe) comparison of any element type."""
     return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])

@@ -63,6 +63,7 @@ from . import usercode
 from .compiler import Chain, Step, Variant
 from .dtypes import ElemType, bit_view, torch_dtype_name
 from .indexmap import IndexMap, bytes_to_bits, compose_all, concrete_shape, drop_bit_axis, identity, lift_to_bits
+from .ops import conversion as cv
 from .ops.base import Category
 
 #: A code is a global input address (>= 0) or one of these.
@@ -280,12 +281,14 @@ def chain_mode(chain: Chain) -> str:
         if s.op.category is not Category.VALUE:
             continue
         conv = s.op.conversion()
-        if conv is not None and conv[0] == "view":
+        if isinstance(conv, cv.View):
             continue
-        if conv is not None and conv[0] == "cast":
+        if isinstance(conv, cv.Cast):
             mode = "values"
             continue
-        return "opaque"
+        if isinstance(conv, (cv.ExtractBits, cv.InsertBits)):
+            return "opaque"
+        raise cv.UnknownKind(f"equiv has no probe encoding for the value conversion {conv!r} of {s.op.name}")
     m = chain.composed_map()
     if mode == "values":
         return "opaque" if m.bit_level or not chain.source.elem.numeric else "values"

@@ -64,10 +64,6 @@ class IndexMap:
             raise ValueError(f"index map has {len(self.src)} source coordinates for a rank-{len(self.in_shape)} input")
 
     @property
-    def in_rank(self) -> int:
-        return len(self.in_shape)
-
-    @property
     def out_rank(self) -> int:
         return len(self.out_shape)
 
@@ -411,7 +407,3 @@ def crop_map(in_shape: Sequence[Expr], dim: int, size: Expr, parts: int = 1) -> 
     """Keep the first ``size`` entries of each of ``parts`` equal parts of axis ``dim``."""
     return _resize_parts(in_shape, dim, size, parts)[0]
 
-
-def bits_of(m: IndexMap) -> IndexMap:
-    """Alias of :func:`lift_to_bits` for readable chains."""
-    return lift_to_bits(m)

@@ -227,9 +227,11 @@ def _modes(program, dtypes: Mapping[str, torch.dtype]) -> dict:
 # searching
 
 
-_PERM_OPS = [("swap_halves", {}), ("reorder_gated_rows", {}), ("swap_pairs", {})] + \
-    [("interleave_rows", {"group": g}) for g in (2, 4, 8, 16, 32, 64, 128, 256)] + \
-    [("deinterleave", {"group": g}) for g in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+def perm_ops() -> list[tuple[str, dict]]:
+    """The row permutations infer tries, in order: each op's declared ``search`` arguments (from the
+    registry, so a new op that declares them is tried without a list here)."""
+    ops = sorted((c for c in REGISTRY.values() if c.search), key=lambda c: (c.search_rank, c.name))
+    return [(c.name, dict(kw)) for c in ops for kw in c.search]
 _U8 = ELEMENT_TYPES["u8"]
 
 
@@ -362,7 +364,7 @@ class AxisSearch:
 
     def __init__(self, fs: list[torch.Tensor], ns: list[int], perms: bool):
         self.fs, self.ns = fs, ns
-        self.moves = [_Perm(n, kw) for n, kw in _PERM_OPS] if perms else []
+        self.moves = [_Perm(n, kw) for n, kw in perm_ops()] if perms else []
         self.searched = -1
         self.found: list | None = None
         self.goal = _State.of([torch.arange(n) for n in ns])

@@ -33,7 +33,11 @@ def classify(value: ex.Expr, multiple: int, assumptions: Mapping[str, int]) -> s
     if multiple == 0:  # a condition: decided when constant, else checked on the real sizes
         if isinstance(value, ex.Const):
             return "proven" if value.value else "impossible"
+        if isinstance(value, ex.Lt) and ex.always_at_most(ex.add(value.lhs, 1), value.rhs):
+            return "proven"  # I < round_up(I, 128) + 1: no run-time check that always holds
         return "runtime"
+    if isinstance(value, ex.Mul) and isinstance(value.args[0], ex.Const) and value.args[0].value % multiple == 0:
+        return "proven"  # 256*ceil_div(I, 128) % 128: a multiple of the coefficient (the rest is an integer)
     form = ex.linear_form(value)
     if form is None:
         return "runtime"

@@ -31,7 +31,7 @@ from .indexmap import bits_to_bytes, bytes_to_bits, concrete_shape
 from .ir import Program
 from .lower.eager import run as run_op
 from .ops.base import Category
-from .ops.value import exact_cast
+from .ops.conversion import known
 from .rowmap import AxisMap, prefix_length, reduce_to_axes, static_sources
 from .verify import Verifier, verification_dims
 
@@ -56,12 +56,14 @@ def _bit_field(chain: Chain) -> tuple[int, int, int] | None:
     where a digit stored as a value (its exponent and mantissa) would not survive. Read from what
     each value op declares it does to an element (its ``conversion()``)."""
     for i, step in enumerate(chain.steps):
-        conv = step.op.conversion()
-        if conv is not None and conv[0] == "extract":
-            _, shift, width, _ = conv
+        if step.op.facts.category is not Category.VALUE:
+            continue
+        conv = known(step.op.conversion())
+        if conv.field() is not None:
+            shift, width = conv.field()
             ok = step.in_type.elem == chain.source.elem and width >= 8
             return (i, shift, width) if ok else None
-        if step.op.facts.category is Category.VALUE and (conv is None or conv[0] != "view"):
+        if not conv.keeps_bits:
             return None  # a value step before any bit field: the digits are values from here on
     return None
 
@@ -69,15 +71,8 @@ def _bit_field(chain: Chain) -> tuple[int, int, int] | None:
 def _lossy(chain: Chain) -> bool:
     """Whether a value step drops bits of the elements (a bit field, a cast that is not an exact
     widening), read from each op's declared ``conversion()``."""
-    for s in chain.steps:
-        conv = s.op.conversion()
-        if conv is None:
-            continue
-        if conv[0] == "extract":
-            return True
-        if conv[0] == "cast" and not exact_cast(s.in_type.elem, conv[1]):
-            return True
-    return False
+    return any(known(s.op.conversion()).lossy(s.in_type.elem)
+               for s in chain.steps if s.op.facts.category is Category.VALUE)
 
 
 class ProbeRun:

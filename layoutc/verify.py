@@ -169,7 +169,7 @@ class Verifier:
                     s.statement.pos if s.statement else None, [chain.tensor],
                     "guard the gate/up transforms with the activation, e.g. 'if activation != relu2 { ... }'",
                 )
-            parts = getattr(s.op, "parts", 1)
+            parts = s.op.parts
             if s.op.facts.slice and layout.kind == "stacked" and parts != n:
                 self.error(
                     f"{chain.tensor} rows are {layout} ({n} shard{'s' if n > 1 else ''}), but {s.statement.text} "

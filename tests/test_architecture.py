@@ -17,9 +17,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "layoutc"
 #: Lowest first. A module may import modules of its own layer or of a lower one.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # foundations: no layoutc imports, or only each other
-    ("_version", "text", "limits", "names", "expr", "dtypes", "args", "progress", "lower.runtime", "lower.fingerprint",
-     "lower.guard_rt", "lower.dimsolve", "dimsolve", "ops.torch_impl", "shardfile", "quant", "lower", "identity",
-     "shipped"),
+    ("_version", "text", "limits", "names", "expr", "expr_core", "expr_eval", "expr_ranges", "dtypes", "args",
+     "progress", "lower.runtime", "lower.fingerprint", "lower.guard_rt", "lower.dimsolve", "dimsolve", "ops.torch_impl",
+     "shardfile", "quant", "lower", "identity", "shipped"),
     # the algebra and the syntax tree
     ("ast", "indexmap", "instances"),
     # one error type, one reading of text

@@ -32,6 +32,7 @@ only print plans.
 
 from __future__ import annotations
 
+import enum
 from fractions import Fraction
 from typing import Sequence
 
@@ -42,6 +43,45 @@ from ..compiler import Chain
 from ..dtypes import ElemType
 from ..indexmap import IndexMap, compose_all, identity
 from ..ops.base import Category
+from ..ops.conversion import BitPermutation, Conversion, UnknownKind, known
+
+
+class Pattern(enum.StrEnum):
+    """What the composed map of a plan is (the module's docstring says what each lowers to)."""
+
+    COPY = "copy"
+    AFFINE = "affine"
+    GATHER = "gather"
+    WORDS = "words"
+    NONE = "none"
+
+
+class Access(enum.StrEnum):
+    """How a kernel walks the output of a plan."""
+
+    ELEMENTS = "elements"
+    ROWS = "rows"
+    WORDS = "words"
+    QUADS = "quads"
+
+
+def _kind(cls: type[enum.StrEnum]):
+    def convert(value) -> enum.StrEnum:
+        try:
+            return cls(value)
+        except ValueError:
+            raise UnknownKind(f"no plan has the {cls.__name__.lower()} {value!r}; the kinds are "
+                              f"{', '.join(k.value for k in cls)}") from None
+    return convert
+
+
+def unknown(what: str, value) -> UnknownKind:
+    """The error of an emitter's dispatch that met a kind it has no branch for."""
+    return UnknownKind(f"the {what} lowering has no rule for {value!r}")
+
+
+def _conversions(items) -> tuple[Conversion, ...]:
+    return tuple(known(c) for c in items)
 
 
 @attrs.frozen
@@ -63,7 +103,7 @@ class Quads:
 @attrs.frozen
 class Plan:
     tensor: str
-    pattern: str  # "copy" | "affine" | "gather" | "words" | "none"
+    pattern: Pattern = attrs.field(converter=_kind(Pattern))
     in_elem: ElemType
     out_elem: ElemType
     in_shape: tuple[ex.Expr, ...]
@@ -72,10 +112,11 @@ class Plan:
     word_shape: tuple[ex.Expr, ...] = ()  # words: the output seen as 32-bit words
     word_sources: tuple[tuple[ex.Expr, ...], ...] = ()  # words: input coordinates of bytes 0..3
     word_valid: tuple[ex.Expr, ...] = ()  # words: whether each byte reads the input (else 0)
-    table: tuple[int, ...] = ()  # words: output bit i is input bit table[i]
-    conversions: tuple[tuple, ...] = ()  # each value step's conversion() in chain order: ("cast", type), ...
+    permutation: BitPermutation | None = None  # words: the bit permutation within each word
+    # each value step's conversion() in chain order; a kind no lowering knows is refused here
+    conversions: tuple[Conversion, ...] = attrs.field(default=(), converter=_conversions)
     reason: str = ""  # pattern "none": why
-    access: str = "elements"  # "elements" | "rows" | "words" | "quads"
+    access: Access = attrs.field(default=Access.ELEMENTS, converter=_kind(Access))
     quads: Quads | None = None
     coarse: int = 1  # elements: the map moves runs of this many elements; the kernel moves them as one word
     coarse_src: ex.Expr | None = None  # ... source word index over the coarse output grid
@@ -87,6 +128,11 @@ class Plan:
     @property
     def one_pass(self) -> bool:
         return self.pattern != "none"
+
+    @property
+    def table(self) -> tuple[int, ...]:
+        """words: output bit i of a word is input bit table[i]."""
+        return self.permutation.table if self.permutation is not None else ()
 
 
 # ---------------------------------------------------------------------------
@@ -159,14 +205,6 @@ def contiguous_strides(shape: Sequence[ex.Expr]) -> tuple[ex.Expr, ...]:
 def linear(coords: Sequence[ex.Expr], shape: Sequence[ex.Expr]) -> ex.Expr:
     """The flat (row-major) index of ``coords`` in a tensor of ``shape``."""
     return ex.add(*(ex.mul(c, s) for c, s in zip(coords, contiguous_strides(shape))))
-
-
-def bit_permutation_terms(table: Sequence[int]) -> list[tuple[int, int]]:
-    """(mask, shift) pairs with ``out = OR((w & mask) << shift)`` (negative shift: right)."""
-    groups: dict[int, int] = {}
-    for i, s in enumerate(table):
-        groups[i - s] = groups.get(i - s, 0) | (1 << s)
-    return sorted(((mask, shift) for shift, mask in groups.items()), key=lambda t: -t[1])
 
 
 def swar_terms(table: Sequence[int]) -> list[tuple[int, int, int, int]]:
@@ -287,7 +325,7 @@ def _plan(chain: Chain) -> Plan:
     base = dict(tensor=chain.tensor, in_elem=spec.elem, out_elem=out_type.elem, in_shape=spec.shape,
                 out_shape=out_type.shape)
     index_steps = [s for s in chain.steps if s.op.category is not Category.VALUE]
-    conversions = tuple(s.op.conversion() for s in chain.steps if s.op.category is Category.VALUE)
+    conversions = tuple(_conversion(s.op) for s in chain.steps if s.op.category is Category.VALUE)
     bit_steps = [i for i, s in enumerate(chain.steps) if s.op.bit_level]
     if bit_steps:
         return _words_plan(chain, bit_steps, base)
@@ -298,6 +336,13 @@ def _plan(chain: Chain) -> Plan:
     return Plan(pattern=pattern, map=m, conversions=conversions, **base)
 
 
+def _conversion(op) -> Conversion:
+    conv = op.conversion()
+    if conv is None:
+        raise UnknownKind(f"the value op {op.name} declares no conversion(): no lowering can print it")
+    return known(conv)
+
+
 def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
     """A chain with one permutation of the bits within 32-bit words: byte gathers before it (``P``), the
     permutation, byte moves after it that keep each word's 4 bytes together (``Q``). Output word ``w``
@@ -305,7 +350,7 @@ def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
     i = bit_steps[0]
     step = chain.steps[i]
     perm = step.op.word_permutation()
-    if len(bit_steps) > 1 or perm is None or perm[0] != 4:
+    if len(bit_steps) > 1 or perm is None or perm.word_bytes != 4:
         return Plan(pattern="none", reason="bit-level steps other than one permutation of 32-bit words", **base)
     if any(s.op.category is Category.VALUE for s in chain.steps):
         return Plan(pattern="none", reason="value conversions around a bit permutation", **base)
@@ -313,7 +358,7 @@ def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
     after = [s.op.index_map(s.in_type) for s in chain.steps[i + 1:]]
     p = compose_all(before) if before else identity(chain.source.shape)
     q = compose_all(after) if after else identity(step.out_type.shape)
-    word = perm[0]
+    word = perm.word_bytes
     if not q.is_total() or not _moves_whole_words(q, word, chain):
         return Plan(pattern="none", reason="the steps after a bit permutation split its words", **base)
     last = f"o{q.out_rank - 1}"
@@ -326,7 +371,7 @@ def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
         valids.append(ex.substitute(p.valid, sub))
     word_shape = q.out_shape[:-1] + (ex.div(q.out_shape[-1], word),)
     return Plan(pattern="words", word_shape=word_shape, word_sources=tuple(sources), word_valid=tuple(valids),
-                table=perm[1], **base)
+                permutation=perm, **base)
 
 
 # ---------------------------------------------------------------------------

@@ -55,7 +55,8 @@ def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
         if first is None:
             first = (name, t.device)
         elif t.device != first[1]:
-            raise LayoutError(f"{name} is on {t.device} but {first[0]} is on {first[1]}; pass all tensors on one device")
+            raise LayoutError(f"{name} is on {t.device} but {first[0]} is on {first[1]}; "
+                              "pass all tensors on one device")
         if t.dim() != len(c["shape"]):
             raise LayoutError(
                 f"{name}: expected {len(c['shape'])} axes {_fmt_shape(c['shape'])}, got shape {_fmt_shape(t.shape)}"
@@ -156,7 +157,8 @@ def _check_outputs(out, shapes, d, what):
         if t.shape != expected[name]:
             raise LayoutError(
                 f"{what}: the transforms produced {name} with shape {_fmt_shape(t.shape)} but the output "
-                f"declaration gives {_fmt_shape(expected[name])} here ({_fmt_dims(d)}); the spec is wrong for these sizes"
+                f"declaration gives {_fmt_shape(expected[name])} here ({_fmt_dims(d)}); "
+                "the spec is wrong for these sizes"
             )
 
 

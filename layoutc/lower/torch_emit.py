@@ -14,30 +14,35 @@ from __future__ import annotations
 from typing import Sequence
 
 from .. import expr as ex
-from .plan import Plan, affine_strides, bit_permutation_terms, linear
+from ..ops.conversion import known
+from .plan import Access, Pattern, Plan, affine_strides, linear, unknown
+from .terms import collect_and_name
+
+#: The line after the coordinates are bound: where the named terms of the coordinates go.
+TERMS = "#<terms>"
+#: Names the parts bind themselves (a named term takes none of them).
+_LOCALS = {"x", "d", "y", "w", "r", "v", "s", "ok", "src", "flat", "zero", "byte", "step", "start", "stop", "per",
+           "index", "rows", "runs", "words", "halves", "low", "high", "out", "store", "_dev"}
+
+
+def _named(emit, dims) -> list[str]:
+    """``emit(t)``'s lines with its index terms named once (:mod:`layoutc.lower.terms`)."""
+    return collect_and_name(emit, set(dims) | _LOCALS, ex.to_torch, TERMS, indent="    ")
 
 BIT_VIEWS = {8: "uint8", 16: "int16", 32: "int32", 64: "int64"}
 
 
 def conversions(p: Plan, var: str, indent: str) -> list[str]:
     """Value conversions through the eager ops' own functions: one semantics (NaNs, bit fields)."""
-    out = []
-    for conv in p.conversions:
-        kind, to = conv[0], conv[-1]
-        if kind == "view":
-            call = f"{var}.view(torch.{to.canonical})"
-        elif kind == "cast":
-            call = f"cast({var}, torch.{to.canonical})"
-        else:
-            fn = "extract_bits" if kind == "extract" else "insert_bits"
-            call = f"{fn}({var}, {conv[1]}, {conv[2]}, torch.{to.canonical})"
-        out.append(f"{indent}{var} = {call}")
-    return out
+    return [f"{indent}{var} = {known(conv).eager(var)}" for conv in p.conversions]
 
 
 def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
     """Source of ``def name(x, d, compiled=False) -> Tensor`` computing ``p`` with torch ops."""
-    t = ex.to_torch
+    if p.pattern not in (Pattern.COPY, Pattern.AFFINE, Pattern.GATHER, Pattern.WORDS):
+        raise unknown("torch gather", p.pattern)
+    if p.access not in (Access.ELEMENTS, Access.ROWS, Access.WORDS, Access.QUADS):
+        raise unknown("torch gather", p.access)
     bind = [f"    {d} = d[{d!r}]" for d in dims]
     if p.pattern in ("copy", "affine"):
         lines = [f"def {name}(x, d, compiled=False):", *bind]
@@ -56,54 +61,32 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
     shape = p.word_shape if p.pattern == "words" else p.out_shape
     rank = len(shape)
     sizes = [ex.to_python(s) for s in shape]
-    part = [f"def {name}_part({args}, start, stop):", "    _dev = x.device"]
     bitwise = p.pattern == "gather" and not p.conversions
-    if bitwise:
-        part.append(f"    flat = x.contiguous().view(torch.{BIT_VIEWS[p.in_elem.bits]}).reshape(-1)  # move bits, whatever the type")
-    else:
-        part.append("    flat = x.contiguous().reshape(-1)")
-    part += _coordinates(sizes)
+    part = [f"def {name}_part({args}, start, stop):"] + _named(lambda t: _part_body(p, sizes, bitwise, t), dims)
     if p.pattern == "words":
-        for b, (coords, valid) in enumerate(zip(p.word_sources, p.word_valid)):
-            addr = f"({t(linear(coords, p.in_shape))}) + zero"
-            if valid == ex.TRUE:
-                part.append(f"    byte = flat[{addr}].to(torch.int64)")
-            else:  # padding: read nothing there (its address may be past the input)
-                part.append(f"    ok = ({t(valid)}) & (zero == 0)")
-                part.append(f"    byte = torch.where(ok, flat[torch.where(ok, {addr}, 0)].to(torch.int64), 0)")
-            part.append("    w = byte" if b == 0 else f"    w = w | (byte << {8 * b})")
-        part.append("    r = torch.zeros_like(w)")
-        for mask, shift in bit_permutation_terms(p.table):
-            op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
-            part.append(f"    r = r | ((w & {mask:#x}) {op})")
-        part.append("    return torch.where(r >= 2**31, r - 2**32, r).to(torch.int32)")
         store = "torch.int32"
     else:
-        m = p.map
-        part.append(f"    src = ({t(linear(m.src, p.in_shape))}) + zero")
-        if m.is_total():
-            part.append("    return flat[src]")
-        else:
-            part.append(f"    ok = ({t(m.valid)}) & (zero == 0)")
-            part.append("    v = flat[torch.where(ok, src, 0)]")
-            part.append(f"    return torch.where(ok, v, torch.as_tensor({t(m.fill)}, dtype=v.dtype))")
         store = f"torch.{BIT_VIEWS[p.in_elem.bits]}" if bitwise else f"torch.{p.in_elem.canonical}"
     per = " * ".join(f"({s})" for s in sizes[1:]) or "1"
-    eager_part = f"{name}_part"
+    eager_part, choose = f"{name}_part", []
     if p.pattern == "words" and p.access == "quads" and p.quads is not None and rank >= 2:  # rank 1: chunks split quads
         # torch.compile keeps the plain part (it fuses that one itself); the quads part holds for
         # the dims the plan checked it on, the plain part for any
         cond = " and ".join(f"{d} % {p.quads.multiple} == 0" for d in p.quads.guard_dims) or "True"
-        eager_part = f"({name}_quads if {cond} else {name}_part)"
-        part += ["", ""] + quads_part(p, f"{name}_quads", dims)
+        choose = [f"    whole = {cond}  # the dims the quads part was checked for",
+                  f"    part = {name}_quads if whole else {name}_part"]
+        eager_part = "part"
+        part += ["", "", f"def {name}_quads({args}, start, stop):"] + _named(lambda t: quads_part(p, dims, t), dims)
     elif bitwise and p.coarse > 1 and rank >= 2:
         r = p.coarse
-        eager_part = (f"({name}_coarse if x.shape[-1] % {r} == 0 and ({sizes[-1]}) % {r} == 0 "
-                      f"else {name}_part)")  # whole words: the shapes _coarsen checked
-        part += ["", ""] + coarse_part(p, f"{name}_coarse", dims)
+        choose = [f"    whole = x.shape[-1] % {r} == 0 and ({sizes[-1]}) % {r} == 0  # the shapes _coarsen checked",
+                  f"    part = {name}_coarse if whole else {name}_part"]
+        eager_part = "part"
+        part += ["", "", f"def {name}_coarse({args}, start, stop):"] + _named(lambda t: coarse_part(p, dims, t), dims)
     drive = [
         f"def {name}(x, d, compiled=False):",
         *bind,
+        *choose,
         "    if compiled:",
         f"        y = _compiled({name}_part)({args}, 0, {sizes[0]})",
         f"    elif {per} * {sizes[0]} <= 1 << 24:  # one part: its result is the output, no copy",
@@ -127,6 +110,39 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
     return "\n".join(part) + "\n\n\n" + "\n".join(drive) + "\n"
 
 
+def _part_body(p: Plan, sizes: Sequence[str], bitwise: bool, t) -> list[str]:
+    """The lines of ``name_part``: the output coordinates over [start, stop), each source address
+    from the plan's map, one gather (``t`` prints an index expression)."""
+    part = ["    _dev = x.device"]
+    if bitwise:
+        part.append(f"    flat = x.contiguous().view(torch.{BIT_VIEWS[p.in_elem.bits]}).reshape(-1)"
+                    "  # move bits, whatever the type")
+    else:
+        part.append("    flat = x.contiguous().reshape(-1)")
+    part += _coordinates(sizes)
+    if p.pattern == "words":
+        for b, (coords, valid) in enumerate(zip(p.word_sources, p.word_valid)):
+            addr = f"({t(linear(coords, p.in_shape))}) + zero"
+            if valid == ex.TRUE:
+                part.append(f"    byte = flat[{addr}].to(torch.int64)")
+            else:  # padding: read nothing there (its address may be past the input)
+                part.append(f"    ok = ({t(valid)}) & (zero == 0)")
+                part.append(f"    byte = torch.where(ok, flat[torch.where(ok, {addr}, 0)].to(torch.int64), 0)")
+            part.append("    w = byte" if b == 0 else f"    w = w | (byte << {8 * b})")
+        part += p.permutation.eager("w", "r", "    ")
+        part.append("    return torch.where(r >= 2**31, r - 2**32, r).to(torch.int32)")
+    else:
+        m = p.map
+        part.append(f"    src = ({t(linear(m.src, p.in_shape))}) + zero")
+        if m.is_total():
+            part.append("    return flat[src]")
+        else:
+            part.append(f"    ok = ({t(m.valid)}) & (zero == 0)")
+            part.append("    v = flat[torch.where(ok, src, 0)]")
+            part.append(f"    return torch.where(ok, v, torch.as_tensor({t(m.fill)}, dtype=v.dtype))")
+    return part
+
+
 def _coordinates(sizes: Sequence) -> list[str]:
     """Lines binding the output coordinates of a part: ``o0`` over experts [start, stop), ``o1``..
     over their whole axes, each shaped to broadcast along its own axis, and ``zero`` of the full
@@ -138,11 +154,11 @@ def _coordinates(sizes: Sequence) -> list[str]:
         view[k] = "-1"
         lines.append(f"    o{k} = torch.arange({sizes[k]}, device=_dev).view({', '.join(view)})")
     lines.append("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank)) + "  # broadcasts to the full range")
-    return lines
+    return lines + ["    " + TERMS]
 
 
-def quads_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
-    """``name(x, dims..., start, stop)``: the words of a quads plan (as int32) by whole-word moves.
+def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch) -> list[str]:
+    """The body of ``name(x, dims..., start, stop)``: the words of a quads plan (as int32) by whole-word moves.
 
     The per-byte part reads each byte through an int64 index and permutes bits with seventeen
     masked shifts of int64 words: some fifty passes over eight times the data. Here each source
@@ -152,20 +168,19 @@ def quads_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
     strided copy, and the bit permutation two lookups per word in 65536-entry tables (one per half
     word, built from the plan's table on the call). Words are read little-endian, as torch's CPU
     and CUDA devices store them."""
-    t = ex.to_torch
     q = p.quads
     qshape = [ex.to_python(s) for s in p.word_shape[:-1]] + [ex.to_python(ex.div(p.word_shape[-1], 4))]
     rank = len(qshape)
-    args = ", ".join(["x"] + list(dims))
-    lines = [f"def {name}({args}, start, stop):", "    _dev = x.device"]
+    lines = ["    _dev = x.device"]
     lines.append("    flat = x.contiguous().view(torch.uint8).reshape(-1)")
     lines.append("    if flat.numel() % 4 or flat.data_ptr() % 4:  # int32 words need whole, aligned words")
     lines.append("        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % 4)])")
     lines.append("    src_words = flat.view(torch.int32)")
     lines += _coordinates(qshape)
     if q.row_stride is not None:  # runs: one index per row and source word, not per quad
-        lines[-2] = f"    o{rank - 1} = torch.zeros(1, dtype=torch.int64, device=_dev).view({', '.join(['1'] * rank)})"
-        lines[-1] = "    zero = " + " + ".join(f"o{k} * 0" for k in range(rank - 1)) + f" + o{rank - 1}  # one quad per row"
+        lines[-3] = f"    o{rank - 1} = torch.zeros(1, dtype=torch.int64, device=_dev).view({', '.join(['1'] * rank)})"
+        lines[-2] = ("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank - 1))
+                     + f" + o{rank - 1}  # one quad per row")
         lines.append("    rows = torch.stack([" + ", ".join(f"(({t(base)}) + zero) // 4" for base in q.bases)
                      + "], dim=-1)  # row, source word b: the first quad's word")
         lines.append(f"    step = ({ex.to_python(q.row_stride)}) // 4  # words between a row's neighbouring quads")
@@ -198,15 +213,13 @@ def quads_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
     return lines
 
 
-def coarse_part(p: Plan, name: str, dims: Sequence[str]) -> list[str]:
-    """``name(x, dims..., start, stop)``: a gather plan whose map moves runs of ``p.coarse``
+def coarse_part(p: Plan, dims: Sequence[str], t=ex.to_torch) -> list[str]:
+    """The body of ``name(x, dims..., start, stop)``: a gather plan whose map moves runs of ``p.coarse``
     elements, one index and one load per run (a wider integer), instead of one per element."""
-    t = ex.to_torch
     wide = BIT_VIEWS[p.in_elem.bits * p.coarse]
     nbytes = p.in_elem.bits * p.coarse // 8
     shape = [ex.to_python(s) for s in p.out_shape[:-1]] + [ex.to_python(ex.div(p.out_shape[-1], p.coarse))]
-    args = ", ".join(["x"] + list(dims))
-    lines = [f"def {name}({args}, start, stop):", "    _dev = x.device"]
+    lines = ["    _dev = x.device"]
     lines.append("    flat = x.contiguous().view(torch.uint8).reshape(-1)")
     lines.append(f"    if flat.numel() % {nbytes} or flat.data_ptr() % {nbytes}:  # whole, aligned words")
     lines.append(f"        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % {nbytes})])")

@@ -13,25 +13,17 @@ constants then need no sign fix-ups), 64-bit when a tensor has 2^30 elements or 
 
 from __future__ import annotations
 
+import textwrap
 from typing import Sequence
 
 from .. import expr as ex
 from ..compiler import Chain
 from ..text import comment
 from .maptext import map_text
-from .plan import Plan, bit_permutation_terms, linear, swar_terms
+from ..ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
+from .plan import Access, Pattern, Plan, linear, swar_terms, unknown
+from .terms import collect_and_name
 from .torch_emit import BIT_VIEWS
-
-TRITON_DTYPES = {
-    "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "float16": "tl.float16",
-    "bfloat16": "tl.bfloat16", "float32": "tl.float32", "float8_e4m3fn": "tl.float8e4nv", "float8_e5m2": "tl.float8e5",
-}
-UINT = {8: "tl.uint8", 16: "tl.uint16", 32: "tl.uint32", 64: "tl.uint64"}
-
-#: Canonical quiet NaN of each float type, as bits (what torch.tensor(nan, dtype) holds).
-CANONICAL_NAN = {"bfloat16": ("tl.uint16", 0x7FC0), "float16": ("tl.uint16", 0x7E00),
-                 "float32": ("tl.uint32", 0x7FC00000), "float8_e4m3fn": ("tl.uint8", 0x7F),
-                 "float8_e5m2": ("tl.uint8", 0x7E)}
 
 # Work per program (lanes x elements per lane), with NUM_WARPS warps per program.
 NUM_WARPS = 4
@@ -52,21 +44,30 @@ def t(e: ex.Expr) -> str:
     return ex.to_triton(e)
 
 
+#: The line a walk puts after binding the output coordinates: where their named terms go.
+TERMS = "#<terms>"
+#: Names a body binds itself (a named term takes none of them).
+_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "mask", "pid", "rows", "cols", "live", "inside",
+           "_T", "_ALT", "_ASM", "_b", "_c", "_f", "_nan", "_nct", "_read"}
+
+
 # ---------------------------------------------------------------------------
 # the header: statements and map
 
 
-def header(chain: Chain, p: Plan, filename: str) -> list[str]:
-    """Comment lines above a body: what it converts, the statements it fuses, the composed map."""
+def header(chain: Chain, p: Plan, filename: str, walk: bool = True) -> list[str]:
+    """Comment lines above a body (or a CPU gather: ``walk=False`` leaves out the kernel's walk): what
+    it converts, the statements it fuses (file:line), the composed map."""
     src, out = chain.source, chain.target
     how = {"copy": "copied", "affine": "one strided copy", "gather": "gathered",
            "words": "bits permuted within 32-bit words"}[p.pattern]
     lane = f"{COPY_BYTES // (32 * NUM_WARPS)} bytes per lane" if p.pattern == "copy" and not p.conversions \
         else "one element per lane"
-    walk = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else lane,
-            "rows": "2-D tiles of rows", "words": "one word per lane", "quads": "four words per lane"}[p.access]
+    walks = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else lane,
+             "rows": "2-D tiles of rows", "words": "one word per lane", "quads": "four words per lane"}
     lines = [f"{chain.tensor}: {src.elem.name}{src.shape_str()} -> "
-             f"{out.elem.name + out.shape_str() if out is not None else chain.out_type}; {how}, {walk}"]
+             f"{out.elem.name + out.shape_str() if out is not None else chain.out_type}; {how}"
+             + (f", {walks[p.access]}" if walk else "")]
     seen: dict[tuple, list[str]] = {}
     for s in chain.steps:
         key = (s.statement.pos.line, s.statement.text) if s.statement else (None, str(s.op))
@@ -78,8 +79,16 @@ def header(chain: Chain, p: Plan, filename: str) -> list[str]:
         lines.append(f"  {where}{text}" + (f"  [{', '.join(ops)}]" if ops else ""))
     if not chain.steps:
         lines.append("  (no statements: copied as is)")
-    lines.append("map: " + map_text(chain, out.shape_text if out is not None else (), planned=p))
-    return ["# " + comment(line) for line in lines]
+    text = map_text(chain, out.shape_text if out is not None else (), planned=p).split("\n")
+    lines.append("map: " + text[0])
+    return [x for line in lines for x in wrap_comment(comment(line))] + \
+        [x for line in text[1:] for x in wrap_comment(comment(line), "#      ")]
+
+
+def wrap_comment(text: str, first: str = "# ", width: int = 120) -> list[str]:
+    """A comment in lines of at most ``width`` characters (continuations indented)."""
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent="#" + " " * (len(first) + 3),
+                         break_long_words=True, break_on_hyphens=False) or [first.rstrip()]
 
 
 # ---------------------------------------------------------------------------
@@ -101,8 +110,9 @@ def _lanes(p: Plan, block: int, var: str = "offs") -> list[str]:
     ]
 
 
-def unravel(var: str, shape: Sequence[ex.Expr]) -> list[str]:
-    """Lines binding o0.. from a flat index ``var`` over ``shape`` (row-major)."""
+def unravel(var: str, shape: Sequence[ex.Expr], t=t) -> list[str]:
+    """Lines binding o0.. from a flat index ``var`` over ``shape`` (row-major); then the marker
+    where the named terms of the coordinates are bound (:mod:`layoutc.lower.terms`)."""
     rank = len(shape)
     lines = []
     rest = var
@@ -113,44 +123,16 @@ def unravel(var: str, shape: Sequence[ex.Expr]) -> list[str]:
             lines.append(f"o{k} = {rest} % ({t(shape[k])})")
             lines.append(f"_r{k} = {rest} // ({t(shape[k])})")
             rest = f"_r{k}"
-    return lines
+    return lines + [TERMS]
 
 
 def _conversions(p: Plan, value: str) -> list[str]:
+    """Each value conversion's kernel form, in chain order, on the element type it receives."""
     lines = []
     elem = p.in_elem
     for conv in p.conversions:
-        kind, to = conv[0], conv[-1]
-        dtype = TRITON_DTYPES[to.canonical]
-        if kind == "cast" and elem.canonical == "float32" and to.canonical == "bfloat16":
-            # Round to nearest even on the bits, exactly as torch does, whatever the backend's
-            # conversion (Triton's CPU interpreter truncates); NaN -> the canonical 0x7FC0.
-            lines += [
-                f"_b = {value}.to(tl.uint32, bitcast=True)",
-                "_c = (_b + 0x7FFF + ((_b >> 16) & 1)) >> 16",
-                "_c = tl.where((_b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, _c)",
-                f"{value} = _c.to(tl.uint16).to(tl.bfloat16, bitcast=True)",
-            ]
-        elif kind == "cast" and elem.numeric and elem.canonical.startswith(("float", "bfloat")) \
-                and to.canonical in CANONICAL_NAN and to.canonical != elem.canonical:
-            bits, nan = CANONICAL_NAN[to.canonical]
-            lines += [
-                f"_nan = {value} != {value}",
-                f"{value} = {value}.to({dtype})",
-                f"{value} = tl.where(_nan, tl.full({value}.shape, {nan:#x}, {bits}).to({dtype}, bitcast=True), {value})",
-            ]
-        elif kind in ("extract", "insert"):
-            shift, width = conv[1], conv[2]
-            src_u, dst_u = UINT[elem.bits], UINT[to.bits]
-            if kind == "extract":
-                lines.append(f"_f = ({value}.to({src_u}, bitcast=True) >> {shift}) & {(1 << width) - 1:#x}")
-                lines.append(f"{value} = _f.to({dst_u}).to({dtype}, bitcast=True)")
-            else:
-                lines.append(f"_f = ({value}.to({src_u}, bitcast=True) & {(1 << width) - 1:#x}).to({dst_u})")
-                lines.append(f"{value} = (_f << {shift}).to({dtype}, bitcast=True)")
-        else:
-            lines.append(f"{value} = {value}.to({dtype}{', bitcast=True' if kind == 'view' else ''})")
-        elem = to
+        lines += known(conv).kernel(value, elem)
+        elem = conv.to
     return lines
 
 
@@ -161,31 +143,45 @@ def elements_block(p: Plan) -> int:
     return BLOCK_ELEMENTS
 
 
-def _elements(p: Plan) -> list[str]:
+def _load(target: str, addr: str, valid: str | None, other: str, suffix: str = "") -> list[str]:
+    """``target = tl.load(x_ptr + addr, ...)`` with the address (and the condition) bound first when
+    they are expressions, so the load reads as one short line."""
+    lines = []
+    if not addr.isidentifier():
+        lines.append(f"src = {addr}")
+        addr = "src"
+    if valid is None:
+        mask = "mask"
+    else:
+        lines.append(f"ok = mask & {valid}")
+        mask = "ok"
+    return lines + [f"{target} = tl.load(x_ptr + {addr}, mask={mask}{other}){suffix}"]
+
+
+def _elements(p: Plan, t=t) -> list[str]:
     """One output element per lane (a plain copy: a run of them), its source address from the composed map."""
     m = p.map
     total = ex.mul(*p.out_shape) if p.out_shape else ex.Const(1)
-    body = _lanes(p, elements_block(p)) + [f"mask = offs < ({t(total)})"] + unravel("offs", p.out_shape)
+    body = _lanes(p, elements_block(p)) + [f"mask = offs < ({t(total)})"] + unravel("offs", p.out_shape, t)
     if m is None:  # a copy
         body.append("v = tl.load(x_ptr + offs, mask=mask)")
     elif m.is_total():
-        body.append(f"v = tl.load(x_ptr + ({t(linear(m.src, p.in_shape))}), mask=mask)")
+        body += _load("v", f"({t(linear(m.src, p.in_shape))})", None, "")
     else:
-        body.append(f"v = tl.load(x_ptr + ({t(linear(m.src, p.in_shape))}), mask=mask & {t(m.valid)}, "
-                    f"other={t(m.fill)})")
+        body += _load("v", f"({t(linear(m.src, p.in_shape))})", t(m.valid), f", other={t(m.fill)}")
     body += _conversions(p, "v")
     body.append("tl.store(y_ptr + offs, v, mask=mask)")
     return body
 
 
-def _coarse(p: Plan) -> list[str]:
+def _coarse(p: Plan, t=t) -> list[str]:
     """The elements walk over words of ``coarse`` elements (x and y viewed as wider integers)."""
     shape = p.out_shape[:-1] + (ex.div(p.out_shape[-1], p.coarse),)
-    body = _lanes(p, BLOCK_ELEMENTS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape)
+    body = _lanes(p, BLOCK_ELEMENTS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape, t)
     if p.coarse_valid == ex.TRUE:
-        body.append(f"v = tl.load(x_ptr + ({t(p.coarse_src)}), mask=mask)")
+        body += _load("v", f"({t(p.coarse_src)})", None, "")
     else:
-        body.append(f"v = tl.load(x_ptr + ({t(p.coarse_src)}), mask=mask & {t(p.coarse_valid)}, other=0)")
+        body += _load("v", f"({t(p.coarse_src)})", t(p.coarse_valid), ", other=0")
     body.append("tl.store(y_ptr + offs, v, mask=mask)")
     return body
 
@@ -199,7 +195,7 @@ def rows_word(p: Plan) -> int:
     return 32 // p.in_elem.bits
 
 
-def _rows(p: Plan, w: int = 1) -> list[str]:
+def _rows(p: Plan, w: int = 1, t=t) -> list[str]:
     """2-D tiles: rows found through the composed map, each copied along its contiguous last axis
     (``w`` elements per word: the last axis counted in words)."""
     m = p.map
@@ -216,58 +212,49 @@ def _rows(p: Plan, w: int = 1) -> list[str]:
         f"    rows = (rows + (pid // _nct) * ({ROW_TILE_ELEMENTS} // _T)).to({_index_type(p)})",
         f"    cols = cols.to({_index_type(p)})",
         f"live = rows < ({n_rows})",
-        *unravel("rows", lead),
+        *unravel("rows", lead, t),
         f"src = {t(linear(m.src[:-1], p.in_shape[:-1]))}",
         f"ok = live & {t(p.row_valid)}" if p.row_valid != ex.TRUE else "ok = live",
         f"inside = cols < ({t(kout)})",
         *([f"_read = inside & (cols < ({t(ex.div(p.col_bound, w))}))  # the padded columns are the fill"]
           if p.col_bound is not None else ["_read = inside"]),
-        f"v = tl.load(x_ptr + src[:, None] * ({t(kin)}) + cols[None, :], mask=ok[:, None] & _read[None, :], "
-        f"other={t(m.fill)})",
+        f"v = tl.load(x_ptr + src[:, None] * ({t(kin)}) + cols[None, :],",
+        f"            mask=ok[:, None] & _read[None, :], other={t(m.fill)})",
         *_conversions(p, "v"),
-        f"tl.store(y_ptr + rows[:, None] * ({t(kout)}) + cols[None, :], v, mask=live[:, None] & inside[None, :])",
+        f"tl.store(y_ptr + rows[:, None] * ({t(kout)}) + cols[None, :], v,",
+        "         mask=live[:, None] & inside[None, :])",
     ]
 
 
-def _permuted(p: Plan, word: str, out: str) -> list[str]:
-    lines = [f"{out} = tl.zeros_like({word})"]
-    for mask, shift in bit_permutation_terms(p.table):
-        op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
-        lines.append(f"{out} = {out} | (({word} & {mask:#x}) {op})")
-    return lines
-
-
-def _words(p: Plan) -> list[str]:
+def _words(p: Plan, t=t) -> list[str]:
     """One output word per lane: its four source bytes, the bits permuted."""
-    body = _lanes(p, BLOCK_WORDS) + [f"mask = offs < ({t(ex.mul(*p.word_shape))})"] + unravel("offs", p.word_shape)
+    body = _lanes(p, BLOCK_WORDS) + [f"mask = offs < ({t(ex.mul(*p.word_shape))})"] + unravel("offs", p.word_shape, t)
     body.append("w = tl.zeros([" + str(BLOCK_WORDS) + "], dtype=tl.uint32)")
     for b, (coords, valid) in enumerate(zip(p.word_sources, p.word_valid)):
-        load_mask = "mask" if valid == ex.TRUE else f"mask & {t(valid)}"
-        body.append(f"b{b} = tl.load(x_ptr + ({t(linear(coords, p.in_shape))}), mask={load_mask}, other=0).to(tl.uint32)")
+        body += _load(f"b{b}", f"({t(linear(coords, p.in_shape))})", None if valid == ex.TRUE else t(valid),
+                      ", other=0", ".to(tl.uint32)")
         body.append(f"w = w | (b{b} << {8 * b})" if b else "w = w | b0")
-    body += _permuted(p, "w", "r")
+    body += p.permutation.kernel("w", "r")
     body.append("tl.store(y_ptr + offs, r.to(tl.int32, bitcast=True), mask=mask)")
     return body
 
 
-def _quads(p: Plan) -> list[str]:
+def _quads(p: Plan, t=t) -> list[str]:
     """Four output words per lane: four whole source words (two 8-byte loads when they pair up), the
     bits permuted on the source words (swar_terms), a 4x4 byte transpose, one 16-byte store."""
     q = p.quads
     shape = p.word_shape[:-1] + (ex.div(p.word_shape[-1], 4),)
-    body = _lanes(p, BLOCK_QUADS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape)
+    body = _lanes(p, BLOCK_QUADS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape, t)
     if q.pairs:  # x is viewed as 64-bit words: source words b and b + 2 are one load
         for b in (0, 1):
-            load_mask = "mask" if q.valid[b] == ex.TRUE else f"mask & {t(q.valid[b])}"
-            body.append(f"p{b} = tl.load(x_ptr + ({t(q.bases[b])}) // 8, mask={load_mask}, other=0)"
-                        ".to(tl.uint64, bitcast=True)")
+            body += _load(f"p{b}", f"({t(q.bases[b])}) // 8", None if q.valid[b] == ex.TRUE else t(q.valid[b]),
+                          ", other=0", ".to(tl.uint64, bitcast=True)")
         body += ["_s0 = p0.to(tl.uint32)", "_s1 = p1.to(tl.uint32)", "_s2 = (p0 >> 32).to(tl.uint32)",
                  "_s3 = (p1 >> 32).to(tl.uint32)"]
     else:
         for b in range(4):
-            load_mask = "mask" if q.valid[b] == ex.TRUE else f"mask & {t(q.valid[b])}"
-            body.append(f"_s{b} = tl.load(x_ptr + ({t(q.bases[b])}) // 4, mask={load_mask}, other=0)"
-                        ".to(tl.uint32, bitcast=True)")
+            body += _load(f"_s{b}", f"({t(q.bases[b])}) // 4", None if q.valid[b] == ex.TRUE else t(q.valid[b]),
+                          ", other=0", ".to(tl.uint32, bitcast=True)")
     body.append("# the bit permutation on the source words: _v[b2] |= (_s[b] & mask) << shift")
     started = set()
     for b, b2, d, mask in swar_terms(p.table):
@@ -281,8 +268,8 @@ def _quads(p: Plan) -> list[str]:
         "# output word j is byte j of _v0.._v3",
         "_w0, _w1, _w2, _w3 = _transpose4x4(_v0, _v1, _v2, _v3, _ASM)",
         f"w = tl.reshape(tl.join(tl.join(_w0, _w2), tl.join(_w1, _w3)), ({BLOCK_QUADS}, 4))",
-        "tl.store(y_ptr + (4 * offs)[:, None] + tl.arange(0, 4)[None, :], w.to(tl.int32, bitcast=True), "
-        "mask=mask[:, None])",
+        "tl.store(y_ptr + (4 * offs)[:, None] + tl.arange(0, 4)[None, :], w.to(tl.int32, bitcast=True),",
+        "         mask=mask[:, None])",
     ]
     return body
 
@@ -319,21 +306,34 @@ def body(p: Plan, name: str, dims: Sequence[str]) -> str:
     that program ``pid`` of this tensor converts. _ALT selects the plan's alternative walk (coarse
     words, quads) when the call's shapes allow it; _T is the column tile of the rows walk; _ASM
     allows inline PTX."""
-    params = ", ".join(["x_ptr", "y_ptr", "pid"] + [f"{d}: tl.constexpr" for d in dims]
-                       + ["WIDE: tl.constexpr", "_ALT: tl.constexpr", "_T: tl.constexpr", "_ASM: tl.constexpr"])
+    params = ", ".join(["x_ptr", "y_ptr", "pid"] + [f"{d}: tl.constexpr" for d in dims])
+    flags = "WIDE: tl.constexpr, _ALT: tl.constexpr, _T: tl.constexpr, _ASM: tl.constexpr"
+    if p.pattern not in (Pattern.COPY, Pattern.AFFINE, Pattern.GATHER, Pattern.WORDS):
+        raise unknown("Triton", p.pattern)
+    taken = set(dims) | _LOCALS
+
+    def named(walk) -> list[str]:  # the walk's index terms named once (layoutc.lower.terms)
+        return collect_and_name(walk, taken, ex.to_triton, TERMS, size_annotation=": tl.constexpr")
+
+    def alternative(first, second) -> list[str]:
+        return ["if _ALT:", *("    " + x for x in named(first)), "else:", *("    " + x for x in named(second))]
+
     if p.access == "quads":
-        lines = ["if _ALT:", *("    " + x for x in _quads(p)), "else:", *("    " + x for x in _words(p))]
+        lines = alternative(lambda t: _quads(p, t), lambda t: _words(p, t))
     elif p.access == "words":
-        lines = _words(p)
+        lines = named(lambda t: _words(p, t))
     elif p.access == "rows" and rows_word(p) > 1:
-        lines = ["if _ALT:", *("    " + x for x in _rows(p, rows_word(p))), "else:", *("    " + x for x in _rows(p))]
+        lines = alternative(lambda t: _rows(p, rows_word(p), t), lambda t: _rows(p, 1, t))
     elif p.access == "rows":
-        lines = _rows(p)
+        lines = named(lambda t: _rows(p, 1, t))
+    elif p.access != Access.ELEMENTS:
+        raise unknown("Triton", p.access)
     elif p.coarse > 1:
-        lines = ["if _ALT:", *("    " + x for x in _coarse(p)), "else:", *("    " + x for x in _elements(p))]
+        lines = alternative(lambda t: _coarse(p, t), lambda t: _elements(p, t))
     else:
-        lines = _elements(p)
-    return "@triton.jit\n" + f"def {name}({params}):\n" + "\n".join("    " + x for x in lines) + "\n"
+        lines = named(lambda t: _elements(p, t))
+    return ("@triton.jit\n" + f"def {name}({params},\n{' ' * (len(name) + 5)}{flags}):\n"
+            + "\n".join("    " + x for x in lines) + "\n")
 
 
 def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str]) -> str:
@@ -433,6 +433,8 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
         bound = f" and ({ex.to_python(p.col_bound)}) % {w} == 0" if p.col_bound is not None else ""
         return [(f"x.shape[-1] % {w} == 0 and y.shape[-1] % {w} == 0{bound}  # whole words", rows("int32", w)),
                 (None, rows(same, 1))]
+    if p.access != Access.ELEMENTS:
+        raise unknown("Triton launcher", p.access)
     total = ex.to_python(ex.mul(*p.out_shape)) if p.out_shape else "1"
     plain = walk(same, same, f"-(-({total}) // {elements_block(p)})")
     if p.coarse > 1:

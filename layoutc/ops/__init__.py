@@ -15,7 +15,7 @@ import pkgutil
 from .base import BinderArg, Category, Facts, Inferred, Op, OpTypeError, Requirement, TensorType
 
 #: The package's own machinery; every other module defines ``OPS``.
-_INFRASTRUCTURE = frozenset({"base", "binder", "torch_impl"})
+_INFRASTRUCTURE = frozenset({"base", "binder", "conversion", "torch_impl"})
 #: The modules of primitives, found rather than listed (a new primitive is one new module), sorted by
 #: name so that the registry's order does not depend on the file system.
 MODULES = tuple(importlib.import_module(f"{__name__}.{info.name}")

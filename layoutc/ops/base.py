@@ -31,6 +31,7 @@ from .. import expr as ex
 from ..dtypes import ElemType
 from ..expr import Expr
 from ..indexmap import IndexMap
+from .conversion import BitPermutation, Conversion
 
 
 class Category(enum.Enum):
@@ -122,6 +123,10 @@ class Op:
     summary: ClassVar[str] = ""
     binder_args: ClassVar[tuple] = ()  # arguments that are not fields (see BinderArg)
     public: ClassVar[bool] = True  # a spec can name it (else it is reached as an inverse or specialisation)
+    #: Argument sets ``layoutc infer`` tries for this op when it searches row permutations, in order,
+    #: and where the op's moves come in the search (lower first): empty for ops it does not try.
+    search: ClassVar[tuple[dict, ...]] = ()
+    search_rank: ClassVar[int] = 0
 
     @property
     def category(self) -> Category:
@@ -137,15 +142,19 @@ class Op:
         """Tensor-parallel ranks a ``slice`` op divides its axis among (1 for every other op)."""
         return 1
 
-    def word_permutation(self) -> tuple[int, tuple[int, ...]] | None:
+    @property
+    def parts(self) -> int:
+        """Equal parts of its axis the op treats separately (gate and up: 2; 1 for every other op)."""
+        return 1
+
+    def word_permutation(self) -> "BitPermutation | None":
         """For a bit-level op that permutes the bits within words of consecutive bytes along the last
-        axis: ``(bytes per word, table)`` with ``out_bit[i] = in_bit[table[i]]``. The fused lowering
-        turns such a step, with the byte gathers around it, into one word kernel."""
+        axis: its :class:`~layoutc.ops.conversion.BitPermutation`."""
         return None
 
-    def conversion(self) -> tuple | None:
-        """For a value op: what it does to each element, as data the lowerings emit code from
-        (``("cast", type)``, ``("view", type)``, ``("extract", shift, width, type)``, ...)."""
+    def conversion(self) -> "Conversion | None":
+        """For a value op: what it does to each element (:mod:`layoutc.ops.conversion`), the typed
+        data the lowerings emit code from. A value op that declares none cannot be lowered."""
         return None
 
     @classmethod

@@ -31,6 +31,7 @@ from .. import expr as ex
 from ..indexmap import IndexMap, compose_all, out_var, reshape_map, table_map
 from ..instances import small_instances
 from . import torch_impl
+from .conversion import BitPermutation
 from .base import BinderArg, Category, Facts, Inferred, Op, OpTypeError, Requirement, TensorType, along, check_dim
 
 #: The variables of a permute formula: the output index along the axis and the axis size.
@@ -243,8 +244,8 @@ class PermuteBits(Op):
     def impl(self, t: TensorType):
         return torch_impl.permute_bits, (self.table,)
 
-    def word_permutation(self) -> tuple[int, tuple[int, ...]]:
-        return self.word_bytes, self.table
+    def word_permutation(self) -> BitPermutation:
+        return BitPermutation(self.word_bytes, self.table)
 
     def inverse(self, t: TensorType) -> Op:
         return PermuteBits(_inverse_table(self.table))

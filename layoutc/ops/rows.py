@@ -67,7 +67,8 @@ class _RowOp(Op):
 @attrs.frozen
 class SwapHalves(_RowOp):
     name: ClassVar[str] = "swap_halves"
-    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, gate_up=True)
+    search: ClassVar[tuple[dict, ...]] = ({},)  # what `layoutc infer` tries
+    search_rank: ClassVar[int] = 0
     summary: ClassVar[str] = "[A; B] -> [B; A] along dim (w13 [w1; w3] -> [w3; w1])"
 
     def source_row(self, r, n):
@@ -85,7 +86,8 @@ class InterleaveRows(_RowOp):
     group: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "interleave_rows"
-    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, gate_up=True)
+    search: ClassVar[tuple[dict, ...]] = tuple({"group": g} for g in (2, 4, 8, 16, 32, 64, 128, 256))  # what `layoutc infer` tries
+    search_rank: ClassVar[int] = 3
     summary: ClassVar[str] = "[A; B] -> [A0, B0, A1, B1, ...] in groups of `group` rows"
 
     def multiple(self) -> int:
@@ -108,7 +110,8 @@ class ReorderGatedRows(_RowOp):
     """FlashInfer ``reorder_rows_for_gated_act_gemm``: out[2i] = x[i], out[2i+1] = x[n/2 + i]."""
 
     name: ClassVar[str] = "reorder_gated_rows"
-    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, gate_up=True)
+    search: ClassVar[tuple[dict, ...]] = ({},)  # what `layoutc infer` tries
+    search_rank: ClassVar[int] = 1
     summary: ClassVar[str] = "TRT-LLM gated-activation row order [A0, B0, A1, B1, ...]"
 
     def source_row(self, r, n):
@@ -126,7 +129,8 @@ class Deinterleave(_RowOp):
     group: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "deinterleave"
-    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, gate_up=True)
+    search: ClassVar[tuple[dict, ...]] = tuple({"group": g} for g in (1, 2, 4, 8, 16, 32, 64, 128, 256))  # what `layoutc infer` tries
+    search_rank: ClassVar[int] = 4
     summary: ClassVar[str] = "[A0, B0, A1, B1, ...] -> [A; B] (gpt-oss [g0, u0, g1, u1..] -> [g; u])"
 
     def multiple(self) -> int:
@@ -148,7 +152,8 @@ class Deinterleave(_RowOp):
 @attrs.frozen
 class SwapPairs(_RowOp):
     name: ClassVar[str] = "swap_pairs"
-    facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, gate_up=True)
+    search: ClassVar[tuple[dict, ...]] = ({},)  # what `layoutc infer` tries
+    search_rank: ClassVar[int] = 2
     summary: ClassVar[str] = "rows (2i, 2i+1) -> (2i+1, 2i): gpt-oss [g0, u0, ..] -> [u0, g0, ..]"
 
     def source_row(self, r, n):

@@ -26,9 +26,11 @@ from typing import ClassVar
 import attrs
 
 from .. import expr as ex
-from ..dtypes import ElemType, widens_exactly
+from ..dtypes import ElemType
 from ..indexmap import IndexMap, identity, out_vars
+from . import conversion as cv
 from . import torch_impl
+from .conversion import exact_cast  # noqa: F401  (re-exported: the verifier's exactness fact)
 from .base import Category, Facts, Inferred, Op, OpTypeError, Requirement, TensorType
 
 
@@ -56,8 +58,8 @@ class View(Op):
     def impl(self, t: TensorType):
         return torch_impl.view_as, (self.to.torch_dtype,)
 
-    def conversion(self) -> tuple:
-        return ("view", self.to)
+    def conversion(self) -> cv.Conversion:
+        return cv.View(self.to)
 
     def inverse(self, t):
         return View(t.elem)
@@ -130,8 +132,8 @@ class ExtractBits(Op):
     def impl(self, t: TensorType):
         return torch_impl.extract_bits, (self.shift, self.width, self.to.torch_dtype)
 
-    def conversion(self) -> tuple:
-        return ("extract", self.shift, self.width, self.to)
+    def conversion(self) -> cv.Conversion:
+        return cv.ExtractBits(self.to, shift=self.shift, width=self.width)
 
     def inverse(self, t):
         return InsertBits(shift=self.shift, width=self.width, to=t.elem)
@@ -161,8 +163,8 @@ class InsertBits(Op):
     def impl(self, t: TensorType):
         return torch_impl.insert_bits, (self.shift, self.width, self.to.torch_dtype)
 
-    def conversion(self) -> tuple:
-        return ("insert", self.shift, self.width, self.to)
+    def conversion(self) -> cv.Conversion:
+        return cv.InsertBits(self.to, shift=self.shift, width=self.width)
 
     def inverse(self, t):
         return ExtractBits(shift=self.shift, width=self.width, to=t.elem)
@@ -192,8 +194,8 @@ class Cast(Op):
     def impl(self, t: TensorType):
         return torch_impl.cast, (self.to.torch_dtype,)
 
-    def conversion(self) -> tuple:
-        return ("cast", self.to)
+    def conversion(self) -> cv.Conversion:
+        return cv.Cast(self.to)
 
     def inverse(self, t):
         # Exact on the image of the forward cast when it widens or when the values
@@ -202,13 +204,6 @@ class Cast(Op):
 
     def is_exact(self, t: TensorType) -> bool:
         return exact_cast(t.elem, self.to)
-
-
-def exact_cast(src: ElemType, to: ElemType) -> bool:
-    """Whether casting ``src`` values to ``to`` keeps every value: the same type, or a widening the
-    type table lists as exact. Bit widths alone would call bf16 <-> f16 (8 vs 5 exponent bits) and
-    i32 -> f32 (24-bit mantissa) exact; neither is."""
-    return src == to or widens_exactly(src, to)
 
 
 OPS = (View, Reinterpret, Cast, ExtractBits, InsertBits)

@@ -1,0 +1,85 @@
+"""No silent fallback: a value conversion, plan pattern or walk that a lowering or an analysis has
+no rule for fails when the spec is compiled, in every emitter (not lowered as another kind)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import attrs  # noqa: E402
+import pytest  # noqa: E402
+
+import layoutc  # noqa: E402
+from layoutc import equiv, probe  # noqa: E402
+from layoutc.lower import plan as planner  # noqa: E402
+from layoutc.lower import torch_emit, triton_emit  # noqa: E402
+from layoutc.ops import conversion as cv  # noqa: E402
+from layoutc.ops import value  # noqa: E402
+
+TEXT = "dims E, N\ninput b : f32[E, N]\ncast(b, bf16)\noutput b : bf16[E, N]\n"
+
+
+@attrs.frozen
+class Negate(cv.Conversion):
+    """A conversion no lowering was taught (it declares no eager and no kernel form)."""
+
+    kind = "negate"
+
+    def lossy(self, src):
+        return False
+
+
+def _chain(text: str = TEXT):
+    return layoutc.compile_source(text, "unknown_kinds.lyt").compiled.variant(()).chain("b")
+
+
+@pytest.fixture
+def negating_cast(monkeypatch):
+    """``cast`` declaring the unknown conversion (as a new value op that forgot its lowering would)."""
+    monkeypatch.setattr(value.Cast, "conversion", lambda self: Negate(self.to))
+
+
+def test_a_plan_refuses_an_unknown_conversion_kind(monkeypatch):
+    chain = _chain()
+    monkeypatch.setattr(value.Cast, "conversion", lambda self: Negate(self.to))
+    with pytest.raises(cv.UnknownKind, match="Negate"):
+        planner.plan(chain)
+
+
+def test_compiling_a_spec_with_an_unknown_conversion_fails(negating_cast):
+    with pytest.raises(cv.UnknownKind, match="Negate"):
+        layoutc.compile_source(TEXT + "# an unknown conversion\n", "unknown_kinds.lyt")
+
+
+@pytest.mark.parametrize("emit", ["gather", "triton"])
+def test_every_emitter_refuses_a_listed_kind_without_its_form(monkeypatch, emit):
+    # Listed as a kind (the plan takes it) but without an eager or kernel form: each emitter refuses.
+    chain = _chain()
+    monkeypatch.setattr(value.Cast, "conversion", lambda self: Negate(self.to))
+    monkeypatch.setattr(cv, "KINDS", cv.KINDS + (Negate,))
+    p = planner.plan(chain)
+    assert p.conversions == (Negate(p.out_elem),)
+    with pytest.raises(cv.UnknownKind, match="Negate"):
+        if emit == "gather":
+            torch_emit.gather_function(p, "_g", ["E", "N"])
+        else:
+            triton_emit.body(p, "_b", ["E", "N"])
+
+
+def test_every_analysis_refuses_an_unknown_conversion(monkeypatch):
+    chain = _chain()  # compiled before the cast forgets its conversion; analyses read op.conversion()
+    monkeypatch.setattr(value.Cast, "conversion", lambda self: Negate(self.to))
+    with pytest.raises(cv.UnknownKind, match="Negate"):
+        equiv.chain_mode(chain)
+    with pytest.raises(cv.UnknownKind, match="Negate"):
+        probe._lossy(chain)
+    with pytest.raises(cv.UnknownKind, match="Negate"):
+        probe._bit_field(chain)
+
+
+@pytest.mark.parametrize("field,value_", [("pattern", "strided"), ("access", "diagonal")])
+def test_an_unknown_plan_kind_is_refused(field, value_):
+    p = planner.plan(_chain())
+    with pytest.raises(cv.UnknownKind, match=value_):
+        attrs.evolve(p, **{field: value_})
