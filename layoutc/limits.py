@@ -26,3 +26,6 @@ MAX_INT_DIGITS = 12
 MAX_VERIFY_ELEMENTS = 1 << 22
 #: Length of a string parameter value.
 MAX_STRING = 256
+#: Largest value of a dim in the sizes the verifier evaluates maps on (a region's representatives are its
+#: smallest sizes; a spec whose sizes start above this is refused before anything is allocated).
+MAX_REPRESENTATIVE = 1 << 20
