@@ -28,4 +28,4 @@ MAX_VERIFY_ELEMENTS = 1 << 22
 MAX_STRING = 256
 #: Largest value of a dim in the sizes the verifier evaluates maps on (a region's representatives are its
 #: smallest sizes; a spec whose sizes start above this is refused before anything is allocated).
-MAX_REPRESENTATIVE = 1 << 20
+MAX_REPRESENTATIVE = 1 << 16

@@ -57,9 +57,10 @@ class Region:
 def _words(label: str, value: bool) -> str:
     if value:
         return label
-    parts = label.split(" ")
-    if len(parts) == 3 and parts[1] in _NEGATE:
-        return f"{parts[0]} {_NEGATE[parts[1]]} {parts[2]}"
+    for op in ("==", "!=", "<=", ">=", "<", ">"):
+        parts = label.split(f" {op} ")
+        if len(parts) == 2:
+            return f"{parts[0]} {_NEGATE[op]} {parts[1]}"
     return f"not ({label})"
 
 
@@ -266,13 +267,17 @@ def representatives(program, region: Region, dims: Sequence[str], constraints: S
             return False
 
     out: list[dict] = []
+    candidates = [sorted(c) for c in candidates]
+    small = [c[0] for c in candidates]
     base = [c[min(1, len(c) - 1)] for c in candidates]
-    combos = itertools.chain(
+    combos = itertools.chain(  # the smallest sizes first, then one dim at a time, then the diagonals
+        [tuple(small), tuple(base)],
+        (tuple(v if a == axis else start[a] for a in range(len(dims))) for start in (small, base)
+         for axis, vals in enumerate(candidates) for v in vals),
         (tuple(c[min(k, len(c) - 1)] for c in candidates) for k in range(max(len(c) for c in candidates))),
-        (tuple(v if a == axis else base[a] for a in range(len(dims))) for axis, vals in enumerate(candidates)
-         for v in vals),
         itertools.islice(itertools.product(*candidates), 4096),
     )
+    too_large = None
     for combo in combos:
         env = dict(zip(dims, combo))
         if env in out or not ok(env):
@@ -280,15 +285,17 @@ def representatives(program, region: Region, dims: Sequence[str], constraints: S
         if size_of is not None:
             n = size_of(env)
             if n > MAX_VERIFY_ELEMENTS:
-                if out:
-                    continue  # a smaller representative of the region already covers it
-                at = ", ".join(f"{k}={v}" for k, v in env.items())
-                raise TooLarge(f"the smallest sizes of {region.describe() if region.conditional else 'this spec'} "
-                               f"({at}) make a tensor of {n} elements; layoutc evaluates index maps on at most "
-                               f"{MAX_VERIFY_ELEMENTS} (layoutc.limits.MAX_VERIFY_ELEMENTS)")
+                too_large = too_large or (env, n)
+                continue
         out.append(env)
         if len(out) >= budget:
             break
+    if not out and too_large is not None:
+        env, n = too_large
+        at = ", ".join(f"{k}={v}" for k, v in env.items())
+        raise TooLarge(f"the smallest sizes of {region.describe() if region.conditional else 'this spec'} "
+                       f"({at}) need {n} elements evaluated; layoutc evaluates index maps on at most "
+                       f"{MAX_VERIFY_ELEMENTS} (layoutc.limits.MAX_VERIFY_ELEMENTS)")
     if not out:
         return [], "empty" if exact and not multi else "unfound"
     return out, "covered"

@@ -349,6 +349,8 @@ class Verifier:
             if not self.followable(chain, amap):
                 return
             n_in = n_rows(chain.source, dims)
+            if n_in % max(1, len(src_layout.shards)):
+                continue  # sizes too small to hold the declared shards (a run-time check refuses them)
             src = row_labels(src_layout, n_in)
             actual = [src[r] if r >= 0 else None for r in amap.rows]
             if slices:
@@ -549,11 +551,14 @@ def _condition_pos(program: Program, region: Region) -> Pos | None:
 
 
 def _elements(variant: Variant):
-    """The number of elements of the largest tensor a chain of ``variant`` makes, on given sizes."""
-    shapes = [c.source.shape for c in variant.chains] + [s.out_type.shape for c in variant.chains for s in c.steps]
+    """The elements the axis maps of ``variant`` evaluate on given sizes, bounded before any allocation:
+    every row (or column) against a spread of at most 16 positions on each other axis (rowmap.axis_map)."""
+    shapes = [c.source.shape for c in variant.chains] + [s.out_type.shape for c in variant.chains
+                                                          for s in logical_prefix(c, rows=True)]
 
     def size_of(env: dict) -> int:
-        return max((math.prod(int(ex.evaluate(e, env)) for e in shape) for shape in shapes), default=0)
+        return max((max(int(ex.evaluate(e, env)) for e in shape) * 16 ** (len(shape) - 1) for shape in shapes
+                    if shape), default=0)
 
     return size_of
 
@@ -564,7 +569,7 @@ def region_dims(program: Program, variant: Variant) -> tuple[list[dict], str]:
     known = [(k.value, k.multiple) for c in variant.chains for k in c.constraints]
     known += [(ex.Var(a.dim), a.multiple) for a in program.assumptions]
     exprs = [e for c in variant.chains for shape in [c.source.shape] + [s.out_type.shape for s in c.steps]
-             for e in shape]
+             for e in shape] + [e for c in program.conditions for e in (c.lhs, c.rhs)]
     region = region_of(program, variant.present)
     return representatives(program, region, program.dims, known, exprs, size_of=_elements(variant))
 
