@@ -73,15 +73,28 @@ class Verifier:
         self.report = Reporter()
         self.regions: list[tuple[Region, str, int]] = []  # (region, status, representatives) per variant
         self._axes: dict = {}
+        self._ident: dict[int, tuple] = {}
+        self._regions: dict = {}
+        self._contracts_ok: set = set()
         self.work = 0  # axis maps evaluated (cache misses): the verifier's work, counted
 
     def axis(self, chain: Chain, dims: dict, rows: bool = False) -> AxisMap:
-        """The source's axis map, once per distinct chain and relevant sizes (variants share chains)."""
-        key = (chain.signature(), rows, tuple(sorted((d, v) for d, v in dims.items() if d in _relevant(chain))))
-        if key not in self._axes:
+        """The source's axis map, once per distinct chain and relevant sizes: variants (and, for the static
+        source, the parameter combinations ``check`` compiles) share chains, so the work grows with the
+        distinct chains a spec makes, not with the product of its options."""
+        ident = self._ident.get(id(chain))
+        if ident is None or ident[0] is not chain:
+            ident = self._ident[id(chain)] = (chain, _chain_key(chain), _relevant(chain))
+        _, sig, relevant = ident
+        key = (sig, rows, tuple(sorted((d, v) for d, v in dims.items() if d in relevant)))
+        static = isinstance(self.source, StaticSource)
+        cache = _STATIC_AXES if static else self._axes
+        if key not in cache:
             self.work += 1
-            self._axes[key] = self.source.axis(chain, dims, rows)
-        return self._axes[key]
+            if static and len(cache) >= _STATIC_AXES_MAX:
+                cache.clear()
+            cache[key] = self.source.axis(chain, dims, rows)
+        return cache[key]
 
     @property
     def diags(self) -> list[Diagnostic]:
@@ -344,6 +357,15 @@ class Verifier:
             return
         ra = row_axis(chain.source)
         slices = [s for s in chain.steps if s.op.facts.slice and s.op.axis(s.in_type) == ra]
+        key = (_chain_key(chain), str(src_layout), str(dst_layout), tuple(map(repr, samples)))
+        if key in self._contracts_ok:
+            return  # the same chain and orders on the same sizes in another variant: already proved
+        before = len(self.diags)
+        self._check_contract(chain, samples, src_layout, dst_layout, ra, slices)
+        if len(self.diags) == before:
+            self._contracts_ok.add(key)
+
+    def _check_contract(self, chain: Chain, samples: list[dict], src_layout, dst_layout, ra, slices) -> None:
         for dims in samples:
             amap = self.axis(chain, dims)
             if not self.followable(chain, amap):
@@ -434,7 +456,10 @@ class Verifier:
 
     def region_samples(self, variant: Variant) -> tuple[list[dict], str]:
         if isinstance(self.source, StaticSource):
-            return region_dims(self.program, variant)
+            key = (region_of(self.program, variant.present), frozenset(_chain_key(c) for c in variant.chains))
+            if key not in self._regions:
+                self._regions[key] = region_dims(self.program, variant)
+            return self._regions[key]
         samples = self.source.samples(self.program, variant)
         return samples, "covered" if samples else "unfound"
 
@@ -530,6 +555,18 @@ def _pick(samples: list[dict]) -> list[dict]:
     return out or [samples[0]]
 
 
+#: Static axis maps by chain and sizes, shared by every compile in the process (bounded).
+_STATIC_AXES: dict = {}
+_STATIC_AXES_MAX = 4096
+
+
+def _chain_key(chain: Chain) -> tuple:
+    """What a chain's static axis maps depend on: its input (shape, type, tie) and every step's op and type."""
+    src = chain.source
+    return (chain.tensor, repr(src.shape), src.elem.name, repr(src.tie and (src.tie.kind, src.tie.row_block)),
+            src.role, tuple((repr(s.op), repr(s.in_type), s.tag is not None) for s in chain.steps))
+
+
 def _relevant(chain: Chain) -> frozenset[str]:
     """The dims a chain's maps can depend on: those in its shapes."""
     names: set[str] = set()
@@ -556,9 +593,10 @@ def _elements(variant: Variant):
     shapes = [c.source.shape for c in variant.chains] + [s.out_type.shape for c in variant.chains
                                                           for s in logical_prefix(c, rows=True)]
 
+    terms = list({(e, len(shape)) for shape in shapes for e in shape})  # distinct extents: shapes repeat
+
     def size_of(env: dict) -> int:
-        return max((max(int(ex.evaluate(e, env)) for e in shape) * 16 ** (len(shape) - 1) for shape in shapes
-                    if shape), default=0)
+        return max((int(ex.evaluate(e, env)) * 16 ** (rank - 1) for e, rank in terms), default=0)
 
     return size_of
 
