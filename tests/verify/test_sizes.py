@@ -200,3 +200,93 @@ def test_large_real_model_sizes_get_the_verdict_of_their_region():
         v = Verifier(compiled, At([env]))
         v.check_variant(variant, [env])
         assert bool(v.diags) == verdicts[region_of(program, variant.present)], env
+
+
+# -- work grows with what the spec says (issue 20 item 19) --------------------------------------
+
+
+def _capped_size(e, cap: int) -> int:
+    n, stack = 0, [e]
+    while stack and n < cap:
+        n += 1
+        stack.extend(ex.children(stack.pop()))
+    return n
+
+
+def test_a_long_chain_is_verified_with_bounded_work(monkeypatch):
+    """64 interleave_rows steps on one tensor ran over 900 s: composed into one map, the expressions grow with
+    every step. Counted: the size of every expression the verifier evaluates."""
+    from layoutc import rowmap
+    from layoutc.compiler import build
+    from layoutc.ir import resolve
+    from layoutc.parse import parse
+    from layoutc.verify import Verifier
+
+    lines = ["dims E, I, H", "input w : bf16[E, 2*I, H] rows [w1; w3]"]
+    lines += [f"interleave_rows(w, dim=1, group={1 << (i % 6)})" for i in range(64)]
+    lines += ["output w : bf16[E, 2*I, H] rows [w1; w3]"]
+    compiled = build(resolve(parse("\n".join(lines) + "\n", "long.lyt")))
+    sizes = []
+    real = ex.evaluate
+
+    def counted(e, env):
+        sizes.append(_capped_size(e, 10_000))
+        return real(e, env)
+
+    monkeypatch.setattr(rowmap.ex, "evaluate", counted)
+    v = Verifier(compiled)
+    findings = v.run()
+    assert findings and "the kernel expects rows [w1; w3]" in findings[0].message  # 64 steps do move rows
+    assert max(sizes) < 1_000 and sum(sizes) < 2_000_000, (max(sizes), sum(sizes))
+
+
+def test_stepwise_evaluation_gives_the_composed_maps(monkeypatch):
+    from layoutc import rowmap
+    from layoutc.verify import region_dims
+
+    for name in ("flashinfer_cutlass_mxfp4_padded", "flashinfer_trtllm_fp8_block", "flashinfer_cutlass_nvfp4"):
+        compiled = layoutc.compile_file(SPECS / f"{name}.lyt").compiled
+        variant = compiled.variants[-1]
+        env = region_dims(compiled.program, variant)[0][0]
+        for chain in variant.chains:
+            for rows in (False, True):
+                monkeypatch.setattr(rowmap, "STEPWISE_AFTER", 99)
+                composed = rowmap.axis_map(chain, env, rows)
+                monkeypatch.setattr(rowmap, "STEPWISE_AFTER", 0)
+                assert rowmap.axis_map(chain, env, rows) == composed, (name, chain.tensor, rows)
+
+
+def test_options_multiply_variants_not_the_verifiers_work():
+    """6 bool parameters and 6 optional inputs took 358 s: every parameter combination and presence variant
+    evaluated every map again. Counted: axis maps evaluated, across every combination, against the distinct
+    chains they make (here with 3 and 3, the same structure)."""
+    from layoutc.compiler import build
+    from layoutc.ir import resolve
+    from layoutc.parse import parse
+    from layoutc import verify as vf
+
+    lines = ["dims E, I, H"] + [f"param p{i} = false" for i in range(3)]
+    lines.append("input w : bf16[E, 2*I, H] rows [w1; w3]")
+    lines += [f"input b{i}? : f32[E, 2*I] bias of w" for i in range(3)]
+    every = "[w, b0, b1, b2]"
+    lines += [f"if p{i} {{ swap_halves({every}, dim=1)\nswap_halves({every}, dim=1) }}" for i in range(3)]
+    lines.append(f"swap_halves({every}, dim=1)")
+    lines.append("output w : bf16[E, 2*I, H] rows [w3; w1]")
+    lines += [f"output b{i}? : f32[E, 2*I] rows [w3; w1]" for i in range(3)]
+    text = "\n".join(lines) + "\n"
+    vf._STATIC_AXES.clear()
+    work, keys, naive = 0, set(), 0
+    for combo in range(8):
+        params = {f"p{i}": bool(combo >> i & 1) for i in range(3)}
+        compiled = build(resolve(parse(text, "opts.lyt"), params))
+        v = vf.Verifier(compiled)
+        assert v.run() == []
+        work += v.work
+        for variant in compiled.variants:
+            reps = len(v.region_samples(variant)[0])
+            for c in variant.chains:
+                keys.add(vf._chain_key(c))
+                naive += reps * 2
+    reps = max(len(v.region_samples(x)[0]) for x in compiled.variants)
+    assert work <= len(keys) * reps * 2  # once per distinct chain and sizes
+    assert work * 10 < naive  # not once per combination and variant
