@@ -290,3 +290,32 @@ def test_options_multiply_variants_not_the_verifiers_work():
     reps = max(len(v.region_samples(x)[0]) for x in compiled.variants)
     assert work <= len(keys) * reps * 2  # once per distinct chain and sizes
     assert work * 10 < naive  # not once per combination and variant
+
+
+BRANCHED = """dims E, I, H
+assume I % 32 == 0
+input w : bf16[E, 2*I, H] rows [w1; w3]
+input b? : f32[E, 2*I] bias of w
+if I > 1024 { swap_halves([w, b], dim=1) }
+if I <= 1024 { swap_halves([w, b], dim=1) }
+output w : bf16[E, 2*I, H] rows [w3; w1]
+output b? : f32[E, 2*I] rows [w3; w1]
+"""
+
+
+def test_every_mutant_of_a_condition_is_rejected_at_its_boundary():
+    """The mutation harness's condition operator (its comparison and its constants): each mutant moves a
+    boundary by one size, and the region at the boundary catches it."""
+    from layoutc.compiler import build
+    from layoutc.ir import resolve
+    from layoutc.parse import parse
+    from layoutc.verify import Verifier
+    from tests.verify.mutants import mutants
+
+    assert Verifier(build(resolve(parse(BRANCHED, "b.lyt")))).run() == []
+    conditional = [(d, t) for d, t in mutants(BRANCHED) if d.startswith("condition")]
+    assert len(conditional) >= 6
+    for description, text in conditional:
+        findings = Verifier(build(resolve(parse(text, "m.lyt")))).run()
+        assert findings, f"{description} survived"
+        assert findings[0].message.startswith("at "), findings[0].message
