@@ -203,7 +203,8 @@ def _regions(old: CompiledSpec, new: CompiledSpec) -> list[tuple[Region, list[di
             reps, status = representatives(both, region, dims, known, exprs, per_dim=2, budget=12)
         except TooLarge:
             continue
-        if status == "covered":
+        if status == "covered":  # the smallest first: the example shown is read at them
+            reps = sorted(reps, key=lambda env: (sum(env.values()), sorted(env.items())))
             out.append((region, reps[:: max(1, len(reps) // 4)][:4]))
     return out
 

@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_version", "text", "limits", "names", "expr", "dtypes", "args", "lower.runtime", "lower.guard_rt",
      "lower.dimsolve", "dimsolve", "ops.torch_impl", "shardfile", "quant", "lower"),
     # the algebra and the syntax tree
-    ("ast", "indexmap", "instances"),
+    ("ast", "indexmap", "instances", "regions"),
     # one error type, one reading of text
     ("errors", "source"),
     # the grammar and the ops
