@@ -105,6 +105,7 @@ def explain(spec: CompiledSpec, tensor: str | None = None) -> dict[str, Any]:
         cov = by_tensor.get(c.tensor)
         entry["proved"] = list(cov.proved) if cov else []
         entry["unchecked"] = list(cov.unchecked) if cov else []
+        entry["scope"] = cov.scope if cov else ""  # the sizes and parameter values the claims hold for
         reports.append(entry)
     unchecked = sum(len(t["unchecked"]) for t in reports)
     return {
@@ -154,6 +155,8 @@ def as_text(r: dict[str, Any]) -> str:
             lines.append(f"  {'needs' if i == 0 else '':<8} {n['text']}  ({where}, {n['status']})")
         for i, what in enumerate(t.get("proved", ())):
             lines.append(f"  {'proved' if i == 0 else '':<8} {what}")
+        if t.get("scope") and t.get("proved"):
+            lines.append(f"  {'':<8} (claims hold {t['scope']})")
         for i, what in enumerate(t.get("unchecked", ())):
             lines.append(f"  {'not checked' if i == 0 else '':<8} {what}")
     return "\n".join(lines) + "\n"
@@ -192,7 +195,8 @@ def as_markdown(r: dict[str, Any]) -> str:
         if t["needs"]:
             lines += ["", "Needs: " + "; ".join(f"`{n['text']}` ({n['status']})" for n in t["needs"])]
         if t.get("proved"):
-            lines += ["", "Proved: " + "; ".join(t["proved"]) + "."]
+            lines += ["", "Proved: " + "; ".join(t["proved"]) + (f" (claims hold {t['scope']})" if t.get("scope")
+                                                                 else "") + "."]
         if t.get("unchecked"):
             lines += ["", "**Not checked**: " + "; ".join(t["unchecked"]) + "."]
     return "\n".join(lines) + "\n"
