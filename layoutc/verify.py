@@ -590,8 +590,11 @@ def _condition_pos(program: Program, region: Region) -> Pos | None:
 def _elements(variant: Variant):
     """The elements the axis maps of ``variant`` evaluate on given sizes, bounded before any allocation:
     every row (or column) against a spread of at most 16 positions on each other axis (rowmap.axis_map)."""
-    shapes = [c.source.shape for c in variant.chains] + [s.out_type.shape for c in variant.chains
-                                                          for s in logical_prefix(c, rows=True)]
+    weights = {c.source.tie.weight for c in variant.chains if c.source.tie is not None}
+    checked = [c for c in variant.chains if c.source.tie is not None or c.tensor in weights
+               or c.source.rows is not None or (c.target is not None and c.target.rows is not None)]
+    shapes = [c.source.shape for c in checked] + [s.out_type.shape for c in checked
+                                                  for s in logical_prefix(c, rows=True)]
 
     terms = list({(e, len(shape)) for shape in shapes for e in shape})  # distinct extents: shapes repeat
 
