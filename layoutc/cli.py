@@ -246,6 +246,7 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
             click.echo(f"{display(str(given))}: error: {unknown(given)}", err=True)
             failed += 1
             continue
+        shown = ""
         try:
             tree = parse(read_spec(path), str(path))
             if is_family_file(tree):  # a file a spec imports: its definitions, checked on their own
@@ -258,10 +259,11 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
                 shown = ", ".join(f"{k}={v}" for k, v in params.items())
                 spec = compile_file(path, params)
                 _print_diagnostics(spec.warnings, str(path), spec.program.source)
-                gaps = spec.coverage[1]
-                if strict and gaps:
+                covered, gaps = spec.coverage
+                if strict and any(d.severity == "warning" for d in gaps):
                     raise SpecError(as_errors(gaps), str(path), spec.program.source)
-                _print_diagnostics(gaps, str(path), spec.program.source)
+                _print_diagnostics([d for d in gaps if d.severity != "note" or not quiet], str(path),
+                                   spec.program.source)
                 if probe:
                     start = time.perf_counter()
                     say = (lambda what: None) if quiet else (lambda what: click.echo(what, err=True))
@@ -275,7 +277,11 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
                 if not quiet:
                     how = "ok, static and probed" if probe else "ok"
                     click.echo(f"{path}: {how}{f' ({shown})' if shown else ''}: {spec.name}")
+                    if covered:  # what the claims cover: every size region, the parameter values
+                        click.echo(f"  claims hold {covered[0].scope}")
         except SpecError as err:
+            if shown:  # the parameter values the findings hold at (a branch on tp_size, say)
+                click.echo(f"{display(str(path))}: with {shown}:", err=True)
             _print_diagnostics(err.diagnostics, err.filename, err.source)
             failed += 1
     if failed:

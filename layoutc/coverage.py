@@ -13,6 +13,11 @@ because the spec does not state what they need, as warnings with the line to add
 * physical steps (reshapes, bit permutations) that no family declares: what the kernel expects
   of that arrangement is not stated, so nothing checks it.
 
+* what sizes and parameter values the claims hold for (:func:`size_scope`): "for all sizes" when the
+  spec has no size condition, else every region by name; an integer parameter a condition tests without
+  declared choices is a warning (its other branches are never verified); one without choices that only
+  sizes the layout (``ranks=tp_size``) is a note: the claims hold for the value given.
+
 ``check --strict`` turns these warnings into errors; the shipped specs pass it. ``explain`` prints
 the per-tensor summary. Every decision reads facts, ties, declarations and index maps.
 """
@@ -21,9 +26,11 @@ from __future__ import annotations
 
 import attrs
 
+from . import ast
 from . import expr as ex
 from .compiler import Chain, Compiled, looks_like_scales_of
 from .errors import Diagnostic, Reporter
+from .regions import TooLarge, region_of
 from .ir import Program, TensorSpec
 from .ops.base import Category
 from .rowmap import declared_rows, logical_prefix, row_axis
@@ -34,6 +41,71 @@ class TensorCoverage:
     tensor: str
     proved: tuple[str, ...]
     unchecked: tuple[str, ...]
+    scope: str = "for all sizes"  # the sizes and parameter values the proved claims hold for
+
+
+def _walk_conditions(items, out: list) -> None:
+    for item in items:
+        if isinstance(item, ast.If):
+            out.append(item.cond)
+            _walk_conditions(item.then, out)
+            _walk_conditions(item.other, out)
+
+
+def size_scope(compiled: Compiled, report: Reporter | None = None) -> str:
+    """The sizes and parameter values the verifier's claims cover, in words: every size region of the
+    spec (each verified on its representatives, :mod:`layoutc.regions`), and the parameter values."""
+    from .parse import parse
+    from .verify import region_dims
+
+    program = compiled.program
+    regions, seen = [], set()
+    for variant in compiled.variants:
+        region = region_of(program, variant.present)
+        if region in seen:
+            continue
+        seen.add(region)
+        try:
+            _, status = region_dims(program, variant)
+        except TooLarge:
+            status = "too large"
+        regions.append((region, status))
+    covered = [r.describe() for r, st in regions if st == "covered"]
+    empty = [r.describe() for r, st in regions if st == "empty"]
+    if not program.conditions:
+        scope = "for all sizes"
+    else:
+        scope = "for all sizes, in every region: " + "; ".join(covered)
+        if empty:
+            scope += f" (no size is in {'; '.join(empty)})"
+    try:
+        tree = parse(program.source, program.filename)
+    except Exception:  # noqa: BLE001 - the spec parsed once already; a second parse cannot fail differently
+        return scope
+    conds: list = []
+    _walk_conditions(tree.items, conds)
+    tested = {c.name.text for c in conds if c.name is not None}
+    tested |= {n for c in conds if c.lhs is not None for n in ex.free_vars(c.lhs.expr)}
+    tested |= {n for c in conds if isinstance(c.value, ast.ExprValue) for n in ex.free_vars(c.value.expr)}
+    values = program.param_values
+    fixed = []
+    for item in tree.items:
+        if not isinstance(item, ast.Param) or item.choices is not None:
+            continue
+        name, value = item.name.text, values.get(item.name.text)
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        fixed.append(f"{name}={value}")
+        if report is not None and name in tested:
+            report.warning(f"parameter {name} is tested by a condition but declares no choices: the claims are "
+                           f"verified with {name}={value} only, the branches other values take are not",
+                           item.pos, f"declare its values: param {name} = {value} choices [...]")
+        elif report is not None:
+            report.add(Diagnostic("note", f"parameter {name} declares no choices: the claims are verified with "
+                                          f"{name}={value} (check -D {name}=N verifies another value)", item.pos))
+    if fixed:
+        scope += f"; with {', '.join(fixed)}"
+    return scope
 
 
 def _physical_unpacked(chain: Chain) -> list:
@@ -74,6 +146,7 @@ def coverage(compiled: Compiled) -> tuple[list[TensorCoverage], list[Diagnostic]
     chains = {c.tensor: c for c in variant.chains}
     tied_to = {t.tie.weight for t in program.inputs if t.tie is not None}
     out: list[TensorCoverage] = []
+    scope = size_scope(compiled, report)
     for t in program.inputs:
         chain = chains.get(t.name)
         target = next((o for o in program.outputs if o.name == t.name), None)
@@ -132,10 +205,10 @@ def coverage(compiled: Compiled) -> tuple[list[TensorCoverage], list[Diagnostic]
                                st.pos if st else t.pos,
                                "define the steps as a family (family NAME { ROLE(t) { ... } }), apply it with "
                                "interleave and declare it on the output (packing NAME)", [t.name])
-        out.append(TensorCoverage(t.name, tuple(proved), tuple(unchecked)))
+        out.append(TensorCoverage(t.name, tuple(proved), tuple(unchecked), scope))
     return out, report.diagnostics
 
 
 def strict(diags: list[Diagnostic]) -> list[Diagnostic]:
-    """``--strict``: every coverage warning as an error."""
-    return [attrs.evolve(d, severity="error") for d in diags]
+    """``--strict``: every coverage warning as an error (notes stay notes)."""
+    return [attrs.evolve(d, severity="error") if d.severity == "warning" else d for d in diags]

@@ -11,6 +11,7 @@ tensors are still in sync.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any, Mapping
 
@@ -23,8 +24,12 @@ from .compiler import Chain
 from .instances import sample_dims
 from .indexmap import concrete_shape, lift_to_bits, source_indices
 from .rowmap import axis_map, declared_rows, describe_labels, row_labels
+from .regions import Region, TooLarge, representatives
 from .text import md_code, md_text
 from .verify import verify
+
+#: Size regions compared at most (every truth value of the size conditions of both specs).
+MAX_REGIONS = 64
 
 
 @attrs.frozen
@@ -93,12 +98,14 @@ def _coords(linear: int, shape: tuple[int, ...]) -> list[int]:
     return list(reversed(out))
 
 
-def _compare(name: str, old: CompiledSpec, new: CompiledSpec) -> TensorChange | None:
-    a, b = _chains(old)[name], _chains(new)[name]
+def _compare(name: str, old: CompiledSpec, new: CompiledSpec, a: Chain | None = None, b: Chain | None = None,
+             envs: list[dict] | None = None, contract: bool = True) -> TensorChange | None:
+    a = a if a is not None else _chains(old)[name]
+    b = b if b is not None else _chains(new)[name]
     kinds: list[str] = []
     details: list[str] = []
     example = None
-    ca, cb = _contract(old, name), _contract(new, name)
+    ca, cb = (_contract(old, name), _contract(new, name)) if contract else ({}, {})
     for key in sorted(set(ca) | set(cb)):
         if ca.get(key) != cb.get(key):
             kinds.append("contract")
@@ -116,7 +123,7 @@ def _compare(name: str, old: CompiledSpec, new: CompiledSpec) -> TensorChange | 
         kinds.append("packing")
         details.append(f"kernel packings {list(fams_a) or ['none']} -> {list(fams_b) or ['none']}")
     dims = tuple(sorted(set(old.program.dims) | set(new.program.dims)))
-    for env in _samples(a, b, dims):
+    for env in (envs if envs is not None else _samples(a, b, dims)):
         at = ", ".join(f"{k}={v}" for k, v in env.items())
         bits = a.composed_map().bit_level or b.composed_map().bit_level
         try:
@@ -167,6 +174,159 @@ def _compare(name: str, old: CompiledSpec, new: CompiledSpec) -> TensorChange | 
     return TensorChange(name, tuple(dict.fromkeys(kinds)), tuple(details), example)
 
 
+@attrs.frozen
+class _Both:
+    """The size conditions and bounds of both specs, as :func:`layoutc.regions.representatives` reads them."""
+
+    conditions: tuple
+    assumptions: tuple
+
+
+def _regions(old: CompiledSpec, new: CompiledSpec) -> list[tuple[Region, list[dict]]]:
+    """Every region of the size conditions of both specs (each branch of either), with representatives:
+    the sizes the two specs' maps are compared at. A region no size is in is left out."""
+    labels: dict[str, Any] = {}
+    for c in old.program.conditions + new.program.conditions:
+        labels.setdefault(c.label, c)
+    both = _Both(tuple(labels.values()), old.program.assumptions + new.program.assumptions)
+    dims = tuple(sorted(set(old.program.dims) | set(new.program.dims)))
+    known = [(ex.Var(x.dim), x.multiple) for x in both.assumptions]
+    for spec in (old, new):
+        known += [(k.value, k.multiple) for v in spec.compiled.variants for c in v.chains for k in c.constraints]
+    exprs = [e for spec in (old, new) for c in spec.compiled.variants[-1].chains
+             for shape in [c.source.shape] + [st.out_type.shape for st in c.steps] for e in shape]
+    exprs += [e for c in both.conditions for e in (c.lhs, c.rhs)]
+    out = []
+    truths = list(itertools.product((True, False), repeat=len(both.conditions)))[:MAX_REGIONS]
+    for values in truths:
+        region = Region(tuple((c.label, v) for c, v in zip(both.conditions, values)))
+        try:
+            reps, status = representatives(both, region, dims, known, exprs, per_dim=2, budget=12)
+        except TooLarge:
+            continue
+        if status == "covered":  # the smallest first: the example shown is read at them
+            reps = sorted(reps, key=lambda env: (sum(env.values()), sorted(env.items())))
+            out.append((region, reps[:: max(1, len(reps) // 4)][:4]))
+    return out
+
+
+def _variant_chain(spec: CompiledSpec, name: str, env: dict) -> Chain | None:
+    """The chain ``spec`` converts ``name`` with at sizes ``env`` (its conditions decided there), every
+    optional tensor present."""
+    holds = {c.label for c in spec.program.conditions if c.holds(env)}
+    key = frozenset(spec.program.optional_inputs) | holds
+    variant = next((v for v in spec.compiled.variants if v.present == key), None)
+    return next((c for c in variant.chains if c.tensor == name), None) if variant is not None else None
+
+
+def _compare_by_region(name: str, old: CompiledSpec, new: CompiledSpec,
+                       regions: list[tuple[Region, list[dict]]]) -> TensorChange | None:
+    """The change of one tensor in every region: one without a region where it is the same in all of them,
+    else each region's change prefixed with the region (at I == 2944: ...)."""
+    ca, cb = _contract(old, name), _contract(new, name)  # the declared contract holds in every region
+    contract_details = [f"{key}: {ca.get(key, '-')} -> {cb.get(key, '-')}" for key in sorted(set(ca) | set(cb))
+                        if ca.get(key) != cb.get(key)]
+    per_region: list[tuple[Region, TensorChange | None]] = []
+    for region, envs in regions or [(Region(()), None)]:
+        if envs is None:
+            per_region.append((region, _compare(name, old, new, contract=False)))
+            continue
+        found = None
+        for env in envs:
+            a, b = _variant_chain(old, name, env), _variant_chain(new, name, env)
+            if a is None or b is None:
+                continue
+            found = _compare(name, old, new, a, b, [env], contract=False)
+            if found is not None:
+                break
+        per_region.append((region, found))
+    changed = [(r, c) for r, c in per_region if c is not None]
+    kinds = ["contract"] if contract_details else []
+    details = list(contract_details)
+    example = None
+    uniform = len(changed) == len(per_region) and len({(c.kinds, c.details) for _, c in changed}) == 1
+    for region, change in changed:
+        kinds += [k for k in change.kinds if k not in kinds]
+        prefix = "" if uniform or not region.conditional else f"at {region.describe()}: "
+        details += [prefix + d for d in change.details if prefix + d not in details]
+        example = example or (prefix + change.example if change.example else None)
+        if uniform:
+            break
+    if not kinds:
+        return None
+    return TensorChange(name, tuple(dict.fromkeys(kinds)), tuple(details), example)
+
+
+def _branch_values(spec: CompiledSpec) -> dict[str, set]:
+    """Per parameter, the values its branches are taken at: every choice, both truth values, and the
+    constants its conditions compare it with (``if tp_size == 8``: 8; ``if tp_size > 4``: 4 and 5)."""
+    from . import ast
+    from .coverage import _walk_conditions
+    from .ir import _value_to_python
+    from .parse import parse
+
+    try:
+        tree = parse(spec.program.source, spec.program.filename)
+    except Exception:  # noqa: BLE001 - it compiled from this text already
+        return {}
+    values = spec.program.param_values
+    out: dict[str, set] = {}
+    for item in tree.items:
+        if isinstance(item, ast.Param) and item.choices is not None:
+            out.setdefault(item.name.text, set()).update(_value_to_python(item.choices))
+        elif isinstance(item, ast.Param) and isinstance(values.get(item.name.text), bool):
+            out.setdefault(item.name.text, set()).update({True, False})
+    conds: list = []
+    _walk_conditions(tree.items, conds)
+    for c in conds:
+        if c.name is None or c.name.text not in values or isinstance(values[c.name.text], bool):
+            continue
+        other = _value_to_python(c.value) if c.value is not None else None
+        found = other if isinstance(other, tuple) else (other,)
+        for v in found:
+            if type(v) is int:
+                out.setdefault(c.name.text, set()).update({v, v + 1} if c.op in ("<=", ">") else
+                                                          {v, v - 1} if c.op in ("<", ">=") else {v})
+            elif isinstance(v, str) and not isinstance(values[c.name.text], int):
+                out.setdefault(c.name.text, set()).add(v)
+    return out
+
+
+def _param_branch_changes(old: CompiledSpec, new: CompiledSpec, seen: set[str]) -> list[TensorChange]:
+    """Changes at other parameter values than the ones compared (a branch taken only with tp_size=8),
+    each named with the values: compiled from the same texts at each branch value of either spec."""
+    from .errors import SpecError
+
+    base_old, base_new = old.program.param_values, new.program.param_values
+    values: dict[str, set] = {}
+    for spec in (old, new):
+        for k, vs in _branch_values(spec).items():
+            values.setdefault(k, set()).update(vs)
+    out: list[TensorChange] = []
+    tried = 0
+    for name, vs in sorted(values.items()):
+        for v in sorted(vs, key=repr):
+            if base_old.get(name, v) == v and base_new.get(name, v) == v or tried >= MAX_REGIONS:
+                continue
+            tried += 1
+            try:
+                o = compile_source(old.program.source, old.program.filename,
+                                   {**base_old, name: v} if name in base_old else base_old, verify_spec=False)
+                n = compile_source(new.program.source, new.program.filename,
+                                   {**base_new, name: v} if name in base_new else base_new, verify_spec=False)
+            except SpecError:
+                continue  # a value one spec does not take (outside its choices, its sizes do not divide)
+            a, b = _chains(o), _chains(n)
+            regions = _regions(o, n)
+            for tensor in [t for t in a if t in b and t not in seen]:
+                change = _compare_by_region(tensor, o, n, regions)
+                if change is not None:
+                    seen.add(tensor)
+                    out.append(attrs.evolve(change, details=tuple(f"with {name}={v}: {d}" for d in change.details),
+                                            example=f"with {name}={v}: {change.example}" if change.example else None))
+    return out
+
+
 def _declared(spec: CompiledSpec, chain: Chain):
     return declared_rows(spec.program, chain.source, "input")
 
@@ -178,10 +338,12 @@ def diff(old: CompiledSpec, new: CompiledSpec) -> SpecDiff:
         changes.append(TensorChange(name, ("removed",), (f"{name} is no longer converted",)))
     for name in [n for n in b if n not in a]:
         changes.append(TensorChange(name, ("added",), (f"{name} is new",)))
+    regions = _regions(old, new)
     for name in [n for n in a if n in b]:
-        change = _compare(name, old, new)
+        change = _compare_by_region(name, old, new, regions)
         if change is not None:
             changes.append(change)
+    changes += _param_branch_changes(old, new, {c.tensor for c in changes})
     findings = verify(new.compiled)
     verdict = "sync and contract hold" if not findings else f"the new spec breaks {len(findings)} rule(s)"
     return SpecDiff(old.program.filename, new.program.filename, tuple(changes), verdict,

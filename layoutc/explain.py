@@ -14,6 +14,7 @@ from typing import Any
 from .api import CompiledSpec
 from .compiler import Chain
 from .lower.maptext import map_text
+from .regions import _words, region_of
 from .rowmap import declared_rows
 from .text import md_block, md_code, md_text
 
@@ -27,6 +28,38 @@ def _need(k) -> str:
     return f"{op}: {text.split(' needs ', 1)[1] if ' needs ' in text else text}"
 
 
+def _when(statement) -> str:
+    """The conditions a statement is under, in words (``I == 2944``, ``not (H > 4096)``, ``w13_bias``)."""
+    if statement is None:
+        return ""
+    return " and ".join(_words(g.key, g.present) if " " in g.key else str(g) for g in statement.guards)
+
+
+def _every_branch(spec: CompiledSpec, chain: Chain) -> list[dict[str, Any]]:
+    """The tensor's steps in every branch of the spec's size conditions (each optional tensor present), in
+    spec order, each with the conditions it is under: a statement under ``if I == 2944`` is listed with
+    its condition, whichever sizes the rest of the report is shown for."""
+    program = spec.program
+    every = frozenset(program.optional_inputs)
+    seen: dict[tuple, dict[str, Any]] = {}
+    for variant in spec.compiled.variants:
+        if not every <= variant.present:
+            continue
+        c = next((c for c in variant.chains if c.tensor == chain.tensor), None)
+        for i, s in enumerate(c.steps if c is not None else ()):
+            key = (s.statement.pos if s.statement else None, str(s.op), i if s.statement is None else 0)
+            if key in seen:
+                continue
+            seen[key] = {
+                "line": s.statement.pos.line if s.statement else None,
+                "statement": " ".join(s.statement.text.split()) if s.statement else "",
+                "op": str(s.op),
+                "kind": f"packing {s.tag.family}" if s.tag is not None else s.op.category.value,
+                "when": _when(s.statement),
+            }
+    return sorted(seen.values(), key=lambda e: (e["line"] is None, e["line"] or 0))
+
+
 def tensor_report(spec: CompiledSpec, chain: Chain) -> dict[str, Any]:
     p = spec.program
     src, dst = chain.source, chain.target
@@ -37,15 +70,7 @@ def tensor_report(spec: CompiledSpec, chain: Chain) -> dict[str, Any]:
         "output": f"{dst.elem.name}{dst.shape_str()}" if dst else f"{out_type}",
         "role": src.role,
         "packing": dst.packing if dst else None,
-        "chain": [
-            {
-                "line": s.statement.pos.line if s.statement else None,
-                "statement": " ".join(s.statement.text.split()) if s.statement else "",
-                "op": str(s.op),
-                "kind": f"packing {s.tag.family}" if s.tag is not None else s.op.category.value,
-            }
-            for s in chain.steps
-        ],
+        "chain": _every_branch(spec, chain),
     }
     if src.tie is not None:
         partners = [t.name for t in p.inputs if t.tie is not None and t.tie.weight == src.tie.weight and t.name != src.name]
@@ -59,6 +84,9 @@ def tensor_report(spec: CompiledSpec, chain: Chain) -> dict[str, Any]:
     rows_out = declared_rows(p, dst, "output") if dst else None
     entry["rows"] = {"input": str(rows_in) if rows_in else None, "output": str(rows_out) if rows_out else None}
     entry["map"] = map_text(chain, dst.shape_text if dst else ())
+    region = region_of(p, spec.compiled.variants[-1].present)
+    if region.conditional:  # the map of one region: the one where every size condition holds
+        entry["region"] = region.describe()
     entry["needs"] = [
         {"text": _need(k), "line": k.pos.line if k.pos else None, "status": k.status}
         for k in dict.fromkeys(chain.constraints)
@@ -78,6 +106,7 @@ def explain(spec: CompiledSpec, tensor: str | None = None) -> dict[str, Any]:
         cov = by_tensor.get(c.tensor)
         entry["proved"] = list(cov.proved) if cov else []
         entry["unchecked"] = list(cov.unchecked) if cov else []
+        entry["scope"] = cov.scope if cov else ""  # the sizes and parameter values the claims hold for
         reports.append(entry)
     unchecked = sum(len(t["unchecked"]) for t in reports)
     return {
@@ -117,13 +146,18 @@ def as_text(r: dict[str, Any]) -> str:
         lines.append("  chain" + ("    (none: copied as is)" if not t["chain"] else ""))
         width = max((len(s["statement"]) for s in t["chain"]), default=0)
         for s in t["chain"]:
-            lines.append(f"    {s['line']:>4}  {s['statement']:<{width}}  {s['op']:<34} {s['kind']}")
-        lines.append("  map      " + t["map"].replace("\n", "\n" + " " * 11))
+            when = f"  [if {s['when']}]" if s.get("when") else ""
+            lines.append(f"    {s['line']:>4}  {s['statement']:<{width}}  {s['op']:<34} {s['kind']}{when}")
+        at = f" (at {t['region']})" if t.get("region") else ""
+        lines.append(f"  map{at}\n           " + t["map"].replace("\n", "\n" + " " * 11) if at else
+                     "  map      " + t["map"].replace("\n", "\n" + " " * 11))
         for i, n in enumerate(t["needs"]):
             where = f"line {n['line']}" if n["line"] else "shape"
             lines.append(f"  {'needs' if i == 0 else '':<8} {n['text']}  ({where}, {n['status']})")
         for i, what in enumerate(t.get("proved", ())):
             lines.append(f"  {'proved' if i == 0 else '':<8} {what}")
+        if t.get("scope") and t.get("proved"):
+            lines.append(f"  {'':<8} (claims hold {t['scope']})")
         for i, what in enumerate(t.get("unchecked", ())):
             lines.append(f"  {'not checked' if i == 0 else '':<8} {what}")
     return "\n".join(lines) + "\n"
@@ -152,9 +186,10 @@ def as_markdown(r: dict[str, Any]) -> str:
         if facts:
             lines += ["; ".join(facts) + ".", ""]
         if t["chain"]:
-            lines += ["| line | statement | primitive | kind |", "|---|---|---|---|"]
+            lines += ["| line | statement | primitive | kind | when |", "|---|---|---|---|---|"]
             lines += [f"| {s['line']} | {c(s['statement'], cell=True)} | {c(str(s['op']), cell=True)} | "
-                      f"{t_(str(s['kind']))} |" for s in t["chain"]]
+                      f"{t_(str(s['kind']))} | {c(s['when'], cell=True) if s.get('when') else 'always'} |"
+                      for s in t["chain"]]
         else:
             lines.append("Copied as is.")
         if "\n" in t["map"]:
@@ -164,7 +199,8 @@ def as_markdown(r: dict[str, Any]) -> str:
         if t["needs"]:
             lines += ["", "Needs: " + "; ".join(f"{c(n['text'])} ({t_(n['status'])})" for n in t["needs"])]
         if t.get("proved"):
-            lines += ["", "Proved: " + "; ".join(t_(x) for x in t["proved"]) + "."]
+            lines += ["", "Proved: " + "; ".join(t_(x) for x in t["proved"])
+                      + (f" (claims hold {t_(t['scope'])})" if t.get("scope") else "") + "."]
         if t.get("unchecked"):
             lines += ["", "**Not checked**: " + "; ".join(t_(x) for x in t["unchecked"]) + "."]
     return "\n".join(lines) + "\n"

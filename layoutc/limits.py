@@ -24,3 +24,6 @@ MAX_INT = (1 << 31) - 1
 MAX_INT_DIGITS = 12
 #: Length of a string parameter value.
 MAX_STRING = 256
+#: Largest value of a dim in the sizes the verifier evaluates maps on (a region's representatives are its
+#: smallest sizes; a spec whose sizes start above this is refused before anything is allocated).
+MAX_REPRESENTATIVE = 1 << 16

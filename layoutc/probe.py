@@ -33,7 +33,7 @@ from .lower.eager import run as run_op
 from .ops.base import Category
 from .ops.conversion import known
 from .rowmap import AxisMap, prefix_length, reduce_to_axes, static_sources
-from .verify import Verifier, verification_dims
+from .verify import Verifier, region_dims
 
 
 def _numel(shape) -> int:
@@ -184,9 +184,15 @@ class ProbedSource:
         self.lowering = lowering
         self.per_variant = samples_per_variant
         self.runs: dict[tuple, ProbeRun] = {}
+        self._samples: dict[tuple, list[dict]] = {}
 
     def samples(self, program: Program, variant: Variant) -> list[dict]:
-        return verification_dims(program, variant)[: self.per_variant]
+        """The first representatives of the variant's size region (:mod:`layoutc.regions`): small sizes
+        with the region's truth values, so a branch taken only at ``I == 2944`` is probed there too."""
+        key = (variant.present, program.name)
+        if key not in self._samples:
+            self._samples[key] = region_dims(program, variant)[0][: self.per_variant]
+        return self._samples[key]
 
     def run_for(self, chain: Chain, dims: dict) -> ProbeRun:
         variant = next(v for v in self.compiled.variants if chain in v.chains)

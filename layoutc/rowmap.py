@@ -97,6 +97,10 @@ def static_sources(chain: Chain, dims: dict, upto: int) -> tuple[torch.Tensor, t
     return linear, valid, concrete_shape(m.out_shape, dims)
 
 
+#: Chains longer than this are evaluated step by step, not composed into one symbolic map first.
+STEPWISE_AFTER = 8
+
+
 def _spread(n: int, full: bool) -> torch.Tensor:
     """All of ``range(n)``, or a few positions spread over it (ends, middle, a stride)."""
     if full or n <= 12:
@@ -120,21 +124,29 @@ def axis_map(chain: Chain, dims: dict, rows: bool = False) -> AxisMap:
     if not steps:
         cols = tuple(range(in_shape[k_axis(spec, rank)])) if has_k else None
         return AxisMap(tuple(range(in_shape[ra])), _elements(spec, cols) if has_k else None, True)
-    m = compose_all([s.op.index_map(s.in_type) for s in steps])
+    maps = [s.op.index_map(s.in_type) for s in steps]
+    # A long chain is evaluated map by map on the picked coordinates: composed symbolically, its
+    # expressions grow with every step that uses a coordinate twice (64 row interleaves never finish).
+    stepwise = len(maps) > STEPWISE_AFTER
+    m = maps[-1] if stepwise else compose_all(maps)
     out_shape = concrete_shape(m.out_shape, dims)
     if len(out_shape) != rank:
         return AxisMap((), None, False)
 
     def section(full_axis: int):
         picks = [_spread(n, a == full_axis) for a, n in enumerate(out_shape)]
-        env = dict(dims)
+        shape = tuple(len(i) for i in picks)
+        coords = []
         for a, idx in enumerate(picks):
             view = [1] * rank
             view[a] = len(idx)
-            env[f"o{a}"] = idx.view(view)
-        shape = tuple(len(i) for i in picks)
-        valid = torch.as_tensor(ex.evaluate(m.valid, env)).to(torch.bool).expand(shape)
-        coords = [torch.as_tensor(ex.evaluate(e, env)).expand(shape) for e in m.src]
+            coords.append(idx.view(view).expand(shape))
+        valid = torch.ones(shape, dtype=torch.bool)
+        for one in (reversed(maps) if stepwise else [m]):
+            env = dict(dims)
+            env.update({f"o{a}": torch.where(valid, c, torch.zeros_like(c)) for a, c in enumerate(coords)})
+            valid = valid & torch.as_tensor(ex.evaluate(one.valid, env)).to(torch.bool).expand(shape)
+            coords = [torch.as_tensor(ex.evaluate(e, env)).expand(shape) for e in one.src]
         return picks, valid, coords
 
     def function_of(axis: int):

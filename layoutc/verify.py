@@ -40,6 +40,7 @@ from .ast import Pos
 from .compiler import Chain, Compiled, Step, Variant, looks_like_scales_of
 from .errors import Diagnostic, Reporter
 from .instances import sample_dims
+from .regions import Region, TooLarge, region_of, representatives
 from .ir import Program, RowLayout
 from .ops.base import Category
 from .rowmap import (AxisMap, axis_map, declared_rows, describe_labels, k_axis, logical_prefix, n_rows, row_axis,
@@ -61,7 +62,7 @@ class StaticSource:
         return axis_map(chain, dims, rows)
 
     def samples(self, program: Program, variant: Variant) -> list[dict]:
-        return verification_dims(program, variant)
+        return region_dims(program, variant)[0]
 
 
 class Verifier:
@@ -70,6 +71,30 @@ class Verifier:
         self.program: Program = compiled.program
         self.source = source or StaticSource()
         self.report = Reporter()
+        self.regions: list[tuple[Region, str, int]] = []  # (region, status, representatives) per variant
+        self._axes: dict = {}
+        self._ident: dict[int, tuple] = {}
+        self._regions: dict = {}
+        self._contracts_ok: set = set()
+        self.work = 0  # axis maps evaluated (cache misses): the verifier's work, counted
+
+    def axis(self, chain: Chain, dims: dict, rows: bool = False) -> AxisMap:
+        """The source's axis map, once per distinct chain and relevant sizes: variants (and, for the static
+        source, the parameter combinations ``check`` compiles) share chains, so the work grows with the
+        distinct chains a spec makes, not with the product of its options."""
+        ident = self._ident.get(id(chain))
+        if ident is None or ident[0] is not chain:
+            ident = self._ident[id(chain)] = (chain, _chain_key(chain), _relevant(chain))
+        _, sig, relevant = ident
+        key = (sig, rows, tuple(sorted((d, v) for d, v in dims.items() if d in relevant)))
+        static = isinstance(self.source, StaticSource)
+        cache = _STATIC_AXES if static else self._axes
+        if key not in cache:
+            self.work += 1
+            if static and len(cache) >= _STATIC_AXES_MAX:
+                cache.clear()
+            cache[key] = self.source.axis(chain, dims, rows)
+        return cache[key]
 
     @property
     def diags(self) -> list[Diagnostic]:
@@ -209,11 +234,11 @@ class Verifier:
                          for c in [weight] + tied for s in c.steps)
         for dims in samples:
             for with_packing in (False, True) if row_packed else (False,):
-                wmap = self.source.axis(weight, dims, with_packing)
+                wmap = self.axis(weight, dims, with_packing)
                 if not self.followable(weight, wmap):
                     return
                 for c in tied:
-                    cmap = self.source.axis(c, dims, with_packing)
+                    cmap = self.axis(c, dims, with_packing)
                     if not self.followable(c, cmap):
                         return
                     rows = _row_blocks(wmap.rows, c.source.tie.row_block) if _row_blocked(c) else wmap.rows
@@ -333,11 +358,22 @@ class Verifier:
             return
         ra = row_axis(chain.source)
         slices = [s for s in chain.steps if s.op.facts.slice and s.op.axis(s.in_type) == ra]
-        for dims in samples[:2]:
-            amap = self.source.axis(chain, dims)
+        key = (_chain_key(chain), str(src_layout), str(dst_layout), tuple(map(repr, samples)))
+        if key in self._contracts_ok:
+            return  # the same chain and orders on the same sizes in another variant: already proved
+        before = len(self.diags)
+        self._check_contract(chain, samples, src_layout, dst_layout, ra, slices)
+        if len(self.diags) == before:
+            self._contracts_ok.add(key)
+
+    def _check_contract(self, chain: Chain, samples: list[dict], src_layout, dst_layout, ra, slices) -> None:
+        for dims in samples:
+            amap = self.axis(chain, dims)
             if not self.followable(chain, amap):
                 return
             n_in = n_rows(chain.source, dims)
+            if n_in % max(1, len(src_layout.shards)):
+                continue  # sizes too small to hold the declared shards (a run-time check refuses them)
             src = row_labels(src_layout, n_in)
             actual = [src[r] if r >= 0 else None for r in amap.rows]
             if slices:
@@ -383,22 +419,65 @@ class Verifier:
     # -- run --
     def run(self) -> list[Diagnostic]:
         self.check_ties_declared()
+        overall = self.report
+        found: dict[tuple, tuple[Diagnostic, list[Region]]] = {}  # a finding -> the regions it occurs in
+        all_regions: list[Region] = []
         for variant in self.compiled.variants:
-            before = len(self.diags)
-            samples = self.source.samples(self.program, variant)
-            for c in variant.chains:
-                self.check_order(c)
-                self.check_shards(c)
-            if len(self.diags) > before:
-                continue  # the maps below would only repeat these findings
-            for weight, tied in self.groups(variant):
-                self.check_families(weight, tied, samples)
-                if samples:
-                    self.check_sync(weight, tied, samples)
-            if samples:
-                for c in variant.chains:
-                    self.check_contract(c, samples)
+            self.report = Reporter()
+            region = region_of(self.program, variant.present)
+            if region not in all_regions:
+                all_regions.append(region)
+            try:
+                samples, status = self.region_samples(variant)
+            except TooLarge as err:
+                self.report.error(err.message, err.pos or _bound_pos(self.program), None)
+                samples, status = [], "too large"
+            self.regions.append((region, status, len(samples)))
+            if status == "unfound":
+                self.report.error(f"no sizes found in the region {region.describe()} to verify it on: its claims are "
+                                  f"not checked there", _condition_pos(self.program, region), "state the sizes it "
+                                  f"holds at with a simpler condition (a comparison of one dim with a constant)")
+            self.check_variant(variant, samples)
+            for d in self.report.diagnostics:
+                key = (d.severity, d.message, d.pos)
+                if key in found:
+                    old, regions = found[key]
+                    found[key] = (attrs.evolve(old, tensors=old.tensors + tuple(t for t in d.tensors
+                                                                                  if t not in old.tensors)),
+                                  regions + ([region] if region not in regions else []))
+                else:
+                    found[key] = (d, [region])
+        self.report = overall
+        for d, regions in found.values():
+            if any(r.conditional for r in regions) and len(regions) < len(all_regions):
+                where = " or ".join(r.describe() for r in regions)
+                d = attrs.evolve(d, message=f"at {where}: {d.message}")
+            self.report.add(d)
         return self.diags
+
+    def region_samples(self, variant: Variant) -> tuple[list[dict], str]:
+        if isinstance(self.source, StaticSource):
+            key = (region_of(self.program, variant.present), frozenset(_chain_key(c) for c in variant.chains))
+            if key not in self._regions:
+                self._regions[key] = region_dims(self.program, variant)
+            return self._regions[key]
+        samples = self.source.samples(self.program, variant)
+        return samples, "covered" if samples else "unfound"
+
+    def check_variant(self, variant: Variant, samples: list[dict]) -> None:
+        before = len(self.diags)
+        for c in variant.chains:
+            self.check_order(c)
+            self.check_shards(c)
+        if len(self.diags) > before:
+            return  # the maps below would only repeat these findings
+        for weight, tied in self.groups(variant):
+            self.check_families(weight, tied, samples)
+            if samples:
+                self.check_sync(weight, tied, samples)
+        if samples:
+            for c in variant.chains:
+                self.check_contract(c, samples)
 
 
 def _only_permutes_rows(chain: Chain, steps: Sequence[Step]) -> bool:
@@ -475,6 +554,66 @@ def _pick(samples: list[dict]) -> list[dict]:
         if want in samples and want not in out:
             out.append(want)
     return out or [samples[0]]
+
+
+#: Static axis maps by chain and sizes, shared by every compile in the process (bounded).
+_STATIC_AXES: dict = {}
+_STATIC_AXES_MAX = 4096
+
+
+def _chain_key(chain: Chain) -> tuple:
+    """What a chain's static axis maps depend on: its input (shape, type, tie) and every step's op and type."""
+    src = chain.source
+    return (chain.tensor, repr(src.shape), src.elem.name, repr(src.tie and (src.tie.kind, src.tie.row_block)),
+            src.role, tuple((repr(s.op), repr(s.in_type), s.tag is not None) for s in chain.steps))
+
+
+def _relevant(chain: Chain) -> frozenset[str]:
+    """The dims a chain's maps can depend on: those in its shapes."""
+    names: set[str] = set()
+    for shape in [chain.source.shape] + [s.out_type.shape for s in chain.steps]:
+        for e in shape:
+            names |= ex.free_vars(e)
+    return frozenset(names)
+
+
+def _bound_pos(program: Program) -> Pos | None:
+    """Where a spec makes its sizes large: a lower bound, else a size condition."""
+    return next((a.pos for a in program.assumptions if a.minimum > 1),
+                program.conditions[0].pos if program.conditions else None)
+
+
+def _condition_pos(program: Program, region: Region) -> Pos | None:
+    labels = [label for label, _ in region.holds]
+    return next((c.pos for c in program.conditions if c.label in labels), None)
+
+
+def _elements(variant: Variant):
+    """The elements the axis maps of ``variant`` evaluate on given sizes, bounded before any allocation:
+    every row (or column) against a spread of at most 16 positions on each other axis (rowmap.axis_map)."""
+    weights = {c.source.tie.weight for c in variant.chains if c.source.tie is not None}
+    checked = [c for c in variant.chains if c.source.tie is not None or c.tensor in weights
+               or c.source.rows is not None or (c.target is not None and c.target.rows is not None)]
+    shapes = [c.source.shape for c in checked] + [s.out_type.shape for c in checked
+                                                  for s in logical_prefix(c, rows=True)]
+
+    terms = list({(e, len(shape)) for shape in shapes for e in shape})  # distinct extents: shapes repeat
+
+    def size_of(env: dict) -> int:
+        return max((int(ex.evaluate(e, env)) * 16 ** (rank - 1) for e, rank in terms), default=0)
+
+    return size_of
+
+
+def region_dims(program: Program, variant: Variant) -> tuple[list[dict], str]:
+    """The representatives a variant's region is verified on (:func:`layoutc.regions.representatives`):
+    ``(sizes, status)``."""
+    known = [(k.value, k.multiple) for c in variant.chains for k in c.constraints]
+    known += [(ex.Var(a.dim), a.multiple) for a in program.assumptions]
+    exprs = [e for c in variant.chains for shape in [c.source.shape] + [s.out_type.shape for s in c.steps]
+             for e in shape] + [e for c in program.conditions for e in (c.lhs, c.rhs)]
+    region = region_of(program, variant.present)
+    return representatives(program, region, program.dims, known, exprs, size_of=_elements(variant))
 
 
 def verification_dims(program: Program, variant: Variant) -> list[dict]:

@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "progress", "lower.runtime", "lower.fingerprint", "lower.guard_rt", "lower.dimsolve", "dimsolve", "ops.torch_impl",
      "shardfile", "quant", "lower", "identity", "shipped"),
     # the algebra and the syntax tree
-    ("ast", "indexmap", "instances"),
+    ("ast", "indexmap", "instances", "regions"),
     # one error type, one reading of text
     ("errors", "source"),
     # the grammar and the ops

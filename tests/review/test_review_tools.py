@@ -236,3 +236,37 @@ def test_editor_grammar_knows_the_language():
     assert {"family", "import"} <= keywords
     assert set(ELEMENT_TYPES) == types
     assert set(PUBLIC) | {"interleave"} == calls
+
+
+# -- review by region (issue 23) ----------------------------------------------------------------
+
+SWAP = "swap_halves([w13_weight, w13_weight_scale, w13_bias], dim=1)"
+
+
+def test_a_change_confined_to_a_size_region_is_reported_with_its_region():
+    branch = BF16.replace(SWAP, SWAP + "\nif I == 2944 { " + SWAP + " }")
+    old, new = load_pair(BF16, "old.lyt", branch, "new.lyt")
+    d = diff(old, new)
+    assert d.changed, "a change confined to a branch must never be 'no layout change'"
+    by = {c.tensor: c for c in d.changes}
+    assert by["w13_weight"].details == ("at I == 2944: logical rows [w3; w1] -> [w1; w3]",)
+    assert "w2_weight" not in by
+
+
+def test_a_change_confined_to_a_parameter_branch_is_reported_with_the_value():
+    branch = BF16.replace(SWAP, "if tp_size == 8 { " + SWAP + " }\n" + SWAP)
+    old, new = load_pair(BF16, "old.lyt", branch, "new.lyt")
+    d = diff(old, new)
+    by = {c.tensor: c for c in d.changes}
+    assert by["w13_bias"].details == ("with tp_size=8: logical rows [w3; w1] -> [w1; w3]",)
+
+
+def test_explain_lists_every_branch_with_its_condition():
+    branch = BF16.replace(SWAP, SWAP + "\nif H > 4096 { swap_halves(w2_bias, dim=1) } else { cast(w2_bias, f32) }")
+    report = explain(layoutc.compile_source(branch, "b.lyt", verify_spec=False))
+    w2 = next(t for t in report["tensors"] if t["name"] == "w2_bias")
+    whens = {s["statement"]: s["when"] for s in w2["chain"]}
+    assert whens["swap_halves(w2_bias, dim=1)"] == "H > 4096"
+    assert whens["cast(w2_bias, f32)"] == "H <= 4096"
+    text = render(report, "text")
+    assert "[if H > 4096]" in text and "[if H <= 4096]" in text

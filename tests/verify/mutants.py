@@ -7,6 +7,8 @@ Operators (each yields (description, mutated text)):
   drop     one tensor from a transform's tensor list
   dtype    the element type of a declaration -> another type of the same family
   rows     the shard order of a ``rows [a; b]`` declaration reversed
+  cond     the comparison of an ``if`` -> its negation and its boundary neighbours (``==`` -> ``!=``,
+           ``<`` -> ``<=``), and every constant inside a condition (also by ``number``) -> n-1
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ def _tie_groups(tree: Tree) -> dict[str, list[str]]:
     for name, weight in groups.items():
         members.setdefault(weight, []).append(name)
     return {name: [m for m in members[groups[name]] if m != name] for name in groups}
+
+
+COMPARE_SWAPS = {"==": ["!="], "!=": ["=="], "<": ["<=", ">="], "<=": ["<", ">"], ">": [">=", "<="],
+                 ">=": [">", "<"]}
 
 
 def mutants(text: str) -> Iterator[tuple[str, str]]:
@@ -83,3 +89,14 @@ def mutants(text: str) -> Iterator[tuple[str, str]]:
         if len(shards) > 1:
             yield (f"rows reversed at line {rows.meta.line}",
                    _replace(text, rows.meta.start_pos, rows.meta.end_pos, "[" + "; ".join(reversed(shards)) + "]"))
+
+    for cond in tree.find_data("cond_cmp"):
+        for tok in cond.scan_values(lambda v: isinstance(v, Token) and v.type == "COMPARE"):
+            for new in COMPARE_SWAPS.get(str(tok), []):
+                yield (f"condition {tok} -> {new} at {tok.line}:{tok.column}",
+                       _replace(text, tok.start_pos, tok.end_pos, new))
+        for tok in cond.scan_values(lambda v: isinstance(v, Token) and v.type == "INT"):
+            n = int(tok)
+            if n > 1:  # n+1, 2n, n/2 and 0 come from the number operator; the boundary's other side here
+                yield (f"condition constant {n} -> {n - 1} at {tok.line}:{tok.column}",
+                       _replace(text, tok.start_pos, tok.end_pos, str(n - 1)))
