@@ -230,3 +230,88 @@ def aiter_mxfp4(tensors: Tensors, params: Mapping[str, Any] | None = None) -> di
     if t.get("w2_bias") is not None:
         out["w2_bias"] = t["w2_bias"]
     return out
+
+
+def aiter_shuffle_weight_16x16(w: torch.Tensor) -> torch.Tensor:
+    """shuffle_weight(w, layout=(16, 16)) for one-byte elements: [E, N, K] viewed as
+    (E, N/16, 16, K/32, 2, 16) and stored (E, N/16, K/32, 2, 16 rows, 16 bytes), same shape back."""
+    x = _u8(w)
+    e, n, k = x.shape
+    y = x.reshape(e, n // 16, 16, k // 32, 2, 16).permute(0, 1, 3, 4, 2, 5)
+    return y.contiguous().reshape(e, n, k).view(w.dtype)
+
+
+def aiter_fp8_block(tensors: Tensors, params: Mapping[str, Any] | None = None) -> dict:
+    """vLLM's ROCm AITER fused MoE, FP8 128x128 block weights: shuffle_weight(layout=(16, 16)) on
+    both weights; block scales as they are."""
+    t = dict(tensors)
+    return {
+        "w13_weight": aiter_shuffle_weight_16x16(t["w13_weight"]),
+        "w13_weight_scale": t["w13_weight_scale"].clone(),
+        "w2_weight": aiter_shuffle_weight_16x16(t["w2_weight"]),
+        "w2_weight_scale": t["w2_weight_scale"].clone(),
+    }
+
+
+# ---------------------------------------------------------------------------
+# DeepGEMM (SM90) and vLLM's CUTLASS NVFP4 MoE
+#
+# vLLM: vllm/model_executor/layers/quantization/utils/fp8_utils.py @ 364d01925de309b50c726941ad93a2c0a2487df8
+# (prepare_fp8_moe_layer_for_deepgemm, deepgemm_post_process_fp8_weight_block);
+# vllm/model_executor/layers/quantization/utils/flashinfer_fp4_moe.py @ 296ce48d53e21b80311c8bea381b9dc1b09317ae
+# (prepare_nvfp4_moe_layer_for_fi_or_cutlass); DeepGEMM csrc/apis/layout.hpp
+# (transform_sf_into_required_layout) at the DeepGEMM commit above.
+
+
+def _tp_rows(x: torch.Tensor, dim: int, rank: int, ranks: int, halves: bool) -> torch.Tensor:
+    """The engine's tensor-parallel slice: rank ``rank`` of ``ranks`` contiguous blocks, of each
+    half separately when ``halves`` (a merged [w1; w3] loaded shard by shard)."""
+    parts = torch.chunk(x, 2, dim=dim) if halves else (x,)
+    return torch.cat([torch.chunk(p, ranks, dim=dim)[rank] for p in parts], dim=dim)
+
+
+def deepgemm_fp8_block(tensors: Tensors, params: Mapping[str, Any] | None = None) -> dict:
+    """vLLM DEEPGEMM MoE on SM90: the rank's slice of each tensor, otherwise as loaded -- DeepGEMM's
+    transform_sf_into_required_layout returns fp32 (128, 128) weight scales untransformed on SM90."""
+    p = dict(params or {})
+    rank, ranks = p.get("tp_rank", 0), p.get("tp_size", 1)
+    t = dict(tensors)
+    return {
+        "w13_weight": _tp_rows(t["w13_weight"], 1, rank, ranks, True).contiguous(),
+        "w13_weight_scale": _tp_rows(t["w13_weight_scale"], 1, rank, ranks, True).contiguous(),
+        "w2_weight": _tp_rows(t["w2_weight"], 2, rank, ranks, False).contiguous(),
+        "w2_weight_scale": _tp_rows(t["w2_weight_scale"], 2, rank, ranks, False).contiguous(),
+    }
+
+
+def swizzle_blockscale(s: torch.Tensor) -> torch.Tensor:
+    """vLLM swizzle_blockscale: [E, R, C] scales zero-padded to R % 128 and C % 4, each 128x4 tile
+    (4 x 32 rows by 4 columns) stored as (32 rows, 4 row groups, 4 columns); shape [E, R', C']."""
+    x = _zero_pad(_zero_pad(_u8(s), -2, 128), -1, 4)
+    e, r, c = x.shape
+    y = x.reshape(e, r // 128, 4, 32, c // 4, 4).permute(0, 1, 4, 3, 2, 5)
+    return y.contiguous().reshape(e, r, c).view(s.dtype)
+
+
+def vllm_cutlass_nvfp4(tensors: Tensors, params: Mapping[str, Any] | None = None) -> dict:
+    """vLLM VLLM_CUTLASS NVFP4 MoE: the rank's slice; no w1/w3 swap; w13 scales swizzled; when the
+    swizzled w13 scales have more rows than w13 (non-gated only: vLLM raises for gated), w13 gets
+    zero rows to match, w2 zero K columns (pad/2 bytes) and its scales pad/16 zero columns; then
+    w2's scales are swizzled."""
+    p = dict(params or {})
+    gated = p.get("activation", "silu") != "relu2"
+    rank, ranks = p.get("tp_rank", 0), p.get("tp_size", 1)
+    t = dict(tensors)
+    w13 = _tp_rows(t["w13_weight"], 1, rank, ranks, gated)
+    s13 = swizzle_blockscale(_tp_rows(t["w13_weight_scale"], 1, rank, ranks, gated))
+    w2 = _tp_rows(t["w2_weight"], 2, rank, ranks, False)
+    s2 = _tp_rows(t["w2_weight_scale"], 2, rank, ranks, False)
+    extra = s13.shape[1] - w13.shape[1]
+    if extra > 0:
+        if gated:
+            raise NotImplementedError("vLLM cannot pad a gated w13 for the VLLM_CUTLASS NVFP4 backend")
+        w13 = _zero_pad(_u8(w13), 1, s13.shape[1]).view(w13.dtype)
+        w2 = torch.cat([_u8(w2), torch.zeros(*w2.shape[:2], extra // 2, dtype=torch.uint8)], dim=2).view(w2.dtype)
+        s2 = torch.cat([_u8(s2), torch.zeros(*s2.shape[:2], extra // 16, dtype=torch.uint8)], dim=2).view(s2.dtype)
+    return {"w13_weight": w13.contiguous(), "w13_weight_scale": s13,
+            "w2_weight": w2.contiguous(), "w2_weight_scale": swizzle_blockscale(s2)}
