@@ -38,13 +38,13 @@ MIXTRAL = {"I": 14336, "H": 4096}
 
 #: spec -> every parameter set (every branch of the engine's code) and small, odd shapes.
 CASES = {
-    "triton_kernels_mxfp4_hopper": ([{}, {"pad_to": 128}],
+    "triton_kernels_mxfp4_hopper": ([{}, {"pad_to": 128, "tp_size": 2, "tp_rank": 1}],
                                     [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 96, "H": 160}]),
-    "triton_kernels_mxfp4_blackwell": ([{}, {"pad_to": 128}],
+    "triton_kernels_mxfp4_blackwell": ([{}, {"pad_to": 128, "tp_size": 2, "tp_rank": 1}],
                                        [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 96, "H": 160}, {"E": 3, "I": 256, "H": 288}]),
-    "aiter_mxfp4": ([{}, {"pad_to": 128, "pad_hidden": 128}],
+    "aiter_mxfp4": ([{}, {"pad_to": 128, "pad_hidden": 128, "tp_size": 2, "tp_rank": 1}],
                     [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 96, "H": 160}, {"E": 2, "I": 256, "H": 512}]),
-    "aiter_fp8_block": ([{}], [{"E": 2, "I": 128, "H": 256}, {"E": 1, "I": 384, "H": 128}]),
+    "aiter_fp8_block": ([{}, {"tp_size": 2, "tp_rank": 1}], [{"E": 2, "I": 256, "H": 256}, {"E": 1, "I": 512, "H": 128}]),
     "deepgemm_fp8_block": ([{}, {"tp_size": 2, "tp_rank": 1}, {"tp_size": 4, "tp_rank": 2}],
                            [{"E": 2, "I": 512, "H": 256}, {"E": 1, "I": 1024, "H": 128}]),
     "vllm_cutlass_nvfp4": ([{"activation": a, "tp_size": n, "tp_rank": n - 1} for a in ("silu", "relu2") for n in (1, 2)],
@@ -63,9 +63,11 @@ REAL_FAST = {
 
 #: spec -> (parameters, whole real layer shapes, few experts) for the slow suite.
 REAL_SLOW = {
-    "triton_kernels_mxfp4_hopper": [({}, {"E": 1, **GPT_OSS}), ({}, {"E": 1, "I": 64, "H": 2880})],
+    "triton_kernels_mxfp4_hopper": [({}, {"E": 1, **GPT_OSS}), ({}, {"E": 1, "I": 64, "H": 2880}),
+                                    ({"tp_size": 2, "tp_rank": 1}, {"E": 1, **GPT_OSS})],
     "triton_kernels_mxfp4_blackwell": [({}, {"E": 2, **GPT_OSS})],
-    "aiter_mxfp4": [({}, {"E": 1, **GPT_OSS}), ({}, {"E": 1, "I": 2880, "H": 64})],
+    "aiter_mxfp4": [({}, {"E": 1, **GPT_OSS}), ({}, {"E": 1, "I": 2880, "H": 64}),
+                    ({"tp_size": 4, "tp_rank": 3}, {"E": 1, **GPT_OSS})],
     "aiter_fp8_block": [({}, {"E": 1, **DEEPSEEK_V3}), ({}, {"E": 1, **QWEN3_MOE})],
     "deepgemm_fp8_block": [({}, {"E": 1, **DEEPSEEK_V3}), ({"tp_size": 8, "tp_rank": 7}, {"E": 2, **DEEPSEEK_V3}),
                            ({}, {"E": 1, **QWEN3_MOE})],

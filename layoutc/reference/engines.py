@@ -49,6 +49,20 @@ def _zero_pad(x: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
     return torch.cat([x, torch.zeros(shape, dtype=x.dtype, device=x.device)], dim=dim)
 
 
+def _gpt_oss_tp(t: Tensors, params: Mapping[str, Any]) -> dict:
+    """vLLM's gpt-oss MXFP4 loader under tensor parallelism (even splits): rank r of n keeps one
+    block of w13's interleaved rows (weight, scale, bias: its gate and up rows, still interleaved)
+    and K block r of w2 and its scales; w2_bias whole."""
+    rank, ranks = params.get("tp_rank", 0), params.get("tp_size", 1)
+    out = dict(t)
+    for k in ("w13_weight", "w13_weight_scale", "w13_bias"):
+        if out.get(k) is not None:
+            out[k] = torch.chunk(out[k], ranks, dim=1)[rank]
+    for k in ("w2_weight", "w2_weight_scale"):
+        out[k] = torch.chunk(out[k], ranks, dim=2)[rank]
+    return out
+
+
 def _u8(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(torch.uint8)
 
@@ -116,7 +130,7 @@ def triton_kernels_mxfp4_hopper(tensors: Tensors, params: Mapping[str, Any] | No
     through HOPPER_MX_SCALE (num_warps 8)."""
     p = dict(params or {})
     pad_to = p.get("pad_to", 64)
-    t = dict(tensors)
+    t = _gpt_oss_tp(tensors, p)
     out = {
         "w13_weight": hopper_mx_value(_zero_pad(t["w13_weight"], 1, 2 * pad_to)),
         "w13_weight_scale": hopper_mx_scale(_zero_pad(t["w13_weight_scale"], 1, 2 * pad_to)),
@@ -162,7 +176,7 @@ def triton_kernels_mxfp4_blackwell(tensors: Tensors, params: Mapping[str, Any] |
     """vLLM TRITON MXFP4 MoE backend on SM100, gpt-oss checkpoint: I rounded up to ``pad_to`` (64),
     values as they are (a strided view), each scale through BLACKWELL_SCALE, biases fp32."""
     p = dict(params or {})
-    t = _gpt_oss_mxfp4_padded(tensors, p.get("pad_to", 64))
+    t = _gpt_oss_mxfp4_padded(_gpt_oss_tp(tensors, p), p.get("pad_to", 64))
     t["w13_weight_scale"] = blackwell_mx_scale(t["w13_weight_scale"])
     t["w2_weight_scale"] = blackwell_mx_scale(t["w2_weight_scale"])
     return t
@@ -211,7 +225,7 @@ def aiter_mxfp4(tensors: Tensors, params: Mapping[str, Any] | None = None) -> di
     (view (E, N/2, 2, ..) -> permute to (E, 2, N/2, ..)); weights through shuffle_weight_a16w4
     (16, gate_up for w13), scales through shuffle_scale_a16w4 on the [E*N, K/32] view; biases fp32."""
     p = dict(params or {})
-    t = _gpt_oss_mxfp4_padded(tensors, p.get("pad_to", 256), p.get("pad_hidden", 256))
+    t = _gpt_oss_mxfp4_padded(_gpt_oss_tp(tensors, p), p.get("pad_to", 256), p.get("pad_hidden", 256))
 
     def deinterleave(x):
         e, n = x.shape[:2]
@@ -242,15 +256,12 @@ def aiter_shuffle_weight_16x16(w: torch.Tensor) -> torch.Tensor:
 
 
 def aiter_fp8_block(tensors: Tensors, params: Mapping[str, Any] | None = None) -> dict:
-    """vLLM's ROCm AITER fused MoE, FP8 128x128 block weights: shuffle_weight(layout=(16, 16)) on
-    both weights; block scales as they are."""
-    t = dict(tensors)
-    return {
-        "w13_weight": aiter_shuffle_weight_16x16(t["w13_weight"]),
-        "w13_weight_scale": t["w13_weight_scale"].clone(),
-        "w2_weight": aiter_shuffle_weight_16x16(t["w2_weight"]),
-        "w2_weight_scale": t["w2_weight_scale"].clone(),
-    }
+    """vLLM's ROCm AITER fused MoE, FP8 128x128 block weights: the rank's slice, then
+    shuffle_weight(layout=(16, 16)) on both weights; block scales as they are."""
+    t = deepgemm_fp8_block(tensors, params)  # the rank's slice (each half of w13), otherwise as loaded
+    t["w13_weight"] = aiter_shuffle_weight_16x16(t["w13_weight"])
+    t["w2_weight"] = aiter_shuffle_weight_16x16(t["w2_weight"])
+    return t
 
 
 # ---------------------------------------------------------------------------
