@@ -39,11 +39,11 @@ MIXTRAL = {"I": 14336, "H": 4096}
 #: spec -> every parameter set (every branch of the engine's code) and small, odd shapes.
 CASES = {
     "triton_kernels_mxfp4_hopper": ([{}, {"pad_to": 128, "tp_size": 2, "tp_rank": 1}],
-                                    [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 96, "H": 160}]),
+                                    [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 160}]),
     "triton_kernels_mxfp4_blackwell": ([{}, {"pad_to": 128, "tp_size": 2, "tp_rank": 1}],
-                                       [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 96, "H": 160}, {"E": 3, "I": 256, "H": 288}]),
+                                       [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 160}, {"E": 3, "I": 256, "H": 288}]),
     "aiter_mxfp4": ([{}, {"pad_to": 128, "pad_hidden": 128, "tp_size": 2, "tp_rank": 1}],
-                    [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 96, "H": 160}, {"E": 2, "I": 256, "H": 512}]),
+                    [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 160}, {"E": 2, "I": 256, "H": 512}]),
     "aiter_fp8_block": ([{}, {"tp_size": 2, "tp_rank": 1}], [{"E": 2, "I": 256, "H": 256}, {"E": 1, "I": 512, "H": 128}]),
     "deepgemm_fp8_block": ([{}, {"tp_size": 2, "tp_rank": 1}, {"tp_size": 4, "tp_rank": 2}],
                            [{"E": 2, "I": 512, "H": 256}, {"E": 1, "I": 1024, "H": 128}]),
