@@ -41,13 +41,16 @@ CASES = {
     "triton_kernels_mxfp4_hopper": ([{}, {"pad_to": 128, "tp_size": 2, "tp_rank": 1}],
                                     [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 160}]),
     "triton_kernels_mxfp4_blackwell": ([{}, {"pad_to": 128, "tp_size": 2, "tp_rank": 1}],
-                                       [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 160}, {"E": 3, "I": 256, "H": 288}]),
+                                       [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 160},
+                                        {"E": 3, "I": 256, "H": 288}]),
     "aiter_mxfp4": ([{}, {"pad_to": 128, "pad_hidden": 128, "tp_size": 2, "tp_rank": 1}],
                     [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 160}, {"E": 2, "I": 256, "H": 512}]),
-    "aiter_fp8_block": ([{}, {"tp_size": 2, "tp_rank": 1}], [{"E": 2, "I": 256, "H": 256}, {"E": 1, "I": 512, "H": 128}]),
+    "aiter_fp8_block": ([{}, {"tp_size": 2, "tp_rank": 1}],
+                        [{"E": 2, "I": 256, "H": 256}, {"E": 1, "I": 512, "H": 128}]),
     "deepgemm_fp8_block": ([{}, {"tp_size": 2, "tp_rank": 1}, {"tp_size": 4, "tp_rank": 2}],
                            [{"E": 2, "I": 512, "H": 256}, {"E": 1, "I": 1024, "H": 128}]),
-    "vllm_cutlass_nvfp4": ([{"activation": a, "tp_size": n, "tp_rank": n - 1} for a in ("silu", "relu2") for n in (1, 2)],
+    "vllm_cutlass_nvfp4": ([{"activation": a, "tp_size": n, "tp_rank": n - 1}
+                            for a in ("silu", "relu2") for n in (1, 2)],
                            [{"E": 2, "I": 128, "H": 64}, {"E": 1, "I": 256, "H": 80}, {"E": 2, "I": 384, "H": 160}]),
 }
 
@@ -71,10 +74,16 @@ REAL_SLOW = {
     "aiter_fp8_block": [({}, {"E": 1, **DEEPSEEK_V3}), ({}, {"E": 1, **QWEN3_MOE})],
     "deepgemm_fp8_block": [({}, {"E": 1, **DEEPSEEK_V3}), ({"tp_size": 8, "tp_rank": 7}, {"E": 2, **DEEPSEEK_V3}),
                            ({}, {"E": 1, **QWEN3_MOE})],
-    "vllm_cutlass_nvfp4": [({"activation": "silu"}, {"E": 1, **DEEPSEEK_V3}), ({"activation": "silu"}, {"E": 1, **MIXTRAL}),
-                           ({"activation": "silu"}, {"E": 1, **QWEN3_MOE}), ({"activation": "relu2"}, {"E": 1, **QWEN3_MOE}),
+    "vllm_cutlass_nvfp4": [({"activation": "silu"}, {"E": 1, **DEEPSEEK_V3}),
+                           ({"activation": "silu"}, {"E": 1, **MIXTRAL}),
+                           ({"activation": "silu"}, {"E": 1, **QWEN3_MOE}),
+                           ({"activation": "relu2"}, {"E": 1, **QWEN3_MOE}),
                            ({"activation": "relu2", "tp_size": 4, "tp_rank": 1}, {"E": 1, **MIXTRAL})],
 }
+
+
+def _case_id(v) -> str:
+    return v if isinstance(v, str) else "-".join(f"{k}{x}" for k, x in v.items()) or "default"
 
 
 def _compare(name: str, params: dict, dims: dict, seed: int = 0) -> None:
@@ -99,14 +108,14 @@ def test_spec_matches_the_engine_reference_on_every_branch(name):
 
 
 @pytest.mark.parametrize("name, params, dims", [(n, p, d) for n, cases in sorted(REAL_FAST.items()) for p, d in cases],
-                         ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}{x}" for k, x in v.items()) or "default")
+                         ids=_case_id)
 def test_spec_matches_the_engine_reference_at_real_sizes(name, params, dims):
     _compare(name, params, dims)
 
 
 @pytest.mark.slow  # whole real layers: several seconds each on two cores
 @pytest.mark.parametrize("name, params, dims", [(n, p, d) for n, cases in sorted(REAL_SLOW.items()) for p, d in cases],
-                         ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}{x}" for k, x in v.items()) or "default")
+                         ids=_case_id)
 def test_spec_matches_the_engine_reference_at_whole_real_layers(name, params, dims):
     _compare(name, params, dims)
 
@@ -147,7 +156,8 @@ def test_aiter_scale_padding_is_the_neutral_exponent():
     four of 0x7F (AITER); H = 64 padded to 128 rows."""
     spec = layoutc.compile_file(SPECS / "aiter_mxfp4.lyt", {"pad_to": 128, "pad_hidden": 128})
     x = synthetic_inputs(spec, {"E": 1, "I": 32, "H": 64}, seed=0)
-    x["w2_weight_scale"] = torch.full_like(x["w2_weight_scale"].view(torch.uint8), 0x80).view(x["w2_weight_scale"].dtype)
+    s2 = x["w2_weight_scale"]
+    x["w2_weight_scale"] = torch.full_like(s2.view(torch.uint8), 0x80).view(s2.dtype)
     s = spec.convert(x)["w2_weight_scale"].view(torch.uint8)
     assert s.shape == (128, 8)
     assert int((s == 0x7F).sum()) == 128 * 4 and int((s == 0x80).sum()) == 64 and int((s == 0).sum()) == 128 * 4 - 64
