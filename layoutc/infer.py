@@ -551,9 +551,12 @@ def _peel_family(codes: torch.Tensor, bits: bool, width: int, name, role, elem, 
             if m is None:
                 return None
         in_shape = pre
-    if tuple(int(ex.evaluate(s, {})) for s in m.out_shape) != tuple(codes.shape):
+    try:  # a family whose sizes do not divide this pre-shape (an empty group) does not apply here
+        if tuple(int(ex.evaluate(s, {})) for s in m.out_shape) != tuple(codes.shape):
+            return None
+        linear, valid, fill = source_indices(m, {})
+    except (ZeroDivisionError, RuntimeError):
         return None
-    linear, valid, fill = source_indices(m, {})
     numel = math.prod(in_shape)
     placed = linear[valid]
     if placed.numel() != numel or bool((torch.bincount(placed, minlength=numel) != 1).any()):

@@ -96,4 +96,27 @@ DEFAULT = Registry({
     "flashinfer_trtllm_fp8_block": SPECS / "flashinfer_trtllm_fp8_block.lyt",
     "flashinfer_trtllm_bf16": (SPECS / "flashinfer_trtllm_bf16.lyt", {"activation": "silu"}),
     "flashinfer_trtllm_bf16_relu2": (SPECS / "flashinfer_trtllm_bf16.lyt", {"activation": "relu2"}),
+    # Beyond FlashInfer (issue 24): OpenAI triton_kernels, AITER (ROCm), DeepGEMM, vLLM's own CUTLASS.
+    "triton_kernels_mxfp4_sm90": SPECS / "triton_kernels_mxfp4_hopper.lyt",
+    "triton_kernels_mxfp4_sm100": SPECS / "triton_kernels_mxfp4_blackwell.lyt",
+    "aiter_mxfp4": SPECS / "aiter_mxfp4.lyt",
+    "aiter_fp8_block": SPECS / "aiter_fp8_block.lyt",
+    "deepgemm_fp8_block_sm90": SPECS / "deepgemm_fp8_block.lyt",
+    "vllm_cutlass_nvfp4": (SPECS / "vllm_cutlass_nvfp4.lyt", {"activation": "silu"}),
+    "vllm_cutlass_nvfp4_relu2": (SPECS / "vllm_cutlass_nvfp4.lyt", {"activation": "relu2"}),
 })
+
+#: vLLM's MoE backend names (``<enum>.<member>``, ``@smXX`` where the layout depends on the GPU the
+#: backend runs on) -> the DEFAULT backend holding their layout. Sources: vLLM fused_moe/oracle/
+#: mxfp4.py (TRITON: Hopper layouts on SM90, strided values and Blackwell scales on SM100; AITER),
+#: oracle/nvfp4.py (VLLM_CUTLASS; its relu2 models take the non-gated branch), fp8 oracle (DEEPGEMM,
+#: AITER). The SM100 DEEPGEMM layout is not expressed (see specs/deepgemm_fp8_block.lyt).
+VLLM_BACKENDS = {
+    "Mxfp4MoeBackend.TRITON@sm90": "triton_kernels_mxfp4_sm90",
+    "Mxfp4MoeBackend.TRITON@sm100": "triton_kernels_mxfp4_sm100",
+    "Mxfp4MoeBackend.AITER": "aiter_mxfp4",
+    "Fp8MoeBackend.AITER": "aiter_fp8_block",
+    "Fp8MoeBackend.DEEPGEMM@sm90": "deepgemm_fp8_block_sm90",
+    "NvFp4MoeBackend.VLLM_CUTLASS": "vllm_cutlass_nvfp4",
+    "NvFp4MoeBackend.VLLM_CUTLASS@relu2": "vllm_cutlass_nvfp4_relu2",
+}

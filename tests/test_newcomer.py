@@ -55,14 +55,14 @@ def test_shipped_specs_are_found_by_name_from_anywhere(runner, tmp_path, monkeyp
     from layoutc import shipped
     from layoutc.registry import DEFAULT
 
-    assert len(shipped.names()) == 9 and shipped.find("flashinfer_cutlass_bf16") == SPEC.resolve()
+    assert len(shipped.names()) == 15 and shipped.find("flashinfer_cutlass_bf16") == SPEC.resolve()
     assert shipped.find("../specs/flashinfer_cutlass_bf16") is None and shipped.find("nope") is None
     assert all(path.exists() for path, _ in DEFAULT._entries.values())
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(main, ["explain", "flashinfer_cutlass_bf16", "--tensor", "w2_bias"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(main, ["compile", "nope"])
-    assert result.exit_code == 2 and "no shipped spec has that name (shipped: flashinfer_cutedsl_nvfp4" in result.stderr
+    assert result.exit_code == 2 and "no shipped spec has that name (shipped: aiter_fp8_block, aiter_mxfp4" in result.stderr
 
 
 # -- 2. optional extras: name the extra, never "internal error" ----------------------------------------

@@ -86,6 +86,13 @@ CASES = [
     ("flashinfer_trtllm_fp8_block", {}, "contiguous", {"E": 2, "I": 512, "H": 256}),
     ("flashinfer_trtllm_bf16", {"activation": "silu"}, "contiguous", {"E": 2, "I": 192, "H": 128}),
     ("flashinfer_trtllm_bf16", {"activation": "relu2"}, "single", {"E": 2, "I": 192, "H": 128}),
+    ("triton_kernels_mxfp4_hopper", {}, "interleaved", {"E": 2, "I": 256, "H": 64}),
+    ("triton_kernels_mxfp4_blackwell", {}, "interleaved", {"E": 2, "I": 256, "H": 64}),
+    ("aiter_mxfp4", {}, "interleaved", {"E": 1, "I": 256, "H": 64}),
+    ("aiter_fp8_block", {}, "contiguous", {"E": 2, "I": 512, "H": 128}),
+    ("deepgemm_fp8_block", {}, "contiguous", {"E": 2, "I": 512, "H": 128}),
+    ("vllm_cutlass_nvfp4", {"activation": "silu"}, "contiguous", {"E": 2, "I": 256, "H": 80}),
+    ("vllm_cutlass_nvfp4", {"activation": "relu2"}, "single", {"E": 2, "I": 192, "H": 80}),
 ]
 
 
@@ -102,7 +109,8 @@ def test_every_shipped_spec_and_variant_is_covered():
 
 #: cases over ~3 s on the CPU machine (each rank compiles and verifies its own spec)
 SLOW = {("flashinfer_cutlass_mxfp4_padded", 2), ("flashinfer_cutlass_mxfp4_padded", 4), ("flashinfer_trtllm_mxfp4", 4),
-        ("flashinfer_trtllm_nvfp4", 2), ("flashinfer_trtllm_nvfp4", 4)}
+        ("flashinfer_trtllm_nvfp4", 2), ("flashinfer_trtllm_nvfp4", 4), ("aiter_mxfp4", 2), ("aiter_mxfp4", 4),
+        ("triton_kernels_mxfp4_hopper", 4)}
 
 
 def _tp_cases():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from . import recipes
+from . import engines, recipes
 
 ANCHORS: dict[str, Callable[..., dict]] = {
     "flashinfer_cutlass_bf16": lambda t, params, k: recipes.cutlass_sm90_mxfp4_bf16(t, k["sm90_interleave_fp4"]),
@@ -29,6 +29,13 @@ ANCHORS: dict[str, Callable[..., dict]] = {
     "flashinfer_trtllm_fp8_block": lambda t, params, k: recipes.trtllm_fp8_block_scale(t),
     "flashinfer_trtllm_bf16": lambda t, params, k: recipes.trtllm_bf16(
         t, params.get("activation", "silu") != "relu2", params.get("pad_to", 128)),
+    # beyond FlashInfer (issue 24): pure torch, no kernels needed
+    "triton_kernels_mxfp4_hopper": lambda t, params, k: engines.triton_kernels_mxfp4_hopper(t, params),
+    "triton_kernels_mxfp4_blackwell": lambda t, params, k: engines.triton_kernels_mxfp4_blackwell(t, params),
+    "aiter_mxfp4": lambda t, params, k: engines.aiter_mxfp4(t, params),
+    "aiter_fp8_block": lambda t, params, k: engines.aiter_fp8_block(t, params),
+    "deepgemm_fp8_block": lambda t, params, k: engines.deepgemm_fp8_block(t, params),
+    "vllm_cutlass_nvfp4": lambda t, params, k: engines.vllm_cutlass_nvfp4(t, params),
 }
 
 

@@ -40,6 +40,18 @@ SPEC_CASES = {
     "flashinfer_trtllm_bf16": ([{"activation": a, "tp_size": n, "tp_rank": n - 1, "pad_to": 128}
                                 for n in (1, 4) for a in ("silu", "relu2")],
                                [{"E": 2, "I": 64, "H": 128}, {"E": 1, "I": 192, "H": 64}]),
+    "triton_kernels_mxfp4_hopper": ([{"tp_size": n, "tp_rank": n - 1, "pad_to": 64} for n in (1, 2)],
+                                    [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 96}]),
+    "triton_kernels_mxfp4_blackwell": ([{"tp_size": n, "tp_rank": n - 1, "pad_to": 64} for n in (1, 2)],
+                                       [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 96}]),
+    "aiter_mxfp4": ([{"tp_size": n, "tp_rank": n - 1, "pad_to": 128, "pad_hidden": 128} for n in (1, 2)],
+                    [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 256, "H": 160}]),
+    "aiter_fp8_block": ([{"tp_size": n, "tp_rank": n - 1} for n in (1, 2)],
+                        [{"E": 2, "I": 256, "H": 128}, {"E": 1, "I": 512, "H": 256}]),
+    "deepgemm_fp8_block": ([{"tp_size": n, "tp_rank": n - 1} for n in (1, 2)],
+                           [{"E": 2, "I": 256, "H": 128}, {"E": 1, "I": 512, "H": 256}]),
+    "vllm_cutlass_nvfp4": ([{"activation": a, "tp_size": n, "tp_rank": n - 1} for n in (1, 2) for a in ("silu", "relu2")],
+                           [{"E": 2, "I": 128, "H": 64}, {"E": 1, "I": 384, "H": 80}]),
 }
 
 
