@@ -164,6 +164,13 @@ def _parsed(source: str, filename: str):
     return parse(source, filename)
 
 
+def clear_cache() -> None:
+    """Forget every compiled spec (a compile's warnings, such as a missing library, are part of it)."""
+    with _CACHE_LOCK:
+        _CACHE.clear()
+    _parsed.cache_clear()
+
+
 def _compile(program: Program, check_versions: bool, verify_spec: bool) -> CompiledSpec:
     filename, source = program.filename, program.source
     warnings: tuple[Diagnostic, ...] = ()

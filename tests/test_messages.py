@@ -85,9 +85,9 @@ def no_flashinfer(monkeypatch):
         monkeypatch.setitem(__import__("sys").modules, m, None)
     from layoutc import api
 
-    api._compile_cached.cache_clear()  # warnings are part of a cached compile
+    api.clear_cache()  # warnings are part of a cached compile
     yield
-    api._compile_cached.cache_clear()
+    api.clear_cache()
 
 
 def test_missing_flashinfer_is_said_once_in_one_line(no_flashinfer):
