@@ -100,11 +100,8 @@ def size_scope(compiled: Compiled, report: Reporter | None = None) -> str:
             report.warning(f"parameter {name} is tested by a condition but declares no choices: the claims are "
                            f"verified with {name}={value} only, the branches other values take are not",
                            item.pos, f"declare its values: param {name} = {value} choices [...]")
-        elif report is not None:
-            report.add(Diagnostic("note", f"parameter {name} declares no choices: the claims are verified with "
-                                          f"{name}={value} (check -D {name}=N verifies another value)", item.pos))
-    if fixed:
-        scope += f"; with {', '.join(fixed)}"
+    if fixed:  # said once on the summary line, not as a located note per parameter (noise on every check)
+        scope += f"; with {', '.join(fixed)} (check -D NAME=N verifies another value)"
     return scope
 
 
