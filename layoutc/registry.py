@@ -96,4 +96,17 @@ DEFAULT = Registry({
     "flashinfer_trtllm_fp8_block": SPECS / "flashinfer_trtllm_fp8_block.lyt",
     "flashinfer_trtllm_bf16": (SPECS / "flashinfer_trtllm_bf16.lyt", {"activation": "silu"}),
     "flashinfer_trtllm_bf16_relu2": (SPECS / "flashinfer_trtllm_bf16.lyt", {"activation": "relu2"}),
+    # Marlin (issue 24): GPTQ int4 MoE, one backend per group size the kernel takes.
+    "marlin_gptq_int4": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 128}),
+    "marlin_gptq_int4_g64": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 64}),
+    "marlin_gptq_int4_g32": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 32}),
 })
+
+#: The engines' names for the Marlin MoE layouts -> the DEFAULT backend. vLLM and SGLang both call the
+#: GPTQ Marlin MoE method GPTQMarlinMoEMethod (vLLM quantization/gptq_marlin.py, SGLang
+#: srt/layers/quantization/gptq.py); the layout depends on its group size.
+MARLIN_ENGINE_BACKENDS = {
+    f"{engine}:GPTQMarlinMoEMethod@group_size={g}": backend
+    for engine in ("vllm", "sglang")
+    for g, backend in ((128, "marlin_gptq_int4"), (64, "marlin_gptq_int4_g64"), (32, "marlin_gptq_int4_g32"))
+}
