@@ -266,7 +266,7 @@ class _Builder:
                     pos = st.positional[err.arg][1]
                 elif isinstance(err.arg, str):
                     pos = next((p for k, _, p in st.keywords if k == err.arg), pos)
-                self.error(f"{spec.name}: {err.message}", pos, err.hint, tensors=[spec.name])
+                self.error(f"{err.message}", pos, err.hint, tensors=[spec.name])
                 return None
             except OpTypeError as err:
                 self.error(f"{spec.name}: {err.message}", st.pos, err.hint, tensors=[spec.name])

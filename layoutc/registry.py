@@ -100,6 +100,7 @@ DEFAULT = Registry({
     "marlin_gptq_int4": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 128}),
     "marlin_gptq_int4_g64": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 64}),
     "marlin_gptq_int4_g32": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 32}),
+    "marlin_mxfp4": SPECS / "marlin_mxfp4.lyt",
 })
 
 #: The engines' names for the Marlin MoE layouts -> the DEFAULT backend. vLLM and SGLang both call the
@@ -110,3 +111,5 @@ MARLIN_ENGINE_BACKENDS = {
     for engine in ("vllm", "sglang")
     for g, backend in ((128, "marlin_gptq_int4"), (64, "marlin_gptq_int4_g64"), (32, "marlin_gptq_int4_g32"))
 }
+# vLLM fused_moe/oracle/mxfp4.py: both Marlin members call prepare_moe_mxfp4_layer_for_marlin.
+MARLIN_ENGINE_BACKENDS.update({f"vllm:Mxfp4MoeBackend.{m}": "marlin_mxfp4" for m in ("MARLIN", "BATCHED_MARLIN")})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from . import recipes
+from . import marlin, recipes
 
 ANCHORS: dict[str, Callable[..., dict]] = {
     "flashinfer_cutlass_bf16": lambda t, params, k: recipes.cutlass_sm90_mxfp4_bf16(t, k["sm90_interleave_fp4"]),
@@ -29,6 +29,9 @@ ANCHORS: dict[str, Callable[..., dict]] = {
     "flashinfer_trtllm_fp8_block": lambda t, params, k: recipes.trtllm_fp8_block_scale(t),
     "flashinfer_trtllm_bf16": lambda t, params, k: recipes.trtllm_bf16(
         t, params.get("activation", "silu") != "relu2", params.get("pad_to", 128)),
+    # Marlin (issue 24): pure torch from vLLM's source, no kernels needed
+    "marlin_gptq_int4": lambda t, params, k: marlin.marlin_gptq_int4(t, params),
+    "marlin_mxfp4": lambda t, params, k: marlin.marlin_mxfp4(t, params),
 }
 
 

@@ -70,5 +70,8 @@ def flashinfer_trtllm_bf16(tensors, params=None):
     return _run("flashinfer_trtllm_bf16", tensors, params)
 
 
+# Marlin (issue 24): references written from vLLM's source (marlin.py), already pure torch.
+from .marlin import marlin_gptq_int4, marlin_mxfp4  # noqa: E402,F401
+
 #: spec name -> function
 RECIPES = {name: globals()[name] for name in ANCHORS}

@@ -89,12 +89,29 @@ def marlin_permute_scales(s: torch.Tensor, size_k: int, size_n: int, group_size:
     return s.reshape(-1, table.numel())[:, table].reshape(-1, size_n).contiguous()
 
 
+def _rank_slice(t: Tensors, params: Optional[Mapping[str, Any]], w13_axis: int, w2_axis: int) -> dict:
+    """What rank tp_rank of tp_size loads (vLLM FusedMoE _load_w13 / _load_w2, even splits): each half of
+    every w13 tensor narrowed along ``w13_axis`` (N), every w2 tensor but the bias along ``w2_axis`` (K)."""
+    rank, ranks = int((params or {}).get("tp_rank", 0)), int((params or {}).get("tp_size", 1))
+    out = {k: v for k, v in t.items() if v is not None}
+    if ranks == 1:
+        return out
+    for k, v in list(out.items()):
+        if k.startswith("w13"):
+            axis = w13_axis if v.dim() == 3 else 1
+            out[k] = torch.cat([h.chunk(ranks, dim=axis)[rank] for h in v.chunk(2, dim=axis)], dim=axis)
+        elif k != "w2_bias":
+            out[k] = v.chunk(ranks, dim=w2_axis)[rank]
+    return out
+
+
 def marlin_gptq_int4(t: Tensors, params: Optional[Mapping[str, Any]] = None) -> dict:
     """vLLM GPTQMarlinMoEMethod.process_weights_after_loading, no act-order (empty sort indices), 4-bit,
     16-bit activations: gptq_marlin_moe_repack of w13_qweight and w2_qweight, marlin_moe_permute_scales of
     their scales with the size_k vLLM passes (I for both: intermediate_size_per_partition for w13,
     w2_scales.shape[1] * group_size for w2)."""
     group = int((params or {}).get("group_size", 128))
+    t = _rank_slice(t, params, w13_axis=2, w2_axis=1)      # GPTQ tensors are K-major
     w13, w2 = t["w13_qweight"], t["w2_qweight"]
     inter = w2.shape[1] * 8                       # intermediate_size_per_partition
     out = {
@@ -107,4 +124,42 @@ def marlin_gptq_int4(t: Tensors, params: Optional[Mapping[str, Any]] = None) -> 
     w2_k = s2.shape[1] * (group if group != -1 else 8)
     out["w2_scales"] = torch.stack([marlin_permute_scales(s2[e], w2_k, s2.shape[2], group)
                                     for e in range(s2.shape[0])])
+    return out
+
+
+def marlin_permute_bias(b: torch.Tensor) -> torch.Tensor:
+    """marlin_permute_bias: scale_perm_single along the (last) N axis."""
+    _, single = scale_perms()
+    return b.reshape(-1, single.numel())[:, single].reshape(b.shape).contiguous()
+
+
+def mxfp4_marlin_process_scales(s: torch.Tensor) -> torch.Tensor:
+    """mxfp4_marlin_process_scales with 16-bit activations: each run of 4 reordered [0, 2, 1, 3], then E8M0."""
+    s = s.reshape(-1, 4)[:, [0, 2, 1, 3]].reshape(s.shape[0], -1)
+    return s.to(torch.float8_e8m0fnu)
+
+
+def marlin_mxfp4(t: Tensors, params: Optional[Mapping[str, Any]] = None) -> dict:
+    """vLLM marlin_utils_fp4.py prepare_moe_mxfp4_layer_for_marlin (00d52e93333741b205e70acb9217a2849f173696),
+    16-bit activations (bf16 params): per expert, the FP4 bytes viewed as int32 and transposed to [K/8, N],
+    gptq_marlin_repack; the E8M0 scales through bf16, transposed, marlin_permute_scales(size_k=K, 32) and
+    mxfp4_marlin_process_scales; biases in bf16 through marlin_permute_bias. Scales are returned as bytes
+    (uint8: E8M0 has no arithmetic on the CPU)."""
+    t = _rank_slice(t, params, w13_axis=1, w2_axis=2)
+    out: dict = {}
+    for name in ("w13", "w2"):
+        w = t[f"{name}_weight"]
+        e, n, kb = w.shape
+        k = kb * 2
+        words = w.contiguous().view(torch.uint8).view(torch.int32)               # [E, N, K/8]
+        out[f"{name}_weight"] = torch.stack([gptq_marlin_repack_expert(words[i].t().contiguous()) for i in range(e)])
+        s = t[f"{name}_weight_scale"].contiguous().view(torch.uint8).view(torch.float8_e8m0fnu).to(torch.bfloat16)
+        per_expert = []
+        for i in range(e):
+            permuted = marlin_permute_scales(s[i].t().contiguous(), k, n, 32)
+            per_expert.append(mxfp4_marlin_process_scales(permuted).view(torch.uint8))
+        out[f"{name}_weight_scale"] = torch.stack(per_expert)
+        if t.get(f"{name}_bias") is not None:
+            b = t[f"{name}_bias"].to(torch.bfloat16)
+            out[f"{name}_bias"] = torch.stack([marlin_permute_bias(b[i]) for i in range(e)])
     return out
