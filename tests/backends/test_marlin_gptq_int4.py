@@ -33,12 +33,13 @@ QWEN3_MOE = {"I": 768, "H": 2048}
 DEEPSEEK_V3 = {"I": 2048, "H": 7168}
 
 
-def _compare(group: int, dims: dict, seed: int = 0) -> None:
-    spec = layoutc.compile_file(SPEC, {"group_size": group})
+def _compare(group: int, dims: dict, seed: int = 0, **tp) -> None:
+    params = {"group_size": group, **tp}
+    spec = layoutc.compile_file(SPEC, params)
     x = synthetic_inputs(spec, dims, seed=seed)
     before = {k: v.clone() for k, v in x.items()}
     ours = spec.convert(x)
-    theirs = marlin.marlin_gptq_int4(x, {"group_size": group})
+    theirs = marlin.marlin_gptq_int4(x, params)
     assert set(ours) == set(theirs)
     for k in ours:
         assert_same_bits(ours[k].contiguous(), theirs[k], f"group {group} {dims} {k}")
@@ -76,16 +77,24 @@ def test_spec_matches_vllm_at_real_sizes(dims):
 @pytest.mark.slow  # whole real layers, one expert: seconds each on two cores
 @pytest.mark.parametrize("group, dims", [(128, {"E": 1, **DEEPSEEK_V3}), (128, {"E": 1, **MIXTRAL}),
                                          (128, {"E": 1, "I": 128, "H": DEEPSEEK_V3["H"]}),
+                                         (64, {"E": 1, **MIXTRAL}),
                                          (64, {"E": 2, **QWEN3_MOE}), (32, {"E": 1, **QWEN3_MOE})],
-                         ids=["deepseek-v3", "mixtral-8x7b", "deepseek-v3-hidden", "qwen3-30b-a3b-g64", "qwen3-30b-a3b-g32"])
+                         ids=["deepseek-v3", "mixtral-8x7b", "deepseek-v3-hidden", "mixtral-8x7b-g64",
+                              "qwen3-30b-a3b-g64", "qwen3-30b-a3b-g32"])
 def test_spec_matches_vllm_at_whole_real_layers(group, dims):
     _compare(group, dims)
 
 
-@pytest.mark.slow  # `layoutc equiv`: four or more sampled shapes per group size
-@pytest.mark.parametrize("group", GROUPS)
-def test_spec_is_equivalent_to_the_vllm_reference(group):
-    result = equivalent(SPEC, marlin.marlin_gptq_int4, params={"group_size": group})
+def test_tensor_parallel_rank_matches_vllms_rank():
+    """Rank 1 of 2 (its I = 128 = group size: the single scale table on that rank, as vLLM picks it)."""
+    _compare(128, {"E": 1, "I": 256, "H": 256}, tp_size=2, tp_rank=1)
+
+
+@pytest.mark.slow  # `layoutc equiv`: four or more sampled shapes per parameter set
+@pytest.mark.parametrize("params", [{"group_size": g} for g in GROUPS] + [{"group_size": 64, "tp_size": 2, "tp_rank": 1}],
+                         ids=["g32", "g64", "g128", "g64-tp2"])
+def test_spec_is_equivalent_to_the_vllm_reference(params):
+    result = equivalent(SPEC, marlin.marlin_gptq_int4, params=params)
     assert result.ok, result.report()
     assert result.verdict().startswith("equivalent at")
 

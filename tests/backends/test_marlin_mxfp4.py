@@ -33,13 +33,13 @@ def spec():
     return layoutc.compile_file(SPEC)
 
 
-def _compare(spec, dims: dict, seed: int = 0, bias: bool = True) -> None:
+def _compare(spec, dims: dict, seed: int = 0, bias: bool = True, params=None) -> None:
     x = synthetic_inputs(spec, dims, seed=seed)
     if not bias:
         x = {k: v for k, v in x.items() if not k.endswith("_bias")}
     before = {k: v.clone() for k, v in x.items()}
     ours = spec.convert(x)
-    theirs = marlin.marlin_mxfp4(x)
+    theirs = marlin.marlin_mxfp4(x, params)
     assert set(ours) == set(theirs)
     for k in ours:
         got = ours[k].contiguous()
@@ -68,9 +68,15 @@ def test_spec_matches_vllm_at_whole_real_layers(spec, dims):
     _compare(spec, dims)
 
 
+def test_tensor_parallel_rank_matches_vllms_rank():
+    params = {"tp_size": 2, "tp_rank": 1}
+    _compare(layoutc.compile_file(SPEC, params), {"E": 1, "I": 128, "H": 64}, params=params)
+
+
 @pytest.mark.slow  # `layoutc equiv`: sampled shapes, every optional-bias variant
-def test_spec_is_equivalent_to_the_vllm_reference():
-    result = equivalent(SPEC, marlin.marlin_mxfp4)
+@pytest.mark.parametrize("params", [{}, {"tp_size": 2, "tp_rank": 1}], ids=["tp1", "tp2"])
+def test_spec_is_equivalent_to_the_vllm_reference(params):
+    result = equivalent(SPEC, marlin.marlin_mxfp4, params=params)
     assert result.ok, result.report()
     assert result.verdict().startswith("equivalent at")
 
