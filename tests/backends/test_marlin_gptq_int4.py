@@ -91,7 +91,8 @@ def test_tensor_parallel_rank_matches_vllms_rank():
 
 
 @pytest.mark.slow  # `layoutc equiv`: four or more sampled shapes per parameter set
-@pytest.mark.parametrize("params", [{"group_size": g} for g in GROUPS] + [{"group_size": 64, "tp_size": 2, "tp_rank": 1}],
+@pytest.mark.parametrize("params", [{"group_size": 32}, {"group_size": 64}, {"group_size": 128},
+                                    {"group_size": 64, "tp_size": 2, "tp_rank": 1}],
                          ids=["g32", "g64", "g128", "g64-tp2"])
 def test_spec_is_equivalent_to_the_vllm_reference(params):
     result = equivalent(SPEC, marlin.marlin_gptq_int4, params=params)
