@@ -67,8 +67,12 @@ def test_every_node_of_shipped_specs_has_a_position(path):
         assert 1 <= pos.line <= pos.end_line <= n_lines
         assert pos.column >= 1 and pos.end_column >= 1
         assert (pos.end_line, pos.end_column) > (pos.line, pos.column), node
-    # The shipped specs exercise most node kinds.
-    assert {"SpecName", "Requires", "Dims", "TensorDecl", "Transform", "Arg", "Name", "ExprValue"} <= kinds
+    # The shipped specs exercise most node kinds (a `requires` line only where a library version matters:
+    # the FlashInfer specs; the backends beyond FlashInfer name no installed library).
+    expected = {"SpecName", "Requires", "Dims", "TensorDecl", "Transform", "Arg", "Name", "ExprValue"}
+    if not path.stem.startswith("flashinfer_"):
+        expected -= {"Requires"}
+    assert expected <= kinds
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
