@@ -28,10 +28,16 @@ def synthetic_inputs(spec: CompiledSpec, dims: Mapping[str, int], seed: int, dev
         shape = tuple(int(ex.evaluate(s, dims)) for s in t.shape)
         if t.elem.torch_dtype.is_floating_point and t.elem.bits >= 16:
             x = torch.randn(shape, generator=g, device=device).to(torch.bfloat16).to(t.elem.torch_dtype)
-        else:
-            if t.elem.bits != 8:
-                raise ValueError(f"no synthetic data for {t.elem.name}")
+        elif t.elem.bits == 8:
             x = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g, device=device).view(t.elem.torch_dtype)
+        elif not t.elem.torch_dtype.is_floating_point and shape:
+            # wider integers (GPTQ's int32 words of eight 4-bit values): random bytes, every bit pattern
+            nbytes = t.elem.bits // 8
+            raw = torch.randint(0, 256, (*shape[:-1], shape[-1] * nbytes), dtype=torch.uint8, generator=g,
+                                device=device)
+            x = raw.view(t.elem.torch_dtype)
+        else:
+            raise ValueError(f"no synthetic data for {t.elem.name}")
         out[t.name] = x
     return out
 

@@ -104,6 +104,11 @@ DEFAULT = Registry({
     "deepgemm_fp8_block_sm90": SPECS / "deepgemm_fp8_block.lyt",
     "vllm_cutlass_nvfp4": (SPECS / "vllm_cutlass_nvfp4.lyt", {"activation": "silu"}),
     "vllm_cutlass_nvfp4_relu2": (SPECS / "vllm_cutlass_nvfp4.lyt", {"activation": "relu2"}),
+    # Marlin (issue 24): GPTQ int4 MoE, one backend per group size the kernel takes.
+    "marlin_gptq_int4": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 128}),
+    "marlin_gptq_int4_g64": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 64}),
+    "marlin_gptq_int4_g32": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 32}),
+    "marlin_mxfp4": SPECS / "marlin_mxfp4.lyt",
 })
 
 #: vLLM's MoE backend names (``<enum>.<member>``, ``@smXX`` where the layout depends on the GPU the
@@ -120,3 +125,15 @@ VLLM_BACKENDS = {
     "NvFp4MoeBackend.VLLM_CUTLASS": "vllm_cutlass_nvfp4",
     "NvFp4MoeBackend.VLLM_CUTLASS@relu2": "vllm_cutlass_nvfp4_relu2",
 }
+
+
+#: The engines' names for the Marlin MoE layouts -> the DEFAULT backend. vLLM and SGLang both call the
+#: GPTQ Marlin MoE method GPTQMarlinMoEMethod (vLLM quantization/gptq_marlin.py, SGLang
+#: srt/layers/quantization/gptq.py); the layout depends on its group size.
+MARLIN_ENGINE_BACKENDS = {
+    f"{engine}:GPTQMarlinMoEMethod@group_size={g}": backend
+    for engine in ("vllm", "sglang")
+    for g, backend in ((128, "marlin_gptq_int4"), (64, "marlin_gptq_int4_g64"), (32, "marlin_gptq_int4_g32"))
+}
+# vLLM fused_moe/oracle/mxfp4.py: both Marlin members call prepare_moe_mxfp4_layer_for_marlin.
+MARLIN_ENGINE_BACKENDS.update({f"vllm:Mxfp4MoeBackend.{m}": "marlin_mxfp4" for m in ("MARLIN", "BATCHED_MARLIN")})

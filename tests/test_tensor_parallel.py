@@ -40,7 +40,9 @@ def engine_shard(t: dict, dims: dict, rank: int, size: int, kind: str) -> dict:
     * ``single`` (non-gated, one w13 shard): w13 narrowed by rank;
     * ``interleaved`` (gpt-oss ``_load_weights_mxfp4``): rows [2*start, 2*end) of the interleaved
       w13, i.e. one block holding the rank's gate and up rows, still interleaved;
-    * block scales (FP8 128x128): the same narrowing in block rows / block columns (whole blocks).
+    * block scales (FP8 128x128): the same narrowing in block rows / block columns (whole blocks);
+    * ``k_major`` (GPTQ, [E, K/8, N] words and [E, K/group, N] scales): as ``contiguous`` with w13's
+      rows on its last axis and w2's K on axis 1.
 
     w2 and its scales are narrowed along K (``_load_w2``); ``w2_bias`` is kept whole."""
     i = dims["I"]
@@ -52,6 +54,14 @@ def engine_shard(t: dict, dims: dict, rank: int, size: int, kind: str) -> dict:
         return x.narrow(dim, lo // unit, (hi - lo) // unit)
 
     out = {}
+    if kind == "k_major":
+        for k, v in t.items():
+            if k.startswith("w13"):
+                unit = 2 * i // v.shape[2]
+                out[k] = torch.cat([cut(h, 2, start, end, unit) for h in v.chunk(2, dim=2)], dim=2)
+            else:
+                out[k] = cut(v, 1, start, end, i // v.shape[1])
+        return out
     for k, v in t.items():
         if k.startswith("w13"):
             unit = n_w13 // v.shape[1]
@@ -93,6 +103,10 @@ CASES = [
     ("deepgemm_fp8_block", {}, "contiguous", {"E": 2, "I": 512, "H": 128}),
     ("vllm_cutlass_nvfp4", {"activation": "silu"}, "contiguous", {"E": 2, "I": 256, "H": 80}),
     ("vllm_cutlass_nvfp4", {"activation": "relu2"}, "single", {"E": 2, "I": 192, "H": 80}),
+    ("marlin_mxfp4", {}, "contiguous", {"E": 2, "I": 256, "H": 64}),
+    ("marlin_gptq_int4", {"group_size": 128}, "k_major", {"E": 1, "I": 512, "H": 128}),
+    ("marlin_gptq_int4", {"group_size": 64}, "k_major", {"E": 1, "I": 256, "H": 128}),
+    ("marlin_gptq_int4", {"group_size": 32}, "k_major", {"E": 1, "I": 256, "H": 128}),
 ]
 
 
@@ -103,14 +117,15 @@ def test_every_shipped_spec_and_variant_is_covered():
         assert "param tp_size = 1" in text and "param tp_rank = 0" in text, path.name
         for name, values in re.findall(r"^param (\w+) = \w+ choices \[([^\]]*)\]", text, re.M):
             choices = {v.strip() for v in values.split(",")}
-            got = {c[1].get(name) for c in CASES if c[0] == path.stem}
+            got = {str(c[1].get(name)) for c in CASES if c[0] == path.stem}  # integer choices too
             assert got == choices, f"{path.stem}: {name} covers {sorted(map(str, got))} of {sorted(choices)}"
 
 
 #: cases over ~3 s on the CPU machine (each rank compiles and verifies its own spec)
 SLOW = {("flashinfer_cutlass_mxfp4_padded", 2), ("flashinfer_cutlass_mxfp4_padded", 4), ("flashinfer_trtllm_mxfp4", 4),
         ("flashinfer_trtllm_nvfp4", 2), ("flashinfer_trtllm_nvfp4", 4), ("aiter_mxfp4", 2), ("aiter_mxfp4", 4),
-        ("triton_kernels_mxfp4_hopper", 4)}
+        ("triton_kernels_mxfp4_hopper", 4),
+        ("marlin_mxfp4", 2), ("marlin_mxfp4", 4)}
 
 
 def _tp_cases():

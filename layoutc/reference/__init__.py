@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from . import engines, recipes
+from . import engines, marlin, recipes
 
 ANCHORS: dict[str, Callable[..., dict]] = {
     "flashinfer_cutlass_bf16": lambda t, params, k: recipes.cutlass_sm90_mxfp4_bf16(t, k["sm90_interleave_fp4"]),
@@ -36,6 +36,9 @@ ANCHORS: dict[str, Callable[..., dict]] = {
     "aiter_fp8_block": lambda t, params, k: engines.aiter_fp8_block(t, params),
     "deepgemm_fp8_block": lambda t, params, k: engines.deepgemm_fp8_block(t, params),
     "vllm_cutlass_nvfp4": lambda t, params, k: engines.vllm_cutlass_nvfp4(t, params),
+    # Marlin (issue 24): pure torch from vLLM's source, no kernels needed
+    "marlin_gptq_int4": lambda t, params, k: marlin.marlin_gptq_int4(t, params),
+    "marlin_mxfp4": lambda t, params, k: marlin.marlin_mxfp4(t, params),
 }
 
 

@@ -52,6 +52,11 @@ SPEC_CASES = {
                            [{"E": 2, "I": 256, "H": 128}, {"E": 1, "I": 512, "H": 256}]),
     "vllm_cutlass_nvfp4": ([{"activation": a, "tp_size": n, "tp_rank": n - 1} for n in (1, 2) for a in ("silu", "relu2")],
                            [{"E": 2, "I": 128, "H": 64}, {"E": 1, "I": 384, "H": 80}]),
+    # I = 128 takes the single-group scale table at group 128, the grouped one at 64 and 32
+    "marlin_gptq_int4": ([{"group_size": g, "tp_size": n, "tp_rank": n - 1} for g in (128, 64, 32) for n in (1, 2)],
+                         [{"E": 2, "I": 256, "H": 256}, {"E": 1, "I": 512, "H": 128}]),
+    "marlin_mxfp4": ([{"tp_size": n, "tp_rank": n - 1} for n in (1, 2)],
+                     [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 192}]),
 }
 
 
