@@ -21,7 +21,7 @@ else
 fi
 python3 - "$OUT/ba.jsonl" <<'PY'
 import json, sys
-print(f"{'spec':58s} {'old ms':>7s} {'new ms':>7s} {'new/old':>7s} {'old %':>6s} {'new %':>6s} same")
+print(f"{'spec':58s} {'old ms':>7s} {'new ms':>7s} {'new/old':>7s} {'old %':>6s} {'new %':>6s} same  {'new+fp ms':>9s}")
 for line in open(sys.argv[1]):
     r = json.loads(line)
     name = r["spec"].removeprefix("flashinfer_") + " " + ",".join(f"{k}={v}" for k, v in r["params"].items())
@@ -29,5 +29,6 @@ for line in open(sys.argv[1]):
         print(f"{name:58s} ERROR {r['error'][:80]}")
         continue
     print(f"{name:58s} {r['old_median_ms']:7.3f} {r['new_median_ms']:7.3f} {r['new_over_old']:7.3f} "
-          f"{100 * r['old_fraction_of_copy']:6.1f} {100 * r['new_fraction_of_copy']:6.1f} {r['same_output']}")
+          f"{100 * r['old_fraction_of_copy']:6.1f} {100 * r['new_fraction_of_copy']:6.1f} {r['same_output']}  "
+          f"{r.get('new_fingerprinted_median_ms', float('nan')):9.3f}")
 PY
