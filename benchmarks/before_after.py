@@ -7,7 +7,7 @@ converters timed in alternation (issues 11 and 12: no shipped spec slower after 
 one's layoutc compiles its own specs into standalone converter modules (a subprocess per checkout,
 so the two packages never meet); this process imports the modules of both and, per spec, times
 old, new, new, old, ... for ``--rounds`` rounds (each the median of 20 ``convert`` calls,
-``layoutc.bench.timeit``, CUDA events), on the same inputs, at the gpt-oss-120b layer (E=128,
+``layoutc.cli.bench.timeit``, CUDA events), on the same inputs, at the gpt-oss-120b layer (E=128,
 I=H=2944), with a device copy of the same bytes timed in each round. Run-to-run drift of the
 machine then falls on both sides alike. Where a spec's defaults changed its layout (AS_OLD), the
 new spec is also timed with the parameters that give the old layout. No anchors: FlashInfer's JIT
@@ -92,8 +92,8 @@ def main() -> int:
     import torch
 
     import layoutc
-    from layoutc.bench import timeit
-    from layoutc.demo import synthetic_inputs
+    from layoutc.cli.bench import timeit
+    from layoutc.convert.synthckpt import synthetic_inputs
 
     for entry in new:
         row = {"spec": entry["spec"], "params": entry["params"], "as_old": entry["as_old"], "dims": DIMS,

@@ -4,7 +4,7 @@
     python3 benchmarks/checkpoint_throughput.py two [--size-gb 16]      # a machine with 2 GPUs
 
 ``one`` (one GPU): writes a synthetic vLLM-layout checkpoint (gpt-oss-120b MoE dims, MXFP4,
-bf16 attention/embeddings copied through; ``layoutc.synthckpt``) to the local disk, then
+bf16 attention/embeddings copied through; ``layoutc.convert.synthckpt``) to the local disk, then
   * reads it: ``cat > /dev/null`` and a Python read loop (1 and 4 threads), warm (page cache);
   * copies it (``copy``): every shard read and written to a new folder on the same disk, fsynced
     and renamed, by as many reader and writer threads as the converter's defaults: the I/O a
@@ -44,10 +44,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import layoutc  # noqa: E402
-from layoutc import shardio  # noqa: E402
-from layoutc.checkpoint import PREFETCH, WRITERS, convert_checkpoint  # noqa: E402
-from layoutc.dtypes import bit_view  # noqa: E402
-from layoutc.synthckpt import PREFIX, moe_layer_bytes, sized, write_checkpoint  # noqa: E402
+from layoutc.convert import shardio  # noqa: E402
+from layoutc.convert.checkpoint import PREFETCH, WRITERS, convert_checkpoint  # noqa: E402
+from layoutc.algebra.dtypes import bit_view  # noqa: E402
+from layoutc.convert.synthckpt import PREFIX, moe_layer_bytes, sized, write_checkpoint  # noqa: E402
 
 SPEC = ROOT / "specs" / "flashinfer_cutlass_mxfp4_padded.lyt"
 GPT_OSS_120B = {"E": 128, "I": 2880, "H": 2880}
@@ -108,7 +108,7 @@ class Bench:
         prof = out_dir.parent / f".{out_dir.name}-profile.json"
         for p in out_dir.parent.glob(f".{out_dir.name}-profile*.json"):
             p.unlink()
-        base = ["-m", "layoutc.cli", "convert", "--spec", str(self.args.spec), "--in", str(in_dir),
+        base = ["-m", "layoutc", "convert", "--spec", str(self.args.spec), "--in", str(in_dir),
                 "--out", str(out_dir), "--profile", str(prof), *self.spec_defines(), *extra]
         if ranks:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *base]

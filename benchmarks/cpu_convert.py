@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import layoutc  # noqa: E402
-from layoutc.demo import synthetic_inputs  # noqa: E402
+from layoutc.convert.synthckpt import synthetic_inputs  # noqa: E402
 
 
 def _median_seconds(fn, reps: int) -> float:

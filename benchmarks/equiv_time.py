@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from layoutc.equiv import equivalent  # noqa: E402
+from layoutc.equiv.compare import equivalent  # noqa: E402
 from layoutc.reference import cpu  # noqa: E402
 
 TARGET_S = 10.0

@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT))
 import layoutc  # noqa: E402
 import layoutc.guard as guard  # noqa: E402
 from layoutc import reference  # noqa: E402
-from layoutc.bench import bench, report, timeit  # noqa: E402
-from layoutc.demo import synthetic_inputs  # noqa: E402
-from layoutc.dtypes import bit_view  # noqa: E402
+from layoutc.cli.bench import bench, report, timeit  # noqa: E402
+from layoutc.convert.synthckpt import synthetic_inputs  # noqa: E402
+from layoutc.algebra.dtypes import bit_view  # noqa: E402
 
 SPECS = ROOT / "specs"
 VARIANTS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),

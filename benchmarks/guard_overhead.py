@@ -34,8 +34,8 @@ import torch
 
 import layoutc
 import layoutc.guard as guard
-from layoutc.demo import synthetic_inputs
-from layoutc.lower.fingerprint import _fingerprint_finish, _fingerprint_start
+from layoutc.convert.synthckpt import synthetic_inputs
+from layoutc.runtime.fingerprint import _fingerprint_finish, _fingerprint_start
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT_OSS_120B = "E=128,I=2880,H=2880"

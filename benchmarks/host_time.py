@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 import layoutc  # noqa: E402
 import layoutc.guard as guard  # noqa: E402
-from layoutc.bench import timeit  # noqa: E402
-from layoutc.demo import synthetic_inputs  # noqa: E402
+from layoutc.cli.bench import timeit  # noqa: E402
+from layoutc.convert.synthckpt import synthetic_inputs  # noqa: E402
 
 from benchmarks.gpu_bench import MODELS, NEW_VARIANTS, VARIANTS  # noqa: E402
 
@@ -36,7 +36,7 @@ TARGET_HOST_US = 30.0
 
 def _host_median(fn, reps: int) -> float:
     """Median seconds until ``fn`` returns, the device idle at each start: the host's share (what is
-    launched is not waited for). Device time is layoutc.bench.timeit's."""
+    launched is not waited for). Device time is layoutc.cli.bench.timeit's."""
     for _ in range(5):
         fn()
     times = []

@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import layoutc  # noqa: E402
-from layoutc.bench import timeit  # noqa: E402
-from layoutc.demo import synthetic_inputs  # noqa: E402
+from layoutc.cli.bench import timeit  # noqa: E402
+from layoutc.convert.synthckpt import synthetic_inputs  # noqa: E402
 
 
 def main() -> int:

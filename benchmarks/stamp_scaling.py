@@ -2,7 +2,7 @@
 
     python benchmarks/stamp_scaling.py [--device cpu]
 
-Every ``convert`` records its outputs in a process-wide registry (layoutc.lower.guard_rt._stamp);
+Every ``convert`` records its outputs in a process-wide registry (layoutc.runtime.guard_rt._stamp);
 a model's converted layers stay alive, so the registry holds six records per layer. With 0, 36,
 200 and 1000 layers' records alive, ``--reps`` more layers are stamped and kept: the median, mean
 (sweeps included) and longest stamp of six outputs.
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from layoutc.lower import guard_rt  # noqa: E402
+from layoutc.runtime import guard_rt  # noqa: E402
 
 
 def main() -> int:

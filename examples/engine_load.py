@@ -24,8 +24,8 @@ from safetensors.torch import load_file, save_file
 
 import layoutc
 import layoutc.guard
-from layoutc.checkpoint import convert_checkpoint, finish
-from layoutc.demo import synthetic_inputs
+from layoutc.convert.checkpoint import convert_checkpoint, finish
+from layoutc.convert.synthckpt import synthetic_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "flashinfer_trtllm_mxfp4.lyt"  # a padded layout: I=192 is stored as 256

@@ -9,7 +9,7 @@ import enum
 
 import torch
 
-from layoutc.demo import synthetic_inputs
+from layoutc.convert.synthckpt import synthetic_inputs
 from layoutc.guard import check as guard
 from layoutc.registry import DEFAULT, RegistryError
 

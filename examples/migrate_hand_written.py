@@ -63,8 +63,8 @@ def convert_with_a_bug(layer: dict) -> dict:
 
 def main() -> int:
     sys.path.insert(0, str(ROOT))
-    from layoutc.equiv import equivalent
-    from layoutc.infer import infer
+    from layoutc.equiv.compare import equivalent
+    from layoutc.equiv.infer import infer
     from layoutc.testing import assert_equivalent
 
     dims = {"E": 2, "I": 128, "H": 128}

@@ -5,7 +5,7 @@
 For MXFP4 (the two CUTLASS specs) and NVFP4 (the CuTeDSL spec, SiLU and ReLU2), it
 
 1. builds a layer from random bf16 weights, quantized to the checkpoint format with
-   ``layoutc.quant`` (vLLM names, ``w13 = [w1; w3]``);
+   ``layoutc.reference.quant`` (vLLM names, ``w13 = [w1; w3]``);
 2. runs a float32 reference MoE forward from the checkpoint layout;
 3. converts with the spec, and
    a. decodes the kernel layout back through the generated ``inverse`` and runs the same
@@ -28,9 +28,8 @@ import torch
 
 import layoutc
 from layoutc.lower.eager import run
-from layoutc.quant import (dequantize_mxfp4, dequantize_nvfp4, moe_forward, quantize_mxfp4, quantize_nvfp4,
-                           routing)
-from layoutc.rowmap import declared_rows, prefix_length, row_labels
+from layoutc.reference.quant import dequantize_mxfp4, dequantize_nvfp4, moe_forward, quantize_mxfp4, quantize_nvfp4, routing
+from layoutc.verify.rowmap import declared_rows, prefix_length, row_labels
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

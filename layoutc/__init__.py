@@ -3,10 +3,10 @@
 from ._version import __version__
 
 # The public names load on first use (PEP 562), so that importing one low-level module
-# (layoutc.expr, layoutc.indexmap) does not import the whole compiler.
+# (layoutc.algebra.expr, layoutc.algebra.indexmap) does not import the whole compiler.
 _PUBLIC = {
     "CompiledSpec": "api", "compile_file": "api", "compile_source": "api",
-    "Diagnostic": "errors", "SpecError": "errors", "LayoutError": "lower.runtime",
+    "Diagnostic": "front.errors", "SpecError": "front.errors", "LayoutError": "runtime.checks",
 }
 
 __all__ = [*_PUBLIC, "__version__"]

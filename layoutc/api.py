@@ -22,17 +22,18 @@ from typing import Any, Mapping
 
 import torch
 
-from . import codegen, progress
+from .lower import codegen
+from .front import progress
 from .lower import registry
-from .compiler import Compiled, build
-from .errors import Diagnostic, SpecError
-from .indexmap import IndexMap
-from .ir import Program, resolve
-from .lower.runtime import LayoutError
-from .parse import parse
-from .source import read_spec
-from .verify import verify
-from .versions import check_requires
+from .lang.compiler import Compiled, build
+from .front.errors import Diagnostic, SpecError
+from .algebra.indexmap import IndexMap
+from .lang.ir import Program, resolve
+from .runtime.checks import LayoutError
+from .front.parse import parse
+from .front.source import read_spec
+from .verify.rules import verify
+from .lang.versions import check_requires
 
 
 class CompiledSpec:
@@ -51,8 +52,8 @@ class CompiledSpec:
     @functools.cached_property
     def coverage(self):
         """(per-tensor coverage, warnings): what the verifier proved and what the spec leaves unchecked
-        (:mod:`layoutc.coverage`)."""
-        from .coverage import coverage
+        (:mod:`layoutc.verify.coverage`)."""
+        from .verify.coverage import coverage
 
         return coverage(self.compiled)
 
@@ -152,7 +153,7 @@ def _load_module(source: str, program: Program) -> types.ModuleType:
     return module
 
 
-#: Compiled specs by identity (layoutc.identity: spec text, imported files, prelude, parameters), the
+#: Compiled specs by identity (layoutc.lang.identity: spec text, imported files, prelude, parameters), the
 #: name they were compiled under, and the options: a changed imported file is a new entry, never a hit.
 _CACHE: "collections.OrderedDict[tuple, CompiledSpec]" = collections.OrderedDict()
 _CACHE_SIZE = 64
@@ -195,7 +196,7 @@ def compile_source(
 
     ``verify_spec=False`` skips the sync/contract verifier (review tools use it to compare a spec
     that fails verification; never convert weights with such a spec). Imports are read from
-    ``tree`` (:mod:`layoutc.tree`; by default the folder of ``filename``), afresh on every call:
+    ``tree`` (:mod:`layoutc.front.tree`; by default the folder of ``filename``), afresh on every call:
     the cache is keyed on the spec's identity, which holds their content."""
     program = resolve(_parsed(source, filename), dict(params or {}), tree)
     key = (program.sha256, filename, check_versions, verify_spec,

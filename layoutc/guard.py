@@ -7,7 +7,7 @@
 
 Every converter (generated module or ``compile_file``) records each output's provenance (spec
 name, sha256, parameters, library versions, dims) in a process-wide registry keyed by storage,
-and queues a fingerprint of its bytes (:mod:`layoutc.lower.fingerprint`) on the device.
+and queues a fingerprint of its bytes (:mod:`layoutc.runtime.fingerprint`) on the device.
 ``nn.Parameter`` wrapping keeps the storage; a copy (``clone``, ``.to(device)``, ``copy_``) is
 fingerprinted on its device the first time the guard meets it and accepted when its bytes are
 those converted; in-place edits are seen through torch's version counter. After that first
@@ -21,9 +21,9 @@ from typing import Any, Mapping
 
 import torch
 
-from .lower.fingerprint import _fingerprints
-from .lower.guard_rt import _guard_layer, _origin_fingerprint, _provenance
-from .lower.runtime import LayoutError
+from .runtime.fingerprint import _fingerprints
+from .runtime.guard_rt import _guard_layer, _origin_fingerprint, _provenance
+from .runtime.checks import LayoutError
 from .trust import trust_checkpoint
 
 __all__ = ["check", "provenance", "fingerprint", "trust_checkpoint", "LayoutError"]

@@ -22,7 +22,7 @@ MAX_PARAM_COMBINATIONS = 64
 MAX_INT = (1 << 31) - 1
 #: Digits of an integer literal (the value check above needs the number parsed first).
 MAX_INT_DIGITS = 12
-#: Elements of a tensor on the small instances the verifier evaluates maps on (layoutc.regions checks it
+#: Elements of a tensor on the small instances the verifier evaluates maps on (layoutc.algebra.regions checks it
 #: from the symbolic shapes before anything is allocated).
 MAX_VERIFY_ELEMENTS = 1 << 22
 #: Length of a string parameter value.

@@ -12,7 +12,7 @@ output elements, what the spec reads there and which spec line moved it, and wha
 As a pytest plugin (``pytest_plugins = ["layoutc.testing"]`` in a ``conftest.py``, or automatically
 where layoutc is installed, through its ``pytest11`` entry point) it adds the fixture
 ``layoutc_equiv``: ``layoutc_equiv(spec, fn, dims=..., params=...)`` runs the same assertion and
-returns the :class:`~layoutc.equiv.Result`.
+returns the :class:`~layoutc.equiv.compare.Result`.
 
 Nothing is imported from layoutc's compiler until an assertion runs, so loading the plugin costs
 nothing.
@@ -33,7 +33,7 @@ def assert_equivalent(spec_or_path: Any, fn: Callable[..., Any] | str, dims: Map
     the spec's named tensors (dicts; ``args``/``returns`` name positional tensors and tuple results); a
     function with a ``params`` parameter also receives the spec's parameters. Returns the result."""
     __tracebackhide__ = True  # pytest shows the report, not this frame
-    from .equiv import EquivError, equivalent
+    from .equiv.compare import EquivError, equivalent
 
     try:
         result = equivalent(spec_or_path, fn, dims, params, shapes=shapes, args=args, returns=returns,

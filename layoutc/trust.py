@@ -1,7 +1,7 @@
 """Converted checkpoints trusted by content: the manifest's fingerprints, checked after loading.
 
 ``layoutc convert`` writes, in ``layoutc_manifest.json``, the fingerprint
-(:mod:`layoutc.lower.fingerprint`) of every tensor it converted, with the layer it belongs to,
+(:mod:`layoutc.runtime.fingerprint`) of every tensor it converted, with the layer it belongs to,
 its name in the spec, dtype, shape and the dims of the conversion. An engine that loads such a
 folder calls, once the tensors are where they will stay (or before moving them: the guard
 follows the bytes)::
@@ -22,9 +22,9 @@ from typing import Any, Mapping
 
 import torch
 
-from .lower.fingerprint import _fingerprints
-from .lower.guard_rt import _origin_fingerprint, _provenance, _provenance_registry, _trust
-from .lower.runtime import LayoutError
+from .runtime.fingerprint import _fingerprints
+from .runtime.guard_rt import _origin_fingerprint, _provenance, _provenance_registry, _trust
+from .runtime.checks import LayoutError
 
 #: The manifest's file name (``layoutc convert`` writes it into the output folder).
 MANIFEST = "layoutc_manifest.json"

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import settings
 
 import layoutc
-from layoutc.demo import synthetic_inputs as _demo_synthetic_inputs
+from layoutc.convert.synthckpt import synthetic_inputs as _demo_synthetic_inputs
 
 # Hypothesis profiles. The fast suite (`make test`, and any plain pytest run) is deterministic: each
 # property test draws the same examples on every machine and every run, whatever seed a user exported
@@ -50,7 +50,7 @@ def layoutc_command() -> list[str]:
     exe = ROOT / ".venv" / "bin" / "layoutc"
     if exe.exists():
         return [str(exe)]
-    return [sys.executable, "-m", "layoutc.cli"]  # pragma: no cover
+    return [sys.executable, "-m", "layoutc"]  # pragma: no cover
 
 
 def points_at(rendered: str, filename: str, line: int, column: int, source_line: str | None = None) -> None:

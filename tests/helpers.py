@@ -10,7 +10,7 @@ from typing import Mapping
 import torch
 
 import layoutc
-from layoutc.dtypes import bit_view
+from layoutc.algebra.dtypes import bit_view
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"

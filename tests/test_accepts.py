@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import layoutc
-from layoutc.demo import synthetic_inputs
-from layoutc.dtypes import ELEMENT_TYPES, EXACT_WIDENINGS, bit_view
+from layoutc.convert.synthckpt import synthetic_inputs
+from layoutc.algebra.dtypes import ELEMENT_TYPES, EXACT_WIDENINGS, bit_view
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 DIMS = {"E": 2, "I": 128, "H": 128}

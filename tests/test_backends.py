@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 import layoutc
-from layoutc.demo import synthetic_inputs
+from layoutc.convert.synthckpt import synthetic_inputs
 from layoutc.reference import kernels_cpu, recipes
 from tests.helpers import SPECS, assert_same_bits, spec
 

@@ -17,8 +17,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import layoutc
-from layoutc.checkpoint import DONE, INDEX, MANIFEST, convert_checkpoint, finish
-from layoutc.demo import synthetic_inputs
+from layoutc.convert.checkpoint import DONE, INDEX, MANIFEST, convert_checkpoint, finish
+from layoutc.convert.synthckpt import synthetic_inputs
 from tests.helpers import ROOT, SPECS, bits
 
 DIMS = {"E": 2, "I": 256, "H": 256}  # I % 256: a 2-way TP slice still meets the SM90 fold
@@ -265,7 +265,7 @@ def test_never_writes_into_its_input(tmp_path, bf16):
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "layoutc.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "layoutc", *args], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=600)
 
 
@@ -295,7 +295,7 @@ def test_torchrun_ranks_convert_disjoint_shards(tmp_path, bf16):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-         "-m", "layoutc.cli", "convert", "--spec", str(SPECS / "flashinfer_cutlass_bf16.lyt"),
+         "-m", "layoutc", "convert", "--spec", str(SPECS / "flashinfer_cutlass_bf16.lyt"),
          "--in", str(tmp_path / "in"), "--out", str(tmp_path / "out")],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=600,
     )
@@ -315,7 +315,7 @@ def test_torchrun_a_failing_rank_does_not_hang_the_others(tmp_path, bf16):
     def torchrun():
         return subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-             "-m", "layoutc.cli", "convert", "--spec", str(SPECS / "flashinfer_cutlass_bf16.lyt"),
+             "-m", "layoutc", "convert", "--spec", str(SPECS / "flashinfer_cutlass_bf16.lyt"),
              "--in", str(tmp_path / "in"), "--out", str(tmp_path / "out")],
             capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300,
         )

@@ -18,8 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from layoutc import checkpoint, shardio
-from layoutc.checkpoint import DONE, INDEX, convert_checkpoint
+from layoutc.convert import checkpoint, shardio
+from layoutc.convert.checkpoint import DONE, INDEX, convert_checkpoint
 from tests.test_checkpoint import folder_digest, make_checkpoint, reference_digest
 
 LEAF = 16 << 20

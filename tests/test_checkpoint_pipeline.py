@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import layoutc
-from layoutc import checkpoint
-from layoutc import shardfile, shardio
-from layoutc.checkpoint import DONE, INDEX, assign_shards, convert_checkpoint, finish
-from layoutc.synthckpt import write_checkpoint
+from layoutc.convert import checkpoint
+from layoutc.convert import shardfile, shardio
+from layoutc.convert.checkpoint import DONE, INDEX, assign_shards, convert_checkpoint, finish
+from layoutc.convert.synthckpt import write_checkpoint
 from tests.helpers import ROOT, SPECS
 from tests.test_checkpoint import folder_digest, make_checkpoint, reference_digest
 
@@ -300,7 +300,7 @@ def test_a_kill_mid_pipeline_resumes_to_the_same_bytes(tmp_path, bf16, count):
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "layoutc.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "layoutc", *args], capture_output=True, text=True,
                           cwd=ROOT, env=env or dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
 
 
@@ -347,7 +347,7 @@ def test_torchrun_two_ranks_split_by_bytes_and_tp_slices_equal_one_rank(tmp_path
         assert one.returncode == 0, one.stderr
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-             "-m", "layoutc.cli", *base, "--out", str(tmp_path / f"{name}2"), *extra],
+             "-m", "layoutc", *base, "--out", str(tmp_path / f"{name}2"), *extra],
             capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "rank 0:" in proc.stderr and "rank 1:" in proc.stderr

@@ -15,7 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from layoutc.cli import main
+from layoutc.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted(f"specs/{p.name}" for p in (Path(__file__).resolve().parent.parent / "specs").glob("*.lyt"))

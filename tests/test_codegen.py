@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import layoutc
-from layoutc.families import prelude_sha256
-from layoutc.identity import spec_identity
+from layoutc.lang.families import prelude_sha256
+from layoutc.lang.identity import spec_identity
 from tests.helpers import ROOT, SPECS, bits
 
 SPEC = SPECS / "flashinfer_cutlass_bf16.lyt"
@@ -39,7 +39,7 @@ def written(tmp_path_factory):
     console script in a subprocess; here the compiled spec is shared with the API's cache)."""
     from click.testing import CliRunner
 
-    from layoutc.cli import main
+    from layoutc.cli.main import main
 
     out = tmp_path_factory.mktemp("gen") / "bf16_converter.py"
     result = CliRunner().invoke(main, ["compile", str(SPEC), "-o", str(out)])

@@ -11,8 +11,8 @@ import torch
 
 import layoutc
 from layoutc import LayoutError
-from layoutc.ir import resolve
-from layoutc.parse import parse
+from layoutc.lang.ir import resolve
+from layoutc.front.parse import parse
 from tests.helpers import SPECS, bits
 
 DIMS = {"E": 2, "I": 128, "H": 256}

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from layoutc import ast
-from layoutc.cli import main
-from layoutc.demo import run_demo
-from layoutc.ir import _value_to_python
-from layoutc.parse import parse
+from layoutc.front import ast
+from layoutc.cli.main import main
+from layoutc.cli.demo import run_demo
+from layoutc.lang.ir import _value_to_python
+from layoutc.front.parse import parse
 from tests.helpers import SPECS
 
 #: Sizes every shipped spec takes at tp_size 1 and 2; PADDING makes the padded specs pad (I=64 to 128 or 256).

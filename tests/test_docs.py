@@ -69,7 +69,7 @@ def test_a_picture_drawn_from_other_data_is_noticed(monkeypatch, tmp_path, rende
 def test_the_data_of_a_picture_changes_with_the_spec():
     """The digest covers what is drawn: two different layouts never share one."""
     a = make_docs.digest(make_docs.picture_data("w13_scale_desync.png"))
-    from layoutc.draw import layout_data
+    from layoutc.cli.draw import layout_data
 
     good = make_docs._compiled("specs/flashinfer_cutlass_bf16.lyt", True)
     assert make_docs.digest(layout_data(good, "w13_weight")) != a

@@ -25,8 +25,8 @@ import pytest
 import torch
 
 import layoutc
-from layoutc.demo import synthetic_inputs
-from layoutc.equiv import equivalent
+from layoutc.convert.synthckpt import synthetic_inputs
+from layoutc.equiv.compare import equivalent
 from layoutc.reference import engines
 from layoutc.registry import DEFAULT, VLLM_BACKENDS
 from tests.helpers import SPECS, bits

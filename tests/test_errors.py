@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from packaging.version import Version
 
 import layoutc
-from layoutc.versions import check_requires
+from layoutc.lang.versions import check_requires
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "specs").glob("*.lyt"))

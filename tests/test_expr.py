@@ -1,9 +1,9 @@
-"""Tests of the integer index-expression algebra (:mod:`layoutc.expr`).
+"""Tests of the integer index-expression algebra (:mod:`layoutc.algebra.expr`).
 
 Every expression used in a property test is generated together with a *reference*:
 a plain Python function that evaluates the same formula directly (``//`` and ``%``
 with Python's floor semantics, exact division as a rational), never through
-``layoutc.expr``. The simplifying constructors must not change the value.
+``layoutc.algebra.expr``. The simplifying constructors must not change the value.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from layoutc import expr as ex
-from layoutc.expr import Const, Var
+from layoutc.algebra import expr as ex
+from layoutc.algebra.expr import Const, Var
 
 VARS = ("a", "b", "c")
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import layoutc
-from layoutc import expr as ex
-from layoutc.instances import sample_dims
-from layoutc.indexmap import concrete_shape, coordinate_grids
+from layoutc.algebra import expr as ex
+from layoutc.algebra.instances import sample_dims
+from layoutc.algebra.indexmap import concrete_shape, coordinate_grids
 from tests.helpers import SPECS
 
 CASES = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),

@@ -10,7 +10,7 @@ import torch
 
 import layoutc
 import layoutc.guard as guard
-from layoutc.demo import synthetic_inputs
+from layoutc.convert.synthckpt import synthetic_inputs
 from tests.helpers import SPECS
 
 DIMS = {"E": 2, "I": 128, "H": 128}
@@ -90,7 +90,7 @@ def test_records_of_freed_tensors_do_not_vouch_for_new_ones(bf16):
     gc.collect()
     reused = torch.empty(0)
     assert guard.provenance(reused) is None
-    from layoutc.lower.guard_rt import _provenance_registry
+    from layoutc.runtime.guard_rt import _provenance_registry
     stale = [r for k, r in _provenance_registry().records.items() if k[0] == ptr]
     assert all(r["storage"].expired() for r in stale)
 
@@ -99,7 +99,7 @@ def test_the_registry_sweeps_freed_records_when_it_doubles_not_on_every_call(bf1
     # A model's converted layers stay alive: a sweep over every record per call made converting
     # n layers O(n^2). Below the threshold a stamp visits no record (Counting below); at it, the
     # records of freed storages go, live ones stay, and the next threshold is twice what is left.
-    from layoutc.lower.guard_rt import _provenance_registry
+    from layoutc.runtime.guard_rt import _provenance_registry
 
     gc.collect()
     reg = _provenance_registry()

@@ -17,9 +17,9 @@ import torch
 
 import layoutc
 import layoutc.guard as guard
-from layoutc.checkpoint import convert_checkpoint, finish
-from layoutc.demo import synthetic_inputs
-from layoutc.lower import fingerprint as fp
+from layoutc.convert.checkpoint import convert_checkpoint, finish
+from layoutc.convert.synthckpt import synthetic_inputs
+from layoutc.runtime import fingerprint as fp
 from layoutc import shipped
 from tests.helpers import SPECS
 from tests.test_checkpoint import PREFIX, make_checkpoint
@@ -34,7 +34,7 @@ def flip(t: torch.Tensor, at: int = -1) -> None:
 
 
 def reference(t: torch.Tensor) -> str:
-    # The definition in layoutc.lower.fingerprint, computed in int64 with plain matmuls.
+    # The definition in layoutc.runtime.fingerprint, computed in int64 with plain matmuls.
     b = t.contiguous().reshape(-1).view(torch.uint8).view(torch.int8).to(torch.int64)
     row, seg_rows = fp._FP_ROW, fp._FP_SEGMENT_ROWS
     r = torch.frombuffer(bytearray(hashlib.shake_256(fp._FP_SEED + b"R").digest(row * 16)), dtype=torch.int8)

@@ -1,4 +1,4 @@
-"""Tests of the index-map algebra (:mod:`layoutc.indexmap`) over whole small domains.
+"""Tests of the index-map algebra (:mod:`layoutc.algebra.indexmap`) over whole small domains.
 
 The building blocks are checked against torch's own reshape / permute / indexing /
 padding; composition, bit lifting and gather are checked as laws on random chains
@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from layoutc import expr as ex
-from layoutc import indexmap as im
-from layoutc.expr import Const, Var
+from layoutc.algebra import expr as ex
+from layoutc.algebra import indexmap as im
+from layoutc.algebra.expr import Const, Var
 from layoutc.lower.eager import run as run_op
-from layoutc.indexmap import IndexMap
+from layoutc.algebra.indexmap import IndexMap
 
 SETTINGS = dict(
     deadline=None,
@@ -429,11 +429,11 @@ def test_describe_mentions_sources_and_padding():
 
 
 # ---------------------------------------------------------------------------
-# composition law on the maps of real primitives (layoutc.ops), symbolic shapes
+# composition law on the maps of real primitives (layoutc.lang.ops), symbolic shapes
 
 
 def _op_candidates():
-    from layoutc.ops import permute, rearrange, rows, shape
+    from layoutc.lang.ops import permute, rearrange, rows, shape
 
     r = Var("r")
     return [
@@ -454,7 +454,7 @@ def _op_candidates():
 
 
 def _applies(op, t, dims):
-    from layoutc.ops import OpTypeError
+    from layoutc.lang.ops import OpTypeError
 
     try:
         inferred = op.infer(t)
@@ -468,8 +468,8 @@ def _applies(op, t, dims):
 @settings(max_examples=120, **SETTINGS)
 @given(st.data())
 def test_compose_maps_of_primitives(data):
-    from layoutc.dtypes import ELEMENT_TYPES
-    from layoutc.ops import TensorType
+    from layoutc.algebra.dtypes import ELEMENT_TYPES
+    from layoutc.lang.ops import TensorType
 
     cands = _op_candidates()
     dims = {"E": data.draw(st.integers(1, 2)), "N": 32 * data.draw(st.integers(1, 2)), "K": 64}
@@ -497,8 +497,8 @@ def test_compose_maps_of_primitives(data):
 # Regression (found by Hypothesis): pad(parts=2) then crop(size=16). Crop's requirements include a
 # condition (multiple 0: its size is at most a part's), and the helper divided by that 0.
 def test_compose_pad_in_parts_then_crop():
-    from layoutc.dtypes import ELEMENT_TYPES
-    from layoutc.ops import TensorType, shape
+    from layoutc.algebra.dtypes import ELEMENT_TYPES
+    from layoutc.lang.ops import TensorType, shape
 
     dims = {"E": 1, "N": 32, "K": 64}
     t = TensorType(ELEMENT_TYPES["fp4x2"], (Var("E"), Var("N"), Var("K")))
@@ -516,8 +516,8 @@ def test_compose_pad_in_parts_then_crop():
 
 
 def test_requirement_condition_holds_without_dividing():
-    from layoutc.dtypes import ELEMENT_TYPES
-    from layoutc.ops import TensorType, shape
+    from layoutc.algebra.dtypes import ELEMENT_TYPES
+    from layoutc.lang.ops import TensorType, shape
 
     t = TensorType(ELEMENT_TYPES["u8"], (Var("N"),))
     # a size in another dim than the part's: not decidable statically, so checked on every call

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import layoutc
-from layoutc import expr as ex
-from layoutc.ir import Guard, parse_param_value, resolve
-from layoutc.parse import parse
-from layoutc.families import prelude_sha256
-from layoutc.identity import spec_identity
+from layoutc.algebra import expr as ex
+from layoutc.lang.ir import Guard, parse_param_value, resolve
+from layoutc.front.parse import parse
+from layoutc.lang.families import prelude_sha256
+from layoutc.lang.identity import spec_identity
 
 ROOT = Path(__file__).resolve().parent.parent
 

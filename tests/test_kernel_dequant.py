@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import layoutc
-from layoutc.quant import dequantize_mxfp4, fp4_values, unpack_fp4
+from layoutc.reference.quant import dequantize_mxfp4, fp4_values, unpack_fp4
 from tests.helpers import SPECS, assert_same_bits, load_golden
 
 GOLDEN = load_golden("flashinfer_dequant.pt")
@@ -22,7 +22,7 @@ GOLDEN = load_golden("flashinfer_dequant.pt")
 
 def nvfp4_as_the_kernel_computes(packed, scales, global_scale):
     """value * (block scale * global scale): FlashInfer's kernel combines the two scales first, so
-    (value * block scale) * global scale (layoutc.quant, FlashInfer's CPU fallback) can differ in
+    (value * block scale) * global scale (layoutc.reference.quant, FlashInfer's CPU fallback) can differ in
     the last bit. Float association, not layout."""
     e, rows, kb = packed.shape
     v = fp4_values(unpack_fp4(packed)).float().reshape(e, rows, kb * 2 // 16, 16)

@@ -11,17 +11,17 @@ import pytest
 from click.testing import CliRunner
 
 import layoutc
-from layoutc import bench as bench_mod
-from layoutc import expr as ex
-from layoutc.cli import main
-from layoutc.compiler import Constraint
+from layoutc.cli import bench as bench_mod
+from layoutc.algebra import expr as ex
+from layoutc.cli.main import main
+from layoutc.lang.compiler import Constraint
 from tests.helpers import SPECS, spec
 
 SMALL = {"E": 2, "I": 128, "H": 256}
 
 
 def _inputs(compiled, dims=SMALL):
-    from layoutc.demo import synthetic_inputs
+    from layoutc.convert.synthckpt import synthetic_inputs
 
     return synthetic_inputs(compiled, {k: v for k, v in dims.items() if k in compiled.program.dims}, 0)
 

@@ -80,8 +80,8 @@ def test_swiglu_bias_is_gpt_oss():
 
 
 def test_gptoss_forward_matches_layoutc_moe_forward_without_the_gpt_oss_parts():
-    # alpha = 1, beta = 0, no limit and zero biases is plain SiLU: layoutc.quant.moe_forward
-    from layoutc.quant import dequantize_mxfp4, moe_forward
+    # alpha = 1, beta = 0, no limit and zero biases is plain SiLU: layoutc.reference.quant.moe_forward
+    from layoutc.reference.quant import dequantize_mxfp4, moe_forward
 
     layer = moe_kernel.make_layer({"E": 3, "H": 64, "I": 64, "T": 5, "topk": 2, "seed": 3})
     ck = dict(layer["ckpt"], w13_bias=torch.zeros(3, 128), w2_bias=torch.zeros(3, 64))

@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 import layoutc
-from layoutc import expr as ex
-from layoutc.cli import main
+from layoutc.algebra import expr as ex
+from layoutc.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "flashinfer_cutlass_bf16.lyt"
@@ -44,7 +44,7 @@ def test_the_wheel_carries_every_package_the_specs_and_the_data_files():
     assert on_disk <= set(setup["packages"]), f"add to [tool.setuptools] packages: {sorted(on_disk - set(setup['packages']))}"
     assert setup["package-dir"]["layoutc.specs"] == "specs"
     assert "*.lyt" in setup["package-data"]["layoutc.specs"]
-    for name in ("grammar.lark", "prelude.lyt"):  # read at run time with importlib.resources / next to the module
+    for name in ("front/grammar.lark", "lang/prelude.lyt"):  # read at run time with importlib.resources
         assert name in setup["package-data"]["layoutc"] and (ROOT / "layoutc" / name).exists()
     # torch's wheels do not require numpy, and `import torch` warns without it
     assert any(d.startswith("numpy") for d in conf["project"]["dependencies"])
@@ -136,7 +136,7 @@ def test_named_parts_of_a_map_mean_the_same_map(bf16):
 
 def test_layout_picture_has_a_colour_bar_and_a_padding_legend():
     pytest.importorskip("matplotlib")
-    from layoutc.draw import layout_figure
+    from layoutc.cli.draw import layout_figure
 
     spec = layoutc.compile_file(ROOT / "specs/flashinfer_cutlass_mxfp4_padded.lyt")
     fig = layout_figure(spec, "w13_weight")
@@ -149,7 +149,7 @@ def test_layout_picture_has_a_colour_bar_and_a_padding_legend():
 @pytest.mark.parametrize("name", ["flashinfer_cutedsl_nvfp4", "flashinfer_cutlass_mxfp4_padded", "flashinfer_trtllm_nvfp4"])
 def test_graph_labels_fit_their_boxes_and_ties_cross_no_box(name):
     pytest.importorskip("matplotlib")
-    from layoutc.draw import BOX_H, BOX_W, graph_figure, graph_layout
+    from layoutc.cli.draw import BOX_H, BOX_W, graph_figure, graph_layout
 
     spec = layoutc.compile_file(ROOT / "specs" / f"{name}.lyt")
     g = graph_layout(spec)
@@ -173,7 +173,7 @@ def test_graph_labels_fit_their_boxes_and_ties_cross_no_box(name):
 
 
 def test_bench_report_units_and_ratios():
-    from layoutc.bench import rate, report, times
+    from layoutc.cli.bench import rate, report, times
 
     assert rate(412e3) == "412 kB/s" and rate(1.31e12) == "1.31 TB/s" and rate(86.4e6) == "86.4 MB/s"
     assert times(1968.4) == "1968x" and times(4.71) == "4.7x"
@@ -190,7 +190,7 @@ def test_bench_report_units_and_ratios():
 
 
 def test_timeit_back_to_back_times_calls_per_sample():
-    from layoutc.bench import timeit
+    from layoutc.cli.bench import timeit
 
     import time
 
@@ -336,7 +336,7 @@ def _bad_checkpoint(folder: Path, bf16):
 
 
 def test_a_failed_convert_into_a_new_folder_leaves_no_folder(tmp_path, bf16):
-    from layoutc.checkpoint import convert_checkpoint
+    from layoutc.convert.checkpoint import convert_checkpoint
 
     _bad_checkpoint(tmp_path / "in", bf16)
     with pytest.raises(layoutc.LayoutError) as err:
@@ -347,7 +347,7 @@ def test_a_failed_convert_into_a_new_folder_leaves_no_folder(tmp_path, bf16):
 
 
 def test_a_failed_convert_into_the_users_folder_removes_only_its_own_files(tmp_path, bf16):
-    from layoutc.checkpoint import convert_checkpoint
+    from layoutc.convert.checkpoint import convert_checkpoint
 
     _bad_checkpoint(tmp_path / "in", bf16)
     out = tmp_path / "out"
@@ -363,7 +363,7 @@ def test_a_failed_resume_keeps_the_finished_shards_and_their_record(tmp_path, bf
     """A later failure must not throw away the work a resume would skip."""
     from safetensors.torch import load_file, save_file
 
-    from layoutc.checkpoint import DONE, convert_checkpoint
+    from layoutc.convert.checkpoint import DONE, convert_checkpoint
     from tests.test_checkpoint import PREFIX, make_checkpoint
 
     make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
@@ -425,7 +425,7 @@ def test_readme_names_the_specs_whose_biases_do_not_round_trip():
 
 
 def test_an_f32_bias_bf16_cannot_hold_comes_back_rounded_and_the_rest_exactly(bf16):
-    from layoutc.demo import synthetic_inputs
+    from layoutc.convert.synthckpt import synthetic_inputs
 
     dims = {"E": 2, "I": 128, "H": 128}
     x = synthetic_inputs(bf16, dims, seed=0)
@@ -454,7 +454,7 @@ def test_readme_names_the_specs_moe_numerics_runs():
 
 def test_a_failed_convert_of_every_tp_slice_leaves_none_of_their_folders(tmp_path, bf16):
     """One read, several output folders (one per slice): each is cleaned up as a lone run's."""
-    from layoutc.checkpoint import convert_checkpoint
+    from layoutc.convert.checkpoint import convert_checkpoint
 
     _bad_checkpoint(tmp_path / "in", bf16)
     slices = [layoutc.compile_file(SPEC, {"tp_rank": r, "tp_size": 2}) for r in range(2)]

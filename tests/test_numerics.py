@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import layoutc
-from layoutc.quant import (dequantize_mxfp4, dequantize_nvfp4, fp4_values, pack_fp4, quantize_mxfp4,
-                           quantize_nvfp4, unpack_fp4)
+from layoutc.reference.quant import dequantize_mxfp4, dequantize_nvfp4, fp4_values, pack_fp4, quantize_mxfp4, quantize_nvfp4, unpack_fp4
 from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "examples"))

@@ -113,7 +113,7 @@ def test_the_wheel_holds_the_specs_and_the_prelude(installed):
     (wheel,) = (installed.parent.parent / "dist").glob("layoutc-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"layoutc/specs/{n}.lyt" for n in SHIPPED} <= names
-    assert {"layoutc/prelude.lyt", "layoutc/grammar.lark", "layoutc/progress.py"} <= names
+    assert {"layoutc/lang/prelude.lyt", "layoutc/front/grammar.lark", "layoutc/front/progress.py"} <= names
     assert not any(n.startswith(("tests/", "specs/")) for n in names)
 
 

@@ -8,9 +8,9 @@ import attrs
 import pytest
 
 from layoutc import SpecError
-from layoutc import ast
-from layoutc import expr as ex
-from layoutc.parse import parse
+from layoutc.front import ast
+from layoutc.algebra import expr as ex
+from layoutc.front.parse import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "specs").glob("*.lyt"))

@@ -1,4 +1,4 @@
-"""Progress on long work (layoutc/progress.py): shown on a terminal, never in a pipe or with --quiet;
+"""Progress on long work (layoutc/front/progress.py): shown on a terminal, never in a pipe or with --quiet;
 a probe's ticks add up to its announced total; bench reports its stages; the compiled lowering's first
 call for a shape is announced while it runs (and only the first)."""
 
@@ -13,11 +13,11 @@ import torch
 from click.testing import CliRunner
 
 import layoutc
-from layoutc import bench as bench_mod
-from layoutc import progress
+from layoutc.cli import bench as bench_mod
+from layoutc.front import progress
 from layoutc.api import CompiledSpec
-from layoutc.cli import main
-from layoutc.probe import probe, probe_steps
+from layoutc.cli.main import main
+from layoutc.equiv.probe import probe, probe_steps
 from tests.helpers import spec
 
 

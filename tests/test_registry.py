@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import layoutc
-from layoutc.demo import synthetic_inputs
+from layoutc.convert.synthckpt import synthetic_inputs
 from layoutc.registry import DEFAULT, Registry, RegistryError
 from tests.helpers import ROOT, SPECS, bits
 

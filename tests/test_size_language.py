@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from layoutc import api
-from layoutc.errors import SpecError
-from layoutc.instances import variant_instances
-from layoutc.lower.runtime import LayoutError
+from layoutc.front.errors import SpecError
+from layoutc.algebra.instances import variant_instances
+from layoutc.runtime.checks import LayoutError
 
 
 def _compile(text: str, **params):

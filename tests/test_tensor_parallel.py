@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import layoutc
-from layoutc.demo import synthetic_inputs
+from layoutc.convert.synthckpt import synthetic_inputs
 from layoutc.reference import anchor, kernels_for
 from tests.helpers import SPECS, assert_same_bits, spec
 

@@ -67,7 +67,7 @@ run 0 "$BIN/python" - <<'EOF'
 import torch
 import layoutc
 from layoutc import shardfile
-from layoutc.demo import synthetic_inputs
+from layoutc.cli.demo import synthetic_inputs
 from layoutc.shipped import SPECS
 
 spec = layoutc.compile_file(SPECS / "flashinfer_cutlass_bf16.lyt")
@@ -86,7 +86,7 @@ step "the Python API, the registry and the compiled module"
 run 0 "$BIN/python" - <<'EOF'
 import torch
 import layoutc
-from layoutc.demo import synthetic_inputs
+from layoutc.cli.demo import synthetic_inputs
 from layoutc.registry import DEFAULT
 
 DEFAULT.check(DEFAULT.backends)          # compiles and verifies every shipped spec

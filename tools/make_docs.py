@@ -14,7 +14,7 @@ Every sample is the output of a command run on the repository's files, between m
 tests/test_docs.py runs the check. Text samples are compared after blanking what changes from run to
 run (times in ms). A PNG's bytes depend on the matplotlib version and its fonts, so a picture is
 not compared by its bytes: docs/pictures.json keeps, per picture, the sha256 of the data it draws
-(:func:`layoutc.draw.layout_data`, :func:`layoutc.draw.graph_layout`: every pixel's input row, every
+(:func:`layoutc.cli.draw.layout_data`, :func:`layoutc.cli.draw.graph_layout`: every pixel's input row, every
 box's label and place, every tie's path); the check recomputes that data from the specs.
 """
 
@@ -41,7 +41,7 @@ def _cli(*args: str) -> str:
     """The output (stdout and stderr) of ``layoutc ARGS`` run in-process from the repository root."""
     from click.testing import CliRunner
 
-    from layoutc.cli import main
+    from layoutc.cli.main import main
 
     here = os.getcwd()
     os.chdir(ROOT)
@@ -97,14 +97,14 @@ def render_samples() -> dict[str, str]:
 
 def _compiled(path: str, verify: bool):
     from layoutc.api import compile_source
-    from layoutc.source import read_spec
+    from layoutc.front.source import read_spec
 
     return compile_source(read_spec(ROOT / path), path, verify_spec=verify)
 
 
 def picture_data(name: str) -> dict:
     """The data a picture draws (see the module's docstring)."""
-    from layoutc.draw import graph_layout, layout_data
+    from layoutc.cli.draw import graph_layout, layout_data
 
     _, path, tensor, verify = PICTURE_SPECS[name]
     spec = _compiled(path, verify)
@@ -143,7 +143,7 @@ def stale(readme: str | None = None) -> list[str]:
 
 
 def write() -> None:
-    from layoutc.draw import draw_graph, draw_layout
+    from layoutc.cli.draw import draw_graph, draw_layout
 
     if not flashinfer_installed():
         sys.exit("make docs needs flashinfer-python (the samples show a machine with it installed): "

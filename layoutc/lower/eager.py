@@ -1,6 +1,6 @@
 """Eager lowering: a chain becomes one torch call per statement (the reference lowering).
 
-Each step calls the op's function from :mod:`layoutc.ops.torch_impl` with its
+Each step calls the op's function from :mod:`layoutc.lang.ops.torch_impl` with its
 arguments rendered as Python source; size expressions refer to the dims, which
 generated code binds as local variables. The generated line carries the spec
 line it comes from, so a reader can walk the spec and the converter side by side.
@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 import torch
 
-from .. import expr as ex
-from ..compiler import Chain
-from ..text import comment
+from ..algebra import expr as ex
+from ..lang.compiler import Chain
+from ..front.text import comment
 
 
 def render(value: Any) -> str:

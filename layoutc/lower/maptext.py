@@ -7,9 +7,9 @@ is the arithmetic the kernel evaluates.
 
 from __future__ import annotations
 
-from .. import expr as ex
-from ..compiler import Chain
-from ..indexmap import IndexMap
+from ..algebra import expr as ex
+from ..lang.compiler import Chain
+from ..algebra.indexmap import IndexMap
 from .plan import Plan, plan, tidy_map
 
 ROLE_NAMES = {3: ["e", "r", "k"], 2: ["e", "r"], 1: ["r"]}

@@ -38,12 +38,12 @@ from typing import Sequence
 
 import attrs
 
-from .. import expr as ex
-from ..compiler import Chain
-from ..dtypes import ElemType
-from ..indexmap import IndexMap, compose_all, identity
-from ..ops.base import Category
-from ..ops.conversion import BitPermutation, Conversion, UnknownKind, known
+from ..algebra import expr as ex
+from ..lang.compiler import Chain
+from ..algebra.dtypes import ElemType
+from ..algebra.indexmap import IndexMap, compose_all, identity
+from ..lang.ops.base import Category
+from ..lang.ops.conversion import BitPermutation, Conversion, UnknownKind, known
 
 
 class Pattern(enum.StrEnum):
@@ -398,7 +398,7 @@ def _evaluate(e: ex.Expr, env: dict):
 
 def samples(chain: Chain, extra: Sequence[tuple[ex.Expr, int]] = (), count: int = 6) -> list[dict]:
     """A spread of small instances of the dims that satisfy the chain's constraints (and ``extra``)."""
-    from ..instances import sample_dims
+    from ..algebra.instances import sample_dims
 
     names = _dims_of(chain)
     found = sample_dims(tuple(names), [(c.value, c.multiple) for c in chain.constraints] + list(extra), per_dim=6)
@@ -545,7 +545,7 @@ def _pairs_hold(p: Plan, bases, valid, dims: dict) -> bool:
 def _coarsen(p: Plan, chain: Chain) -> Plan:
     """Runs of R consecutive output elements that read R consecutive, R-aligned input elements
     (the 4-byte groups of the SM90 scale fold and of the 128x4 swizzle) move as one R-element word."""
-    from ..instances import sample_dims
+    from ..algebra.instances import sample_dims
 
     m = p.map
     if not m.fill == ex.Const(0):

@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 
 import attrs
 
-from ..compiler import Chain, Variant
+from ..lang.compiler import Chain, Variant
 from . import triton_emit, torch_emit
 from .plan import Plan, plan
 

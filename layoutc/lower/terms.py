@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Sequence
 
 import attrs
 
-from .. import expr as ex
+from ..algebra import expr as ex
 
 #: The longest expression text a generated line prints inline (the rest of the line fits in 120).
 WIDTH = 72
@@ -80,7 +80,7 @@ def name_terms(exprs: Sequence[ex.Expr], taken: Iterable[str], printer: Callable
     ``width`` characters: first the term whose repeats are longest in all (a name read many times),
     then, where no term repeats, the longest term of the longest line. ``taken``: names in use."""
     taken = set(taken) | {v for e in exprs for v in ex.free_vars(e)}
-    # A leading underscore: no dim (a letter first, layoutc.names) can ever shadow a term's name.
+    # A leading underscore: no dim (a letter first, layoutc.front.names) can ever shadow a term's name.
     upper = iter([f"_{c}" for c in "ABCDFGJLMNPQRSTUVWXYZ" if f"_{c}" not in taken])
     lower = iter([f"_{c}" for c in "pqstuabcdfghjklmnz" if f"_{c}" not in taken])
     local: set[str] = {v for e in exprs for v in ex.free_vars(e) if _COORD.match(v)}

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .. import expr as ex
-from ..ops.conversion import known
+from ..algebra import expr as ex
+from ..lang.ops.conversion import known
 from .plan import Access, Pattern, Plan, affine_strides, linear, unknown
 from .terms import collect_and_name
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import textwrap
 from typing import Sequence
 
-from .. import expr as ex
-from ..compiler import Chain
-from ..text import comment
+from ..algebra import expr as ex
+from ..lang.compiler import Chain
+from ..front.text import comment
 from .maptext import map_text
-from ..ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
+from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
 from .plan import Access, Pattern, Plan, linear, swar_terms, unknown
 from .terms import collect_and_name
 from .torch_emit import BIT_VIEWS

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import layoutc
-from layoutc.demo import synthetic_inputs
-from layoutc.equiv import equivalent
+from layoutc.convert.synthckpt import synthetic_inputs
+from layoutc.equiv.compare import equivalent
 from layoutc.reference import marlin
 from layoutc.registry import DEFAULT, MARLIN_ENGINE_BACKENDS
 from tests.helpers import SPECS, assert_same_bits, bits

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from layoutc.cli import main
+from layoutc.cli.main import main
 from tests.helpers import SPECS
 
 pytest.importorskip("flashinfer")

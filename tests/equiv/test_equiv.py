@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from layoutc.equiv import EquivError, equivalent
+from layoutc.equiv.compare import EquivError, equivalent
 from layoutc.testing import assert_equivalent
 from tests.equiv import fns
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from layoutc.equiv import EquivError, equivalent
-from layoutc.infer import infer
+from layoutc.equiv.compare import EquivError, equivalent
+from layoutc.equiv.infer import infer
 from tests.helpers import ROOT
 
 TINY = Path(__file__).parent / "tiny.lyt"
@@ -130,7 +130,7 @@ def test_the_command_line_exits_2_on_an_exit_at_import_or_in_the_function(tmp_pa
             sys.exit(0)
     """))
     for module, message in (("at_import.py", "importing"), ("in_call.py", "in_call.py:f (at E=2")):
-        proc = subprocess.run([sys.executable, "-m", "layoutc.cli", "equiv", str(TINY), "--against",
+        proc = subprocess.run([sys.executable, "-m", "layoutc", "equiv", str(TINY), "--against",
                                f"{tmp_path / module}:f", "--dims", "E=2,I=32,H=64", "--shapes", "1", "-q"],
                               capture_output=True, text=True, env=ENV, timeout=300)
         assert proc.returncode == 2, (proc.stdout, proc.stderr)
@@ -148,7 +148,7 @@ def test_a_hang_the_signal_cannot_stop_ends_the_command_with_exit_2(tmp_path):
                 except BaseException:
                     pass
     """))
-    proc = subprocess.run([sys.executable, "-m", "layoutc.cli", "equiv", str(TINY), "--against",
+    proc = subprocess.run([sys.executable, "-m", "layoutc", "equiv", str(TINY), "--against",
                            f"{tmp_path / 'stubborn.py'}:f", "--dims", "E=2,I=32,H=64", "--shapes", "1", "-q",
                            "--timeout", "1"], capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 2, proc.stderr

@@ -11,9 +11,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from layoutc.cli import main
-from layoutc.equiv import EquivError, equivalent
-from layoutc.infer import infer
+from layoutc.cli.main import main
+from layoutc.equiv.compare import EquivError, equivalent
+from layoutc.equiv.infer import infer
 from tests.equiv import fns
 
 TINY = Path(__file__).resolve().parent / "tiny.lyt"
@@ -111,8 +111,8 @@ def _agrees_on_random_inputs(text: str, fn, dims, seeds=(0, 1)) -> None:
     """An independent check of a written spec (not equiv's decoding, which infer shares): the compiled
     spec's eager conversion and the function, bit for bit, on the same random checkpoint tensors."""
     import layoutc
-    from layoutc.demo import synthetic_inputs
-    from layoutc.dtypes import bit_view
+    from layoutc.convert.synthckpt import synthetic_inputs
+    from layoutc.algebra.dtypes import bit_view
 
     spec = layoutc.compile_source(text, "inferred.lyt", check_versions=False)
     for seed in seeds:
@@ -177,7 +177,7 @@ def test_a_hostile_parameter_name_is_refused():
 
 
 def test_a_function_name_with_a_newline_stays_in_its_comment():
-    from layoutc.equiv import Target
+    from layoutc.equiv.compare import Target
 
     target = Target(fns.good, "evil\ninput evil : bf16[E]\n# ")
     result = infer(target, DIMS, names=None, inputs=CONTRACT, spec_name="tiny_named")
@@ -202,7 +202,7 @@ def test_the_command_refuses_a_hostile_define(tmp_path):
 def test_a_scale_pad_the_family_does_anyway_is_left_to_it():
     """The pad multiples come from the family's own leading pad steps (sf_128x4: rows to 128, K to 4), so
     a scale's pad to 64 rows (128 covers it) is dropped, a pad to 256 (it does not) is kept."""
-    from layoutc.infer import Stmt, TensorChain, _harmonise, _leading_pads, _Pad, _program, vllm_contract
+    from layoutc.equiv.infer import Stmt, TensorChain, _harmonise, _leading_pads, _Pad, _program, vllm_contract
 
     program = _program(vllm_contract("nvfp4"))
     scale = next(t for t in program.inputs if t.name == "w13_weight_scale")

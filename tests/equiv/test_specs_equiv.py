@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from layoutc.equiv import equivalent
+from layoutc.equiv.compare import equivalent
 from layoutc.reference import cpu
 from tests.helpers import SPECS
 

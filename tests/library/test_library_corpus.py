@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import layoutc
-from layoutc.probe import probe
+from layoutc.equiv.probe import probe
 from tests.helpers import ROOT, SPECS, assert_same_bits, compiled, expectations
 
 HERE = Path(__file__).parent
@@ -302,7 +302,7 @@ def test_corpus_spec_passes_strict_check(path):
 
 @pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_cli_strict_check_accepts_the_corpus_and_rejects_the_mistakes():
-    run = subprocess.run([sys.executable, "-m", "layoutc.cli", "check", "--strict", *map(str, LAYOUTS + MISTAKES + GAPS)],
+    run = subprocess.run([sys.executable, "-m", "layoutc", "check", "--strict", *map(str, LAYOUTS + MISTAKES + GAPS)],
                          capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2
     assert "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
@@ -345,7 +345,7 @@ def test_probe_agrees_on_the_corpus_spec(path):
 @pytest.mark.slow
 def test_cli_probe_runs_on_every_spec_of_the_repo_and_the_corpus():
     specs = sorted(SPECS.glob("*.lyt")) + LAYOUTS
-    run = subprocess.run([sys.executable, "-m", "layoutc.cli", "check", "--probe", *map(str, specs)],
+    run = subprocess.run([sys.executable, "-m", "layoutc", "check", "--probe", *map(str, specs)],
                          capture_output=True, text=True, cwd=ROOT)
     assert "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
     failed = {Path(line.split(":")[0]).stem for line in run.stderr.splitlines() if ": error: " in line}

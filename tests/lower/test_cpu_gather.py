@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import layoutc
-from layoutc.demo import synthetic_inputs
+from layoutc.convert.synthckpt import synthetic_inputs
 from layoutc.lower import torch_emit
 from tests.helpers import assert_same_bits
 from tests.helpers import spec as _spec

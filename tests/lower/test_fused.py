@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import layoutc  # noqa: E402
-from layoutc.demo import synthetic_inputs  # noqa: E402
+from layoutc.convert.synthckpt import synthetic_inputs  # noqa: E402
 from layoutc.lower.plan import plan  # noqa: E402
 from tests.helpers import SPECS, assert_same_bits  # noqa: E402
 
@@ -196,16 +196,16 @@ ROW_OPS = st.sampled_from([
 @given(ops=st.lists(ROW_OPS, min_size=1, max_size=4), g=st.sampled_from([1, 2, 4]), rows=st.sampled_from([32, 64]),
        seed=st.integers(0, 1000), lowering=st.sampled_from(["gather", "fused"]))
 def test_random_chains_lower_identically(ops, g, rows, seed, lowering):
-    from layoutc.ops import REGISTRY  # noqa: F401 - the statements below name registry ops
+    from layoutc.lang.ops import REGISTRY  # noqa: F401 - the statements below name registry ops
 
     body = "\n".join(op.format(g=g) for op in ops)
     probe = torch.zeros(2, rows, 6, dtype=torch.uint8)
     text = f"dims E\ninput w : u8[E, {rows}, 6]\n{body}\n"
     try:
         # learn the output shape from the eager lowering, then declare it
-        import layoutc.compiler as compiler
-        from layoutc.ir import resolve
-        from layoutc.parse import parse
+        import layoutc.lang.compiler as compiler
+        from layoutc.lang.ir import resolve
+        from layoutc.front.parse import parse
 
         built = compiler.build(resolve(parse(text + "output w : u8[E, 1, 1]\n", "chain.lyt")))
     except layoutc.SpecError as err:

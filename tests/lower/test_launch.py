@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from layoutc.lower import runtime
+from layoutc.runtime import checks as runtime
 
 
 class FakeArg:
@@ -90,7 +90,7 @@ def test_without_a_usable_compiled_kernel_every_call_takes_tritons_launch(kernel
 
 def test_generated_layer_launchers_go_through_launch():
     import layoutc
-    from layoutc.demo import DEFAULT_SPEC
+    from layoutc.cli.demo import DEFAULT_SPEC
 
     src = layoutc.compile_file(DEFAULT_SPEC).source
     assert "_launch(kernels['_k_layer_0'], total, _args, dict(" in src

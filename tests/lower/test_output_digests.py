@@ -20,7 +20,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel is built: ru
 import pytest  # noqa: E402
 
 import layoutc  # noqa: E402
-from layoutc.demo import synthetic_inputs  # noqa: E402
+from layoutc.convert.synthckpt import synthetic_inputs  # noqa: E402
 from tests.helpers import GOLDENS, SPECS, bits  # noqa: E402
 
 DIGESTS = GOLDENS / "output_digests.json"

@@ -72,7 +72,7 @@ def test_wrapping_keeps_the_syntax_tree_and_refuses_to_break_strings():
 
 
 def test_named_terms_take_no_name_a_kernel_binds_itself():
-    from layoutc import expr as ex
+    from layoutc.algebra import expr as ex
     from layoutc.lower import terms, triton_emit
 
     o = [ex.Var(f"o{k}") for k in range(3)]

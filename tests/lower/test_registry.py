@@ -14,8 +14,8 @@ import torch
 from click.testing import CliRunner
 
 import layoutc
-from layoutc.cli import main
-from layoutc.demo import synthetic_inputs
+from layoutc.cli.main import main
+from layoutc.convert.synthckpt import synthetic_inputs
 from layoutc.lower import registry, torch_emit
 from tests.helpers import SPECS, assert_same_bits
 

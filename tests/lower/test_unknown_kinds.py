@@ -11,11 +11,11 @@ import attrs  # noqa: E402
 import pytest  # noqa: E402
 
 import layoutc  # noqa: E402
-from layoutc import equiv, probe  # noqa: E402
+from layoutc.equiv import compare as equiv, probe  # noqa: E402
 from layoutc.lower import plan as planner  # noqa: E402
 from layoutc.lower import torch_emit, triton_emit  # noqa: E402
-from layoutc.ops import conversion as cv  # noqa: E402
-from layoutc.ops import value  # noqa: E402
+from layoutc.lang.ops import conversion as cv  # noqa: E402
+from layoutc.lang.ops import value  # noqa: E402
 
 TEXT = "dims E, N\ninput b : f32[E, N]\ncast(b, bf16)\noutput b : bf16[E, N]\n"
 

@@ -20,7 +20,7 @@ from tests.helpers import assert_same_bits
 
 INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-#: The bit table of family sm90_mixed in layoutc/prelude.lyt (out_bit[i] = in_bit[T[i]]).
+#: The bit table of family sm90_mixed in layoutc/lang/prelude.lyt (out_bit[i] = in_bit[T[i]]).
 DESIGN_T = (16, 17, 18, 8, 9, 10, 0, 1, 2, 19, 25, 26, 11, 24, 27, 3,
             20, 21, 22, 12, 13, 14, 4, 5, 6, 23, 29, 30, 15, 28, 31, 7)
 
@@ -250,7 +250,7 @@ def _word_positions(n, kb):
 
 
 def naive_sm90_interleave(w: torch.Tensor, table=DESIGN_T) -> torch.Tensor:
-    """The sm90_mixed weight formula of layoutc/prelude.lyt, per expert, bit by bit."""
+    """The sm90_mixed weight formula of layoutc/lang/prelude.lyt, per expert, bit by bit."""
     *lead, n, kb = w.shape
     mats = w.contiguous().view(torch.uint8).reshape(-1, n, kb).tolist()
     outs = []

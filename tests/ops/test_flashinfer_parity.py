@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from layoutc import expr as ex
-from layoutc import indexmap as im
-from layoutc.dtypes import ELEMENT_TYPES as ET
-from layoutc.expr import Const, Var
-from layoutc.expand import family_chain
-from layoutc.ops import TensorType, rows
+from layoutc.algebra import expr as ex
+from layoutc.algebra import indexmap as im
+from layoutc.algebra.dtypes import ELEMENT_TYPES as ET
+from layoutc.algebra.expr import Const, Var
+from layoutc.lang.expand import family_chain
+from layoutc.lang.ops import TensorType, rows
 
 from .conftest import assert_bits_equal, naive_sm90_interleave, naive_swizzle, random_tensor
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import layoutc
-from layoutc.indexmap import out_var
-from layoutc.ops import PUBLIC, REGISTRY
-from layoutc.ops.base import Category, Facts, Inferred, Op, TensorType, along, check_dim
+from layoutc.algebra.indexmap import out_var
+from layoutc.lang.ops import PUBLIC, REGISTRY
+from layoutc.lang.ops.base import Category, Facts, Inferred, Op, TensorType, along, check_dim
 
 
 def reverse_axis(x, dim):
@@ -82,7 +82,8 @@ def test_the_verifier_judges_a_new_op_by_its_facts(registered):
 
 def test_infer_and_explain_see_a_new_op_from_its_declarations(registered, monkeypatch):
     # What infer tries comes from the ops' declared `search` arguments: no second list to edit.
-    from layoutc import explain, infer
+    from layoutc.cli import explain
+    from layoutc.equiv import infer
 
     assert ("reverse_rows", {}) not in infer.perm_ops()
     monkeypatch.setattr(ReverseRows, "search", ({},))

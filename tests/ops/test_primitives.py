@@ -1,4 +1,4 @@
-"""Every primitive of ``layoutc.ops.REGISTRY``, three ways, over whole small domains.
+"""Every primitive of ``layoutc.lang.ops.REGISTRY``, three ways, over whole small domains.
 
 For each case the output of
 
@@ -21,16 +21,16 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from layoutc import expr as ex
-from layoutc import indexmap as im
-from layoutc.dtypes import ELEMENT_TYPES as ET
-from layoutc.expr import Const, Var
-from layoutc.args import ArgValue
-from layoutc.expand import family_chain
-from layoutc.ops import REGISTRY, OpTypeError, TensorType
-from layoutc.ops import permute, rearrange, rows, shape, value
-from layoutc.ops.base import Category
-from layoutc.ops.binder import BindError, bind
+from layoutc.algebra import expr as ex
+from layoutc.algebra import indexmap as im
+from layoutc.algebra.dtypes import ELEMENT_TYPES as ET
+from layoutc.algebra.expr import Const, Var
+from layoutc.front.args import ArgValue
+from layoutc.lang.expand import family_chain
+from layoutc.lang.ops import REGISTRY, OpTypeError, TensorType
+from layoutc.lang.ops import permute, rearrange, rows, shape, value
+from layoutc.lang.ops.base import Category
+from layoutc.lang.ops.binder import BindError, bind
 
 from .conftest import (
     DESIGN_T,

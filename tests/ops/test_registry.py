@@ -10,10 +10,10 @@ import attrs
 import pytest
 from click.testing import CliRunner
 
-import layoutc.ops
-from layoutc.cli import main
-from layoutc.ops import MODULES, PUBLIC, REGISTRY
-from layoutc.ops.base import Category, Facts, Op
+import layoutc.lang.ops
+from layoutc.cli.main import main
+from layoutc.lang.ops import MODULES, PUBLIC, REGISTRY
+from layoutc.lang.ops.base import Category, Facts, Op
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
@@ -34,10 +34,10 @@ def test_every_registered_op_declares_its_facts(name):
 def _op_classes_in_the_source() -> dict[str, type]:
     # Found without the registry's own list: every .py file of the package's folder, every class it
     # defines that is an Op with a name of its own (abstract bases have none).
-    folder = Path(layoutc.ops.__file__).parent
+    folder = Path(layoutc.lang.ops.__file__).parent
     found: dict[str, type] = {}
     for path in sorted(p for p in folder.glob("*.py") if p.stem != "__init__"):
-        module = importlib.import_module(f"layoutc.ops.{path.stem}")
+        module = importlib.import_module(f"layoutc.lang.ops.{path.stem}")
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ == module.__name__ and issubclass(cls, Op) and "name" in vars(cls):
                 assert cls.name not in found, f"two ops named {cls.name!r}"

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 
 import layoutc
-from layoutc.diff import diff, load_pair
-from layoutc.draw import draw_graph, draw_layout, small_dims
-from layoutc.explain import explain, render
-from layoutc.verify import axis_map
+from layoutc.cli.diff import diff, load_pair
+from layoutc.cli.draw import draw_graph, draw_layout, small_dims
+from layoutc.cli.explain import explain, render
+from layoutc.verify.rules import axis_map
 from tests.helpers import ROOT, SPECS
 
 SHIPPED = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
            ("flashinfer_cutedsl_nvfp4", {"activation": "silu"}), ("flashinfer_cutedsl_nvfp4", {"activation": "relu2"})]
 IDS = [f"{n}{'-' + p['activation'] if p else ''}" for n, p in SHIPPED]
-CLI = [sys.executable, "-m", "layoutc.cli"]
+CLI = [sys.executable, "-m", "layoutc"]
 
 
 def cli(*args, cwd=ROOT):
@@ -219,10 +219,10 @@ def test_pre_commit_hook_definition():
 
 
 def test_editor_grammar_knows_the_language():
-    from layoutc.dtypes import ELEMENT_TYPES
-    from layoutc.editor import textmate_json
-    from layoutc.ops import PUBLIC
-    from layoutc.parse import parser
+    from layoutc.algebra.dtypes import ELEMENT_TYPES
+    from layoutc.cli.editor import textmate_json
+    from layoutc.lang.ops import PUBLIC
+    from layoutc.front.parse import parser
 
     committed = (ROOT / "editors" / "vscode" / "syntaxes" / "lyt.tmLanguage.json").read_text()
     assert committed == textmate_json(), "the editor grammar is stale: run make docs"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from layoutc.cli import main
-from layoutc.review import picture_stem
+from layoutc.cli.main import main
+from layoutc.cli.review import picture_stem
 
 FAMILY = """\
 family myfam {

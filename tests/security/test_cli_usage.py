@@ -9,7 +9,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from layoutc.cli import main
+from layoutc.cli.main import main
 from tests.helpers import SPECS
 
 BF16 = SPECS / "flashinfer_cutlass_bf16.lyt"

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 import layoutc
-from layoutc.checkpoint import DONE, INDEX, LOCK, RUN, claim_folder, convert_checkpoint, run_identity
+from layoutc.convert.checkpoint import DONE, INDEX, LOCK, RUN, claim_folder, convert_checkpoint, run_identity
 from tests.helpers import ROOT, SPECS
 from tests.test_checkpoint import folder_digest, load_all, make_checkpoint
 
@@ -25,7 +25,7 @@ ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
 
 
 def cli(*args, cwd=ROOT, timeout=600):
-    return subprocess.run([sys.executable, "-m", "layoutc.cli", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "layoutc", *args], capture_output=True, text=True, cwd=cwd,
                           env=ENV, timeout=timeout)
 
 
@@ -169,7 +169,7 @@ def test_two_processes_with_different_parameters_never_mix(tmp_path, bf16):
     make_checkpoint(tmp_path / "in", bf16, layers=4, shards=4)
     spec = str(SPECS / "flashinfer_cutlass_bf16.lyt")
     args = ["convert", "--spec", spec, "--in", str(tmp_path / "in"), "--out", str(tmp_path / "out")]
-    procs = [subprocess.Popen([sys.executable, "-m", "layoutc.cli", *args, *extra], cwd=ROOT, env=ENV,
+    procs = [subprocess.Popen([sys.executable, "-m", "layoutc", *args, *extra], cwd=ROOT, env=ENV,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for extra in ([], ["-D", "tp_size=2", "-D", "tp_rank=1"])]
     results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]

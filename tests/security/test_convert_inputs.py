@@ -18,8 +18,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import layoutc
-from layoutc.checkpoint import INDEX, LOCK, MANIFEST, convert_checkpoint, finish
-from layoutc.progress import ShardProgress
+from layoutc.convert.checkpoint import INDEX, LOCK, MANIFEST, convert_checkpoint, finish
+from layoutc.front.progress import ShardProgress
 from tests.helpers import ROOT, SPECS
 from tests.test_checkpoint import PREFIX, load_all, make_checkpoint
 
@@ -28,7 +28,7 @@ SPEC = str(SPECS / "flashinfer_cutlass_bf16.lyt")
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "layoutc.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "layoutc", *map(str, args)], capture_output=True, text=True,
                           env=ENV, timeout=timeout)
 
 
@@ -346,7 +346,7 @@ def test_merge_last_on_a_tensor_with_one_axis_is_an_error(tmp_path, bf16):
 def test_the_pipelined_reader_leaves_malformed_headers_to_safetensors(tmp_path, header, data):
     # A shard replaced after the up-front check: the reader's own parse never accepts what safetensors
     # refuses, nor crashes on it; it hands the file to safetensors, whose error names the shard.
-    from layoutc import shardio
+    from layoutc.convert import shardio
 
     with pytest.raises(shardio.Fallback):
         shardio.parse_header(header, data, tmp_path / "x.safetensors")

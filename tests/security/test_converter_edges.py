@@ -1,5 +1,5 @@
 """Converter edge cases behave the same under every lowering, or raise a LayoutError that says
-what to do; the guard catches what it can see cheaply (see layoutc/lower/guard_rt.py for what it
+what to do; the guard catches what it can see cheaply (see layoutc/runtime/guard_rt.py for what it
 cannot)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ DIMS = {"E": 2, "I": 128, "H": 256}
 
 @pytest.fixture(scope="module")
 def layer(bf16):
-    from layoutc.demo import synthetic_inputs
+    from layoutc.convert.synthckpt import synthetic_inputs
 
     return synthetic_inputs(bf16, DIMS, seed=5)
 
@@ -77,7 +77,7 @@ def test_inputs_at_odd_storage_offsets(bf16, layer):
 def test_fused_on_cpu_without_the_interpreter_says_what_to_do(tmp_path):
     code = (
         "import layoutc, torch\n"
-        "from layoutc.demo import synthetic_inputs\n"
+        "from layoutc.convert.synthckpt import synthetic_inputs\n"
         "s = layoutc.compile_file('specs/flashinfer_cutlass_bf16.lyt')\n"
         "x = synthetic_inputs(s, {'E': 1, 'I': 128, 'H': 128}, seed=0)\n"
         "try:\n"

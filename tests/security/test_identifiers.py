@@ -7,7 +7,7 @@ import ast
 import pytest
 
 import layoutc
-from layoutc.names import identifier_problem
+from layoutc.front.names import identifier_problem
 from tests.helpers import SPECS
 
 CASES = [(p, {}) for p in sorted(SPECS.glob("*.lyt"))] + [
@@ -43,7 +43,7 @@ def test_every_generated_identifier_is_reserved_or_a_dim(path, params):
     names = exposed(spec.source, dims) | exposed(spec.module._TRITON_SOURCE, dims)
     assert dims <= names  # the scan sees the scopes that bind dims
     loose = sorted(n for n in names - dims if identifier_problem(n) is None)
-    assert not loose, f"generated code uses names a dim could shadow; add them to layoutc.names.GENERATED: {loose}"
+    assert not loose, f"generated code uses names a dim could shadow; add them to layoutc.front.names.GENERATED: {loose}"
 
 
 def test_reserved_names_are_refused_as_dims():

@@ -17,8 +17,8 @@ import torch
 import layoutc
 from click.testing import CliRunner
 
-from layoutc.checkpoint import convert_checkpoint
-from layoutc.cli import main
+from layoutc.convert.checkpoint import convert_checkpoint
+from layoutc.cli.main import main
 from layoutc.guard import provenance
 from layoutc.registry import Registry
 from tests.helpers import ROOT, SPECS

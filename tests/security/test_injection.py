@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import layoutc
-from layoutc.cli import main
+from layoutc.cli.main import main
 from tests.helpers import ROOT
 from tests.security.hostile import BODY, DEFINES, FILE_NAMES, MARKER, SPECS
 
@@ -124,7 +124,7 @@ def test_the_reported_commands_in_a_real_shell(tmp_path):
     # The exact reproductions of the issue, through the installed entry point.
     hostile = tmp_path / FILE_NAMES["triple_quotes"]
     hostile.write_text(BODY)
-    exe = [sys.executable, "-m", "layoutc.cli"]
+    exe = [sys.executable, "-m", "layoutc"]
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     for args in (["check", "--quiet", hostile.name], ["compile", hostile.name, "-o", "c.py"],
                  ["check", hostile.name, "-D", DEFINES["triple_quotes"][0]]):

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 
 import layoutc
-from layoutc.expr import Var
+from layoutc.algebra.expr import Var
 from layoutc.limits import MAX_DIMS, MAX_INT, MAX_NESTING, MAX_OPTIONAL_INPUTS, MAX_STATEMENTS, MAX_STEPS_PER_TENSOR
 
 HEADER = "dims E, I, H\ninput w13_weight : fp4x2[E, 2*I, H/2] rows [w1; w3]\noutput w13_weight : fp4x2[E, 2*I, H/2] rows [w1; w3]\n"
@@ -103,7 +103,7 @@ def test_optional_inputs_and_parameter_combinations_are_bounded(tmp_path):
     rejected(HEADER.replace("output", opts + "output"), "optional inputs")
     from click.testing import CliRunner
 
-    from layoutc.cli import main
+    from layoutc.cli.main import main
 
     params = "".join(f"param p{i} = true\n" for i in range(7))  # 128 combinations
     path = tmp_path / "params.lyt"

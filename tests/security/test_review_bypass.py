@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import layoutc
-from layoutc.diff import diff, load_pair
+from layoutc.cli.diff import diff, load_pair
 from tests.helpers import ROOT, assert_same_bits
 from tests.security.hostile import BODY
 
@@ -62,11 +62,11 @@ def test_review_sees_a_change_written_with_carriage_returns(tmp_path):
     edited = edited.replace("rows [w3; w1]", "rows [w1; w3]")
     (tmp_path / "s.lyt").write_bytes(edited.encode())
     _git(tmp_path, "commit", "-qam", "reword comments")
-    proc = subprocess.run([sys.executable, "-m", "layoutc.cli", "review", "HEAD~1..HEAD", "--images",
+    proc = subprocess.run([sys.executable, "-m", "layoutc", "review", "HEAD~1..HEAD", "--images",
                            str(tmp_path / "img")], capture_output=True, text=True, cwd=tmp_path, timeout=300,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert "tensor(s) change layout" in proc.stdout, proc.stdout + proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "layoutc.cli", "diff", "--git", "HEAD~1", "HEAD", "s.lyt"],
+    proc = subprocess.run([sys.executable, "-m", "layoutc", "diff", "--git", "HEAD~1", "HEAD", "s.lyt"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 1 and "rows" in proc.stdout, proc.stdout + proc.stderr
@@ -75,7 +75,7 @@ def test_review_sees_a_change_written_with_carriage_returns(tmp_path):
 @pytest.mark.slow  # over 2.5 s on the 2-core machine: `make test-slow`
 def test_review_of_a_spec_with_a_non_ascii_name_and_outside_git(tmp_path):
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-m", "layoutc.cli", "review", "HEAD~1..HEAD"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "layoutc", "review", "HEAD~1..HEAD"], capture_output=True,
                           text=True, cwd=tmp_path, timeout=300, env=env)
     assert proc.returncode == 2 and "not inside a git repository" in proc.stderr
     assert "usage: git" not in proc.stderr.lower() and "Traceback" not in proc.stderr
@@ -85,10 +85,10 @@ def test_review_of_a_spec_with_a_non_ascii_name_and_outside_git(tmp_path):
     _git(tmp_path, "commit", "-qm", "one")
     (tmp_path / "é.lyt").write_text(BODY.replace("# ", "") + "# a comment\n")
     _git(tmp_path, "commit", "-qam", "two")
-    proc = subprocess.run([sys.executable, "-m", "layoutc.cli", "review", "HEAD~1..HEAD", "--images",
+    proc = subprocess.run([sys.executable, "-m", "layoutc", "review", "HEAD~1..HEAD", "--images",
                            str(tmp_path / "img")], capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "`é.lyt`" in proc.stdout and "No layout change" in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "layoutc.cli", "review", "nope..HEAD"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "layoutc", "review", "nope..HEAD"], capture_output=True,
                           text=True, cwd=tmp_path, timeout=300, env=env)
     assert proc.returncode == 2 and "'nope' is not a commit" in proc.stderr

@@ -17,7 +17,7 @@ from typing import Iterator
 
 from lark import Token, Tree
 
-from layoutc.parse import parser
+from layoutc.front.parse import parser
 
 DTYPE_SWAPS = {"bf16": ["f32", "f16"], "f32": ["bf16"], "f16": ["bf16"], "e8m0": ["e4m3"], "e4m3": ["e8m0"],
                "fp4x2": ["u8"], "u8": ["fp4x2"]}

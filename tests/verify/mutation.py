@@ -10,7 +10,7 @@ import torch
 
 import layoutc
 
-from layoutc.demo import synthetic_inputs
+from layoutc.convert.synthckpt import synthetic_inputs
 from tests.helpers import bits
 from tests.verify.mutants import mutants
 

@@ -55,7 +55,7 @@ def test_corpus_findings_name_the_tensors(path):
 
 @pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_cli_rejects_the_corpus_and_accepts_the_shipped_specs():
-    cli = [sys.executable, "-m", "layoutc.cli"]
+    cli = [sys.executable, "-m", "layoutc"]
     bad = subprocess.run(cli + ["check", *map(str, CORPUS)], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr

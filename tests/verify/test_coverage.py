@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import layoutc
-from layoutc.cli import main
+from layoutc.cli.main import main
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 
@@ -131,7 +131,7 @@ def test_every_shipped_spec_passes_strict():
 def test_explain_gives_the_same_account():
     path_text = SIMPLE.replace(" scales w13_weight block 32", " rows [w1; w3]")
     spec = layoutc.compile_source(path_text, "cov.lyt")
-    from layoutc.explain import as_text, explain
+    from layoutc.cli.explain import as_text, explain
 
     r = explain(spec)
     scale = next(t for t in r["tensors"] if t["name"] == "w13_weight_scale")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 
 import layoutc
-from layoutc.parse import parser
+from layoutc.front.parse import parser
 
 # Names the generator may use, so that generated specs reach the resolver and the ops.
 NAMES = st.sampled_from(["E", "I", "H", "w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w1", "w3",

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import layoutc
-from layoutc import api, rowmap
-from layoutc.ops import torch_impl
-from layoutc.probe import ProbeRun, probe, probe_maps
+from layoutc import api
+from layoutc.verify import rowmap
+from layoutc.lang.ops import torch_impl
+from layoutc.equiv.probe import ProbeRun, probe, probe_maps
 from tests.helpers import SPECS
 
 CORPUS = SPECS.parent / "tests" / "verify" / "corpus"
@@ -82,7 +83,7 @@ def test_dynamic_verdict_is_independent_of_the_static_one(monkeypatch):
 def test_static_sources_equal_gathering_the_composed_map():
     # static_sources (the probe's static side) against the index map's own gather: every valid
     # output element names the source element the gather puts there, and the shapes agree.
-    from layoutc.indexmap import concrete_shape, gather
+    from layoutc.algebra.indexmap import concrete_shape, gather
 
     spec = layoutc.compile_file(SPECS / "flashinfer_cutedsl_nvfp4.lyt")
     chain = spec.compiled.variant(()).chain("w13_weight_scale")

@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 import layoutc
-from layoutc import expr as ex
-from layoutc.cli import _param_domains, main
-from layoutc.regions import Region, TooLarge, region_of, representatives
+from layoutc.algebra import expr as ex
+from layoutc.cli.main import _param_domains, main
+from layoutc.algebra.regions import Region, TooLarge, region_of, representatives
 from tests.helpers import SPECS, expectations
 
 SIZES = sorted((Path(__file__).parent / "corpus" / "sizes").glob("*.lyt"))
@@ -167,7 +167,7 @@ output s : f32[E, 2*round_up(I, 128), H/32] rows [w3; w1]
 def test_large_real_model_sizes_get_the_verdict_of_their_region():
     """Sizes up to 16k with random residues (fixed seed): the verifier's verdict on each, evaluated at that
     size alone, is the verdict of the region the size is in."""
-    from layoutc.verify import Verifier
+    from layoutc.verify.rules import Verifier
 
     compiled = _program(LARGE_SIZES)
     program = compiled.program
@@ -177,7 +177,7 @@ def test_large_real_model_sizes_get_the_verdict_of_their_region():
             self.sizes = sizes
 
         def axis(self, chain, dims, rows=False):
-            from layoutc.rowmap import axis_map
+            from layoutc.verify.rowmap import axis_map
             return axis_map(chain, dims, rows)
 
         def samples(self, program, variant):
@@ -216,11 +216,11 @@ def _capped_size(e, cap: int) -> int:
 def test_a_long_chain_is_verified_with_bounded_work(monkeypatch):
     """64 interleave_rows steps on one tensor ran over 900 s: composed into one map, the expressions grow with
     every step. Counted: the size of every expression the verifier evaluates."""
-    from layoutc import rowmap
-    from layoutc.compiler import build
-    from layoutc.ir import resolve
-    from layoutc.parse import parse
-    from layoutc.verify import Verifier
+    from layoutc.verify import rowmap
+    from layoutc.lang.compiler import build
+    from layoutc.lang.ir import resolve
+    from layoutc.front.parse import parse
+    from layoutc.verify.rules import Verifier
 
     lines = ["dims E, I, H", "input w : bf16[E, 2*I, H] rows [w1; w3]"]
     lines += [f"interleave_rows(w, dim=1, group={1 << (i % 6)})" for i in range(64)]
@@ -241,8 +241,8 @@ def test_a_long_chain_is_verified_with_bounded_work(monkeypatch):
 
 
 def test_stepwise_evaluation_gives_the_composed_maps(monkeypatch):
-    from layoutc import rowmap
-    from layoutc.verify import region_dims
+    from layoutc.verify import rowmap
+    from layoutc.verify.rules import region_dims
 
     for name in ("flashinfer_cutlass_mxfp4_padded", "flashinfer_trtllm_fp8_block", "flashinfer_cutlass_nvfp4"):
         compiled = layoutc.compile_file(SPECS / f"{name}.lyt").compiled
@@ -260,10 +260,10 @@ def test_options_multiply_variants_not_the_verifiers_work():
     """6 bool parameters and 6 optional inputs took 358 s: every parameter combination and presence variant
     evaluated every map again. Counted: axis maps evaluated, across every combination, against the distinct
     chains they make (here with 3 and 3, the same structure)."""
-    from layoutc.compiler import build
-    from layoutc.ir import resolve
-    from layoutc.parse import parse
-    from layoutc import verify as vf
+    from layoutc.lang.compiler import build
+    from layoutc.lang.ir import resolve
+    from layoutc.front.parse import parse
+    from layoutc.verify import rules as vf
 
     lines = ["dims E, I, H"] + [f"param p{i} = false" for i in range(3)]
     lines.append("input w : bf16[E, 2*I, H] rows [w1; w3]")
@@ -306,10 +306,10 @@ output b? : f32[E, 2*I] rows [w3; w1]
 def test_every_mutant_of_a_condition_is_rejected_at_its_boundary():
     """The mutation harness's condition operator (its comparison and its constants): each mutant moves a
     boundary by one size, and the region at the boundary catches it."""
-    from layoutc.compiler import build
-    from layoutc.ir import resolve
-    from layoutc.parse import parse
-    from layoutc.verify import Verifier
+    from layoutc.lang.compiler import build
+    from layoutc.lang.ir import resolve
+    from layoutc.front.parse import parse
+    from layoutc.verify.rules import Verifier
     from tests.verify.mutants import mutants
 
     assert Verifier(build(resolve(parse(BRANCHED, "b.lyt")))).run() == []

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import layoutc  # noqa: E402
-from layoutc.quant import quantize_mxfp4, quantize_nvfp4  # noqa: E402
+from layoutc.reference.quant import quantize_mxfp4, quantize_nvfp4  # noqa: E402
 from tools.gpu.record_goldens import meta  # noqa: E402
 
 #: (spec, params, dims): padding on both axes in the relu2 case (96 rows -> 128, 5 scale columns -> 8)

@@ -4,7 +4,7 @@
 
 On an H200 (SM90): builds the trimmed W4A16 module (tools/gpu/moe_sm90/build.py), then for a small
 layer and a gpt-oss-shaped one (MXFP4 weights, BF16 activations, biases, gpt-oss SwiGLU):
-  1. quantizes deterministic bf16 weights with layoutc.quant.quantize_mxfp4 into vLLM checkpoint
+  1. quantizes deterministic bf16 weights with layoutc.reference.quant.quantize_mxfp4 into vLLM checkpoint
      tensors, converts them with specs/flashinfer_cutlass_bf16.lyt on CUDA, checks the bytes
      against FlashInfer's own helpers, and runs flashinfer.fused_moe.cutlass_fused_moe on them;
   2. compares with a float32 reference decoded from the checkpoint tensors
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import layoutc
 import layoutc.guard
-from layoutc.quant import quantize_mxfp4, routing
+from layoutc.reference.quant import quantize_mxfp4, routing
 from tools.gpu.moe_sm90 import build as moe_build
 from tools.gpu.moe_sm90.reference import ATOL_RMS, GPT_OSS, RTOL, compare, moe_forward_gptoss
 

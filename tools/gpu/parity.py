@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import layoutc  # noqa: E402
-from layoutc.bench import timeit  # noqa: E402
-from layoutc.dtypes import bit_view  # noqa: E402
+from layoutc.cli.bench import timeit  # noqa: E402
+from layoutc.algebra.dtypes import bit_view  # noqa: E402
 from layoutc.reference import flashinfer_kernels as kernels, recipes  # noqa: E402
 from tools.gpu.record_goldens import mxfp4_layer  # noqa: E402
 

@@ -78,7 +78,7 @@ def main(out_dir: str, dry_run: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if dry_run:
         # Plumbing check on a CPU machine: CPU stand-ins instead of the CUDA kernels. Never commit these files.
-        from layoutc.ops import torch_impl
+        from layoutc.lang.ops import torch_impl
 
         dev = torch.device("cpu")
         m = {"dry_run": True}

@@ -29,7 +29,7 @@ case "$mode" in
     git --git-dir="$gitdir" archive "$tag" python/triton_kernels | tar -x -C "$tk/src"
     git --git-dir="$gitdir" rev-parse "$tag^{commit}" > "$tk/src/TRITON_COMMIT"
     python=${PYTHON:-$root/.venv/bin/python}
-    (cd "$src" && PYTHONPATH="$src" "$python" -m layoutc.cli compile specs/triton_kernels_mxfp4_hopper.lyt \
+    (cd "$src" && PYTHONPATH="$src" "$python" -m layoutc compile specs/triton_kernels_mxfp4_hopper.lyt \
       -o "$tk/layoutc_triton_kernels_mxfp4_hopper.py")
     cp "$root/tools/gpu/triton_kernels_moe.py" "$root/tools/gpu/triton_kernels_run.sh" "$tk/"
     du -sh "$tk"

@@ -1,6 +1,6 @@
 """The gpt-oss MoE layer in float32 from vLLM checkpoint tensors, and the error measures.
 
-The reference decodes the *checkpoint* tensors (not the converted ones) with layoutc.quant, so a
+The reference decodes the *checkpoint* tensors (not the converted ones) with layoutc.reference.quant, so a
 wrong conversion cannot leak into it. The activation is FlashInfer's SwigluBias
 (``SwigluBiasAdaptor`` in data/csrc/fused_moe/cutlass_backend/cutlass_fused_moe_kernels.cuh),
 which is what ``cutlass_fused_moe(swiglu_alpha=, swiglu_beta=, swiglu_limit=)`` selects::
@@ -9,7 +9,7 @@ which is what ``cutlass_fused_moe(swiglu_alpha=, swiglu_beta=, swiglu_limit=)`` 
     out  = gate * sigmoid(alpha * gate) * (up + beta)
 
 gpt-oss (and vLLM's gemm1_alpha/beta/clamp_limit) use alpha = 1.702, beta = 1.0, limit = 7.0: beta
-is the ``+ 1`` of gpt-oss's ``(x_linear + 1)``. layoutc.quant.moe_forward has plain SiLU only, so
+is the ``+ 1`` of gpt-oss's ``(x_linear + 1)``. layoutc.reference.quant.moe_forward has plain SiLU only, so
 this variant lives here instead of changing it.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from layoutc.quant import dequantize_mxfp4
+from layoutc.reference.quant import dequantize_mxfp4
 
 GPT_OSS = {"alpha": 1.702, "beta": 1.0, "limit": 7.0}
 

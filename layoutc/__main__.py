@@ -1,0 +1,6 @@
+"""``python -m layoutc``: the command line."""
+
+from .cli.main import main
+
+if __name__ == "__main__":
+    main()

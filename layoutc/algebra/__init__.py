@@ -1,0 +1,1 @@
+"""The algebra layouts are written in: integer index expressions, index maps, element types."""

@@ -1,0 +1,1 @@
+"""Checkpoints: ``layoutc convert`` of safetensors shards, read and written byte for byte."""

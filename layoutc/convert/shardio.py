@@ -1,0 +1,547 @@
+"""Shard I/O for the pipelined ``layoutc convert``: read a safetensors shard straight onto the
+conversion device while hashing it, and write a shard from device tensors.
+
+Reading streams the file once, in order, in chunks: each chunk is hashed for the resume stamp
+(:class:`TreeHash`: the file cut into 16 MiB leaves, each leaf's sha256 computed in a shared pool of
+hashing threads as its bytes arrive, so reading and hashing overlap and one file is hashed on
+several cores) and copied into the tensors it overlaps. On CUDA the chunks go through a small
+ring of pinned host buffers per thread and are copied to the GPU asynchronously on the thread's
+own stream, so host memory stays a few chunks per thread however large the shard; on the CPU they
+are read straight into the tensors' memory. Every tensor gets its own allocation (aligned like
+``safetensors.get_tensor``'s), with the dtype and shape of the header.
+
+Writing produces exactly :func:`layoutc.convert.shardfile.write`'s bytes (its header, tensors sorted by
+name): on CUDA through a ring of pinned buffers, the device-to-host copy of the next chunks
+overlapping the ``write`` of the current one. The caller fsyncs and renames.
+
+A file this reader does not understand (an unknown dtype, offsets that do not tile the data) is
+left to ``safetensors`` (:class:`Fallback`), whose own messages then name the problem.
+
+:class:`Profile` adds up the seconds each stage spends (over all threads) for ``--profile``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import math
+import os
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from . import shardfile
+from ..runtime.checks import LayoutError
+
+#: safetensors dtype name -> torch dtype (the ones layoutc writes)
+TORCH_DTYPES = {code: dtype for dtype, code in shardfile.DTYPES.items()}
+CHUNK = 16 << 20  # bytes per read/write chunk
+SLOTS = 4  # pinned chunks per writer thread (CUDA)
+# pinned chunks per reader thread (CUDA): a slot is refilled only once its bytes are hashed, so the
+# ring bounds how many leaves of one file are hashed at once (about READ_SLOTS - 1)
+READ_SLOTS = 8
+MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
+
+
+class Fallback(Exception):
+    """This file is left to safetensors (its header uses something this reader does not handle)."""
+
+
+class Profile:
+    """Seconds and bytes per stage, added up over threads (thread-safe)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.seconds: dict[str, float] = {}
+        self.bytes: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, stage: str, seconds: float, nbytes: int = 0) -> None:
+        with self._lock:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+            self.counts[stage] = self.counts.get(stage, 0) + 1
+            if nbytes:
+                self.bytes[stage] = self.bytes.get(stage, 0) + nbytes
+
+    @contextlib.contextmanager
+    def span(self, stage: str, nbytes: int = 0):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(stage, time.perf_counter() - t0, nbytes)
+
+    def as_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {"seconds": {k: round(v, 4) for k, v in sorted(self.seconds.items())},
+                    "bytes": dict(sorted(self.bytes.items())), "counts": dict(sorted(self.counts.items()))}
+
+
+NULL_PROFILE = Profile()  # used when nobody asked; cheap enough to always add up
+
+# -- the resume stamp's digest ----------------------------------------------------------------
+
+#: leaf size of the tree digest. Fixed (not the read chunk, which is a tuning knob): the stamp must
+#: come out the same whatever chunk, thread count or code path (pipelined, sequential, resume) made it.
+TREE_LEAF = 16 << 20
+#: the digest's name, written into every stamp with it ("sha256-tree-16MiB:<hex>"): it is not the
+#: plain sha256 of the file, and a stamp made with another leaf size or an older layoutc (which held
+#: the plain sha256) never compares equal, so that shard is converted again.
+DIGEST = "sha256-tree-16MiB"
+_ROOT_TAG = b"layoutc sha256-tree\0"
+#: hashing threads per conversion, unless told: hashlib releases the GIL on large buffers, each
+#: thread does ~1.3 GB/s; past 8 the readers, writers and the conversion want the cores
+HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+def tree_root(leaves: list[bytes], size: int) -> str:
+    """The digest from the leaves' sha256 digests (in file order): sha256 over a tag, the leaf size,
+    the file size and the leaf digests. Collision resistance is sha256's: two files with one root
+    have one size and, leaf by leaf, one sha256."""
+    if len(leaves) != -(-size // TREE_LEAF):
+        raise ValueError(f"{len(leaves)} leaves for {size} bytes of {TREE_LEAF}-byte leaves")
+    root = hashlib.sha256(_ROOT_TAG + struct.pack("<QQ", TREE_LEAF, size))
+    for d in leaves:
+        root.update(d)
+    return f"{DIGEST}:{root.hexdigest()}"
+
+
+class _Leaf:
+    """One leaf's sha256, fed its pieces in order by at most one pool thread at a time."""
+
+    __slots__ = ("busy", "last", "queue", "sha")
+
+    def __init__(self):
+        self.sha = hashlib.sha256()
+        self.queue: collections.deque = collections.deque()
+        self.busy = False
+        self.last: concurrent.futures.Future | None = None
+
+
+class TreeHash:
+    """A file's :data:`DIGEST`, fed its bytes in order in pieces of any size (:meth:`update`).
+    Pieces of one leaf are hashed in order, leaves in parallel on ``pool``. A piece must stay
+    unchanged until its futures are done."""
+
+    def __init__(self, pool: concurrent.futures.Executor, profile: Profile | None = None):
+        self.pool = pool
+        self.profile = profile or NULL_PROFILE
+        self.size = 0
+        self.leaves: list[_Leaf] = []
+        self._lock = threading.Lock()
+
+    def update(self, data) -> list[concurrent.futures.Future]:
+        """Queue ``data`` (bytes-like); the futures are done when it is hashed."""
+        view = memoryview(data).cast("B")
+        futures = []
+        while len(view):
+            k, off = divmod(self.size, TREE_LEAF)
+            if k == len(self.leaves):
+                self.leaves.append(_Leaf())
+            part = view[:TREE_LEAF - off]
+            futures.append(self._feed(self.leaves[k], part))
+            view = view[len(part):]
+            self.size += len(part)
+        return futures
+
+    def _feed(self, leaf: _Leaf, part: memoryview) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            leaf.queue.append((part, fut))
+            leaf.last = fut
+            if leaf.busy:  # the thread draining this leaf takes it next, in order
+                return fut
+            leaf.busy = True
+        self.pool.submit(self._drain, leaf)
+        return fut
+
+    def _drain(self, leaf: _Leaf) -> None:
+        while True:
+            with self._lock:
+                if not leaf.queue:
+                    leaf.busy = False
+                    return
+                part, fut = leaf.queue.popleft()
+            try:
+                with self.profile.span("hash", len(part)):
+                    leaf.sha.update(part)
+            except BaseException as err:  # noqa: BLE001 -- handed to whoever waits on the piece
+                fut.set_exception(err)
+            else:
+                fut.set_result(None)
+
+    def wait(self) -> None:
+        """Every piece queued so far hashed (raises what hashing raised)."""
+        for leaf in self.leaves:
+            if leaf.last is not None:
+                leaf.last.result()  # a leaf's pieces finish in order: its last one is its end
+
+    def hexdigest(self) -> str:
+        self.wait()
+        return tree_root([leaf.sha.digest() for leaf in self.leaves], self.size)
+
+
+def file_digest(path: str | Path, pool: concurrent.futures.Executor, profile: Profile | None = None) -> str:
+    """:data:`DIGEST` of a file, read in leaf-sized buffers, up to two per pool thread in flight."""
+    th = TreeHash(pool, profile)
+    window = 2 * max(1, getattr(pool, "_max_workers", 1))
+    inflight: collections.deque = collections.deque()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            if len(inflight) >= window:
+                for fut in inflight.popleft():
+                    fut.result()
+            buf = bytearray(TREE_LEAF)
+            n = f.readinto(buf)
+            if not n:
+                break
+            # a fresh buffer per leaf: the pool reads it while the next one is filled
+            inflight.append(th.update(memoryview(buf)[:n]))
+    return th.hexdigest()
+
+
+def hash_pool(threads: int | None = None) -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max(1, threads or HASH_THREADS), thread_name_prefix="layoutc-hash")
+
+
+def _read_exact(f, view: memoryview, path: Path) -> None:
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            raise LayoutError(f"{path}: cannot read (the file ended early: it changed while being read?)")
+        got += n
+
+
+def parse_header(raw: bytes, size: int, path: Path) -> tuple[list[tuple[str, torch.dtype, tuple[int, ...], int, int]], int]:
+    """Entries ``(name, dtype, shape, start, end)`` sorted by start (offsets from the data start),
+    and the data size. Raises :class:`Fallback` for what safetensors should judge."""
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise Fallback("header") from None
+    if not isinstance(header, dict):
+        raise Fallback("header")
+    entries = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise Fallback(name)  # safetensors refuses it, with its message
+            continue
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: it could never be written back
+            raise Fallback(name) from None
+        if not isinstance(info, dict) or info.get("dtype") not in TORCH_DTYPES:
+            raise Fallback(name)
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if (not isinstance(shape, list) or not all(type(s) is int and 0 <= s < 1 << 63 for s in shape)
+                or not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)):
+            raise Fallback(name)
+        dtype = TORCH_DTYPES[info["dtype"]]
+        start, end = offsets
+        if end - start != math.prod(shape) * dtype.itemsize:
+            raise Fallback(name)
+        entries.append((name, dtype, tuple(shape), start, end))
+    entries.sort(key=lambda e: (e[3], e[4]))
+    pos = 0
+    for e in entries:  # the data must be tiled exactly, as safetensors requires
+        if e[3] != pos:
+            raise Fallback(e[0])
+        pos = e[4]
+    if pos != size:
+        raise Fallback("size")
+    return entries, size
+
+
+class _Ring:
+    """Host chunks with the event of the copy that last used each (one ring per thread): pinned,
+    copied on the thread's own CUDA stream; or, staged on the CPU (tests), plain and synchronous."""
+
+    def __init__(self, device: torch.device, chunk: int, slots: int):
+        self.device = device
+        self.chunk = chunk
+        cuda = device.type == "cuda"
+        # CUDA's current device is per thread (0 in a new one): pin and make the stream on ours
+        with torch.cuda.device(device) if cuda else contextlib.nullcontext():
+            self.buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=cuda) for _ in range(slots)]
+            self.stream = torch.cuda.Stream(device) if cuda else None
+        self.views = [shardfile._raw(b) for b in self.buffers]
+        self.events: list[Any] = [None] * slots
+        self.next = 0
+
+    @contextlib.contextmanager
+    def context(self):
+        """This thread on our device and stream."""
+        if self.stream is None:
+            yield
+            return
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            yield
+
+    def record(self) -> Any:
+        if self.stream is None:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(self.stream)
+        return ev
+
+    def wait(self, slot: int) -> None:
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()
+
+    def synchronize(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+
+
+class ShardIO:
+    """Reads and writes shards for one device; safe to use from several threads at once.
+    ``staged``: go through the chunk ring (always on CUDA; on the CPU only to test it). ``slots``:
+    chunks per ring (default :data:`READ_SLOTS` for readers, :data:`SLOTS` for writers);
+    ``hash_threads``: the hashing pool shared by every reader (default :data:`HASH_THREADS`)."""
+
+    def __init__(self, device: str | torch.device, profile: Profile | None = None, chunk: int = CHUNK,
+                 slots: int | None = None, staged: bool | None = None, hash_threads: int | None = None):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.staged = self.cuda if staged is None else (staged or self.cuda)
+        self.profile = profile or NULL_PROFILE
+        self.chunk = chunk
+        self.read_slots = slots or READ_SLOTS
+        self.write_slots = slots or SLOTS
+        self._local = threading.local()
+        # one pool for every reader thread: whichever file has leaves waiting gets the cores
+        self.hash_pool = hash_pool(hash_threads)
+
+    def digest(self, path: Path) -> str:
+        """:data:`DIGEST` of ``path`` without reading it onto the device (resume, fallback)."""
+        return file_digest(path, self.hash_pool, self.profile)
+
+    def close(self) -> None:
+        """Stop the hashing threads (after the last read)."""
+        self.hash_pool.shutdown(wait=True)
+
+    def _ring(self, slots: int) -> _Ring:
+        """This thread's ring (a thread only reads or only writes, so one ring each)."""
+        ring = getattr(self._local, "ring", None)
+        if ring is None:
+            with self.profile.span("pin_alloc"):
+                ring = self._local.ring = _Ring(self.device, self.chunk, slots)
+        return ring
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read(self, path: Path) -> tuple[dict[str, torch.Tensor], str, int]:
+        """``path``'s tensors on the device, the file's :data:`DIGEST` and its size. Raises
+        :class:`Fallback` before reading the data when safetensors should read this file."""
+        prof = self.profile
+        digest = TreeHash(self.hash_pool, prof)
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            head = bytearray(8)
+            if size < 8:
+                raise Fallback("size")
+            _read_exact(f, memoryview(head), path)
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER or 8 + n > size:
+                raise Fallback("header")
+            raw = bytearray(n)
+            _read_exact(f, memoryview(raw), path)
+            entries, data = parse_header(bytes(raw), size - 8 - n, path)
+            digest.update(head)  # neither buffer is reused: no need to wait for these
+            digest.update(raw)
+            if self.staged:
+                tensors = self._read_staged(f, entries, data, digest, path)
+            else:
+                tensors = self._read_cpu(f, entries, digest, path)
+            if f.read(1):
+                raise LayoutError(f"{path}: cannot read (the file grew while being read)")
+        prof.add("read_bytes", 0.0, size)
+        return tensors, digest.hexdigest(), size
+
+    def _read_cpu(self, f, entries, digest, path: Path) -> dict[str, torch.Tensor]:
+        prof = self.profile
+        tensors, hashed = {}, []
+        try:
+            for name, dtype, shape, start, end in entries:
+                t = torch.empty(shape, dtype=dtype)
+                tensors[name] = t
+                if end == start:
+                    continue
+                view = shardfile._raw(t)
+                for a in range(0, end - start, self.chunk):
+                    piece = view[a:a + self.chunk]
+                    with prof.span("read", len(piece)):
+                        _read_exact(f, piece, path)
+                    hashed.extend(digest.update(piece))  # the piece is never overwritten
+        finally:
+            with prof.span("hash_wait"):
+                for fut in hashed:  # every future, even after a failure: no hash left running
+                    fut.exception()
+        digest.wait()
+        return tensors
+
+    def _read_staged(self, f, entries, data: int, digest, path: Path) -> dict[str, torch.Tensor]:
+        ring = self._ring(self.read_slots)
+        hashed: list[list[concurrent.futures.Future]] = [[] for _ in ring.buffers]
+        try:
+            return self._stream_staged(f, entries, data, digest, path, ring, hashed)
+        finally:
+            for futs in hashed:  # never leave a hash running over a slot the next read refills
+                for fut in futs:
+                    fut.exception()
+
+    def _stream_staged(self, f, entries, data, digest, path, ring, hashed) -> dict[str, torch.Tensor]:
+        prof = self.profile
+        with ring.context():
+            tensors = {name: torch.empty(shape, dtype=dtype, device=self.device)
+                       for name, dtype, shape, _, _ in entries}
+            flat = {name: tensors[name].reshape(-1).view(torch.uint8) for name, *_ in entries if tensors[name].numel()}
+            k, pos = 0, 0  # first entry that may overlap the chunk, data offset of the chunk
+            while pos < data:
+                n = min(self.chunk, data - pos)
+                slot = ring.next
+                ring.next = (slot + 1) % len(ring.buffers)
+                with prof.span("h2d_wait"):
+                    ring.wait(slot)  # its last copy to the device is done
+                if hashed[slot]:
+                    with prof.span("hash_wait"):
+                        for fut in hashed[slot]:
+                            fut.result()  # and its bytes are hashed
+                view = ring.views[slot][:n]
+                with prof.span("read", n):
+                    _read_exact(f, view, path)
+                hashed[slot] = digest.update(view)
+                buf = ring.buffers[slot]
+                while k < len(entries) and entries[k][4] <= pos:
+                    k += 1
+                j = k
+                while j < len(entries) and entries[j][3] < pos + n:  # every tensor the chunk overlaps
+                    name, _, _, start, end = entries[j]
+                    a, b = max(start, pos), min(end, pos + n)
+                    if b > a:
+                        flat[name][a - start:b - start].copy_(buf[a - pos:b - pos], non_blocking=True)
+                    j += 1
+                ring.events[slot] = ring.record()
+                prof.add("h2d_bytes", 0.0, n)
+                pos += n
+            with prof.span("h2d_wait"):
+                ring.synchronize()
+            with prof.span("hash_wait"):
+                digest.wait()
+        return tensors
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write(self, path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
+              ready: torch.cuda.Event | None = None) -> int:
+        """Write ``tensors`` as :func:`shardfile.write` would (no fsync). ``ready``: an event after
+        which the device tensors hold their values. Returns the file size."""
+        prof = self.profile
+        head = shardfile.header(tensors, metadata)
+        total = len(head)
+        with shardfile.create(path) as f:
+            with prof.span("write", len(head)):
+                f.write(head)
+            if not self.staged:
+                for name in sorted(tensors):
+                    t = tensors[name].detach().contiguous()
+                    if t.numel():
+                        raw = shardfile._raw(t)
+                        with prof.span("write", len(raw)):
+                            f.write(raw)
+                        total += len(raw)
+                return total
+            ring = self._ring(self.write_slots)
+            pending: list[tuple[int, int]] = []  # (slot, bytes) in file order
+
+            def flush_one():
+                slot, n = pending.pop(0)
+                with prof.span("d2h_wait"):
+                    ring.wait(slot)
+                with prof.span("write", n):
+                    f.write(ring.views[slot][:n])
+
+            def flush_all():
+                while pending:
+                    flush_one()
+
+            with ring.context():
+                if ready is not None:
+                    ring.stream.wait_event(ready)
+                fill, slot = 0, None
+                for name in sorted(tensors):
+                    t = tensors[name]
+                    if not t.numel():
+                        continue
+                    nbytes = t.numel() * t.element_size()
+                    total += nbytes
+                    if t.device != self.device:  # read through safetensors: from host memory, in order
+                        if slot is not None and fill:
+                            self._close_slot(ring, slot, fill, pending)
+                            slot, fill = None, 0
+                        flush_all()
+                        with prof.span("write", nbytes):
+                            f.write(shardfile._raw(t.detach().contiguous()))
+                        continue
+                    src = t.detach().reshape(-1).view(torch.uint8)
+                    a = 0
+                    while a < nbytes:
+                        if slot is None:
+                            if len(pending) == len(ring.buffers):
+                                flush_one()
+                            slot, fill = ring.next, 0
+                            ring.next = (slot + 1) % len(ring.buffers)
+                            # the slot's last copy was written out before (flush order = slot order)
+                        n = min(nbytes - a, self.chunk - fill)
+                        ring.buffers[slot][fill:fill + n].copy_(src[a:a + n], non_blocking=True)
+                        fill += n
+                        a += n
+                        if fill == self.chunk:
+                            self._close_slot(ring, slot, fill, pending)
+                            slot, fill = None, 0
+                if slot is not None and fill:
+                    self._close_slot(ring, slot, fill, pending)
+                flush_all()
+        return total
+
+    def _close_slot(self, ring: _Ring, slot: int, fill: int, pending: list) -> None:
+        ring.events[slot] = ring.record()
+        pending.append((slot, fill))
+        self.profile.add("d2h_bytes", 0.0, fill)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def drop_cache(path: str | Path) -> bool:
+    """Ask the kernel to forget ``path``'s cached pages (after an fsync they are clean): the next
+    read comes from the disk, or from whatever caches the disk below this machine. False where
+    the call is not available."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return True
+    except (OSError, AttributeError):
+        return False
+    finally:
+        os.close(fd)

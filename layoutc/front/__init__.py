@@ -1,0 +1,1 @@
+"""Text to syntax tree: one reading of spec text, the grammar, the syntax tree, diagnostics."""

@@ -1,0 +1,1 @@
+"""The language: packing families, the checked program, expansion into ops, typed chains."""

@@ -1,0 +1,212 @@
+"""What a value op or a bit permutation does to each element, as typed data the lowerings print.
+
+A value op (``cast``, ``view``, ``extract_bits``, ``insert_bits``) declares its :class:`Conversion`;
+a bit-level op that permutes the bits within words declares its :class:`BitPermutation`. Each class
+carries its facts (which bits survive, whether values can be lost), its eager form (torch source,
+through the eager ops' own functions: one semantics for NaNs and bit fields) and its kernel form
+(Triton source). Lowerings and analyses only call these methods, or match on these classes and
+raise :class:`UnknownKind` on any other: a new value op without a lowering fails when a spec using
+it is compiled, never by a silent fallback to another kind's code.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Sequence
+
+import attrs
+
+from ...algebra.dtypes import ElemType, widens_exactly
+
+TRITON_DTYPES = {
+    "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "float16": "tl.float16",
+    "bfloat16": "tl.bfloat16", "float32": "tl.float32", "float8_e4m3fn": "tl.float8e4nv", "float8_e5m2": "tl.float8e5",
+}
+UINT = {8: "tl.uint8", 16: "tl.uint16", 32: "tl.uint32", 64: "tl.uint64"}
+
+#: Canonical quiet NaN of each float type, as bits (what torch.tensor(nan, dtype) holds).
+CANONICAL_NAN = {"bfloat16": ("tl.uint16", 0x7FC0), "float16": ("tl.uint16", 0x7E00),
+                 "float32": ("tl.uint32", 0x7FC00000), "float8_e4m3fn": ("tl.uint8", 0x7F),
+                 "float8_e5m2": ("tl.uint8", 0x7E)}
+
+
+class UnknownKind(TypeError):
+    """Code met a conversion, permutation or plan kind it has no rule for (a lowering or an
+    analysis that was not taught a new kind): raised when the spec is compiled."""
+
+
+def exact_cast(src: ElemType, to: ElemType) -> bool:
+    """Whether casting ``src`` values to ``to`` keeps every value: the same type, or a widening the
+    type table lists as exact. Bit widths alone would call bf16 <-> f16 (8 vs 5 exponent bits) and
+    i32 -> f32 (24-bit mantissa) exact; neither is."""
+    return src == to or widens_exactly(src, to)
+
+
+@attrs.frozen
+class Conversion:
+    """Base of the value conversions: each element of type ``src`` becomes one of type ``to``."""
+
+    to: ElemType
+    kind: ClassVar[str] = ""
+    #: every bit of the element is kept as is (a relabelling): address-encoding probes survive it
+    keeps_bits: ClassVar[bool] = False
+
+    def lossy(self, src: ElemType) -> bool:
+        """Whether some elements of ``src`` lose bits or value on the way."""
+        raise UnknownKind(f"{type(self).__name__} declares no loss fact")
+
+    def field(self) -> tuple[int, int] | None:
+        """(shift, width) of the bit field of the source element the result keeps, if it is one."""
+        return None
+
+    def eager(self, var: str) -> str:
+        """Torch source of the converted ``var`` (the converter's runtime functions in scope)."""
+        raise UnknownKind(f"{type(self).__name__} has no eager (torch) form")
+
+    def kernel(self, value: str, src: ElemType) -> list[str]:
+        """Triton lines that convert ``value`` (of element type ``src``) in place."""
+        raise UnknownKind(f"{type(self).__name__} has no kernel (Triton) form")
+
+
+@attrs.frozen
+class View(Conversion):
+    """Same bits, another type of the same width."""
+
+    kind: ClassVar[str] = "view"
+    keeps_bits: ClassVar[bool] = True
+
+    def lossy(self, src: ElemType) -> bool:
+        return False
+
+    def eager(self, var: str) -> str:
+        return f"{var}.view(torch.{self.to.canonical})"
+
+    def kernel(self, value: str, src: ElemType) -> list[str]:
+        return [f"{value} = {value}.to({TRITON_DTYPES[self.to.canonical]}, bitcast=True)"]
+
+
+@attrs.frozen
+class Cast(Conversion):
+    """The nearest value of the new type (round to nearest even, NaN to the canonical NaN)."""
+
+    kind: ClassVar[str] = "cast"
+
+    def lossy(self, src: ElemType) -> bool:
+        return not exact_cast(src, self.to)
+
+    def eager(self, var: str) -> str:
+        return f"cast({var}, torch.{self.to.canonical})"
+
+    def kernel(self, value: str, src: ElemType) -> list[str]:
+        to = self.to.canonical
+        dtype = TRITON_DTYPES[to]
+        if src.canonical == "float32" and to == "bfloat16":
+            # Round to nearest even on the bits, exactly as torch does, whatever the backend's
+            # conversion (Triton's CPU interpreter truncates); NaN -> the canonical 0x7FC0.
+            return [
+                f"_b = {value}.to(tl.uint32, bitcast=True)",
+                "_c = (_b + 0x7FFF + ((_b >> 16) & 1)) >> 16",
+                "_c = tl.where((_b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, _c)",
+                f"{value} = _c.to(tl.uint16).to(tl.bfloat16, bitcast=True)",
+            ]
+        if src.numeric and src.canonical.startswith(("float", "bfloat")) and to in CANONICAL_NAN \
+                and to != src.canonical:
+            bits, nan = CANONICAL_NAN[to]
+            return [
+                f"_nan = {value} != {value}",
+                f"{value} = {value}.to({dtype})",
+                f"{value} = tl.where(_nan, tl.full({value}.shape, {nan:#x}, {bits}).to({dtype}, bitcast=True), "
+                f"{value})",
+            ]
+        return [f"{value} = {value}.to({dtype})"]
+
+
+@attrs.frozen
+class ExtractBits(Conversion):
+    """Bits ``[shift, shift + width)`` of the element as an unsigned integer."""
+
+    shift: int = attrs.field(kw_only=True)
+    width: int = attrs.field(kw_only=True)
+    kind: ClassVar[str] = "extract"
+
+    def lossy(self, src: ElemType) -> bool:
+        return True
+
+    def field(self) -> tuple[int, int]:
+        return self.shift, self.width
+
+    def eager(self, var: str) -> str:
+        return f"extract_bits({var}, {self.shift}, {self.width}, torch.{self.to.canonical})"
+
+    def kernel(self, value: str, src: ElemType) -> list[str]:
+        dtype = TRITON_DTYPES[self.to.canonical]
+        return [f"_f = ({value}.to({UINT[src.bits]}, bitcast=True) >> {self.shift}) & {(1 << self.width) - 1:#x}",
+                f"{value} = _f.to({UINT[self.to.bits]}).to({dtype}, bitcast=True)"]
+
+
+@attrs.frozen
+class InsertBits(Conversion):
+    """The element's low ``width`` bits at ``[shift, shift + width)`` of a zero element."""
+
+    shift: int = attrs.field(kw_only=True)
+    width: int = attrs.field(kw_only=True)
+    kind: ClassVar[str] = "insert"
+
+    def lossy(self, src: ElemType) -> bool:
+        return src.bits > self.width  # the bits above the field are dropped
+
+    def eager(self, var: str) -> str:
+        return f"insert_bits({var}, {self.shift}, {self.width}, torch.{self.to.canonical})"
+
+    def kernel(self, value: str, src: ElemType) -> list[str]:
+        dtype = TRITON_DTYPES[self.to.canonical]
+        field = f"({value}.to({UINT[src.bits]}, bitcast=True) & {(1 << self.width) - 1:#x})"
+        return [f"_f = {field}.to({UINT[self.to.bits]})",
+                f"{value} = (_f << {self.shift}).to({dtype}, bitcast=True)"]
+
+
+KINDS: tuple[type[Conversion], ...] = (View, Cast, ExtractBits, InsertBits)
+
+
+def known(conv: object) -> Conversion:
+    """``conv`` when it is one of :data:`KINDS`, else :class:`UnknownKind` (emitters call this before
+    printing a conversion, so a subclass that forgot a form is refused, not lowered as another)."""
+    if type(conv) not in KINDS:
+        raise UnknownKind(f"no lowering knows the value conversion {conv!r}")
+    return conv
+
+
+def bit_permutation_terms(table: Sequence[int]) -> list[tuple[int, int]]:
+    """(mask, shift) pairs with ``out = OR((w & mask) << shift)`` (negative shift: right)."""
+    groups: dict[int, int] = {}
+    for i, s in enumerate(table):
+        groups[i - s] = groups.get(i - s, 0) | (1 << s)
+    return sorted(((mask, shift) for shift, mask in groups.items()), key=lambda t: -t[1])
+
+
+@attrs.frozen
+class BitPermutation:
+    """The bits within words of ``word_bytes`` consecutive bytes along the last axis, permuted:
+    ``out_bit[i] = in_bit[table[i]]``. The fused lowering turns such a step, with the byte gathers
+    around it, into one word kernel."""
+
+    word_bytes: int
+    table: tuple[int, ...]
+
+    def terms(self) -> list[tuple[int, int]]:
+        return bit_permutation_terms(self.table)
+
+    def eager(self, word: str, out: str, indent: str) -> list[str]:
+        """Torch lines: ``out`` is ``word`` (an int64 tensor of words) with its bits permuted."""
+        lines = [f"{indent}{out} = torch.zeros_like({word})"]
+        for mask, shift in self.terms():
+            op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
+            lines.append(f"{indent}{out} = {out} | (({word} & {mask:#x}) {op})")
+        return lines
+
+    def kernel(self, word: str, out: str) -> list[str]:
+        """Triton lines: ``out`` is ``word`` (a block of uint32 words) with its bits permuted."""
+        lines = [f"{out} = tl.zeros_like({word})"]
+        for mask, shift in self.terms():
+            op = f"<< {shift}" if shift >= 0 else f">> {-shift}"
+            lines.append(f"{out} = {out} | (({word} & {mask:#x}) {op})")
+        return lines

@@ -1,0 +1,209 @@
+"""``view`` relabels bits, ``cast`` converts values: two different operations.
+
+Both have the identity index map; what differs is what happens to each element:
+
+=========  =====================================  =======================================
+op         element                                 when to use
+=========  =====================================  =======================================
+view(t)    same bits, new type (same width)        E8M0 scale bytes handed over as e4m3
+cast(t)    nearest value in the new type           fp32 biases a kernel wants in bf16
+=========  =====================================  =======================================
+
+A ``cast`` from a type torch has no value conversion for (packed fp4, E8M0 bytes) is a type
+error. A ``view`` between types of different width relabels the bytes of the last axis
+(``u8[.., 4k] -> i32[.., k]``, little-endian, and back): an index map at bit level.
+
+Bit fields: ``extract_bits(t, shift=23, width=8, to=e8m0)`` keeps bits ``[shift, shift+width)`` of
+each element as an unsigned integer (an fp32 power of two's exponent is its E8M0 scale byte);
+``insert_bits`` places the low ``width`` bits at ``shift`` of a zero element (E8M0 -> fp32).
+Each undoes the other on the first's image (where the other bits were zero).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from ...algebra import expr as ex
+from ...algebra.dtypes import ElemType
+from ...algebra.indexmap import IndexMap, identity, out_vars
+from . import conversion as cv
+from . import torch_impl
+from .conversion import exact_cast  # noqa: F401  (re-exported: the verifier's exactness fact)
+from .base import Category, Facts, Inferred, Op, OpTypeError, Requirement, TensorType
+
+
+@attrs.frozen
+class View(Op):
+    to: ElemType = attrs.field(metadata={"kind": "dtype"})
+
+    name: ClassVar[str] = "view"
+    facts: ClassVar[Facts] = Facts(Category.VALUE)
+    summary: ClassVar[str] = "relabel bits: each element as another type (of another width: along the last axis)"
+
+    @classmethod
+    def specialize(cls, values: dict, t: TensorType) -> Op:
+        return Reinterpret(**values) if values["to"].bits != t.elem.bits else cls(**values)
+
+    def infer(self, t: TensorType) -> Inferred:
+        if t.elem.bits != self.to.bits:
+            raise OpTypeError(f"view({t.elem.name} -> {self.to.name}) changes the element width: that is a "
+                              f"reinterpretation of the last axis")
+        return Inferred(attrs.evolve(t, elem=self.to))
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        return identity(t.shape)
+
+    def impl(self, t: TensorType):
+        return torch_impl.view_as, (self.to.torch_dtype,)
+
+    def conversion(self) -> cv.Conversion:
+        return cv.View(self.to)
+
+    def inverse(self, t):
+        return View(t.elem)
+
+
+@attrs.frozen
+class Reinterpret(Op):
+    """``view`` to a type of another width: the last axis's bytes read as wider or narrower
+    elements, little-endian (``u8[.., 4k] <-> i32[.., k]``), as torch's ``Tensor.view(dtype)``."""
+
+    to: ElemType = attrs.field(metadata={"kind": "dtype"})
+
+    name: ClassVar[str] = "reinterpret"
+    public: ClassVar[bool] = False
+    facts: ClassVar[Facts] = Facts(Category.SHAPE, bits=True)
+    summary: ClassVar[str] = "view(t, TYPE) across widths: the last axis's bytes as other elements"
+
+    def _sizes(self, t: TensorType) -> tuple[int, int]:
+        if t.rank < 1:
+            raise OpTypeError(f"view({t.elem.name} -> {self.to.name}) needs a last axis to regroup; got {t}")
+        for e in (t.elem, self.to):
+            if e.bits % 8:
+                raise OpTypeError(f"view across widths moves whole bytes; {e.name} is {e.bits} bits")
+        return t.elem.bits, self.to.bits
+
+    def infer(self, t: TensorType) -> Inferred:
+        a, b = self._sizes(t)
+        last = t.shape[-1]
+        if b > a:
+            reqs = (Requirement(last, b // a, f"{t.elem.name} elements in the last axis"),)
+            return Inferred(TensorType(self.to, t.shape[:-1] + (ex.div(last, b // a),)), reqs)
+        return Inferred(TensorType(self.to, t.shape[:-1] + (ex.mul(last, a // b),)))
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        a, b = self._sizes(t)
+        out = self.infer(t).type.shape
+        o = out_vars(len(out) + 1)
+        bit = ex.add(ex.mul(o[-2], b), o[-1])  # the output bit's position in the last axis, in bits
+        src = tuple(o[:-2]) + (ex.floordiv(bit, a), ex.mod(bit, a))
+        return IndexMap(t.shape + (ex.Const(a),), out + (ex.Const(b),), src, bit_level=True)
+
+    def impl(self, t: TensorType):
+        return torch_impl.view_width, (self.to.torch_dtype,)
+
+    def inverse(self, t):
+        return Reinterpret(t.elem)
+
+
+@attrs.frozen
+class ExtractBits(Op):
+    shift: int = attrs.field(kw_only=True, metadata={"kind": "int", "min": 0})
+    width: int = attrs.field(kw_only=True, metadata={"kind": "int", "min": 1})
+    to: ElemType = attrs.field(kw_only=True, metadata={"kind": "dtype"})
+
+    name: ClassVar[str] = "extract_bits"
+    facts: ClassVar[Facts] = Facts(Category.VALUE)
+    summary: ClassVar[str] = "bits [shift, shift+width) of each element as an unsigned integer (fp32 exponent -> e8m0)"
+
+    def infer(self, t: TensorType) -> Inferred:
+        if self.shift + self.width > t.elem.bits:
+            raise OpTypeError(f"extract_bits(shift={self.shift}, width={self.width}) reads past the {t.elem.bits} "
+                              f"bits of {t.elem.name}")
+        if self.width > self.to.bits:
+            raise OpTypeError(f"a {self.width}-bit field does not fit {self.to.name} ({self.to.bits} bits)")
+        return Inferred(TensorType(self.to, t.shape))
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        return identity(t.shape)
+
+    def impl(self, t: TensorType):
+        return torch_impl.extract_bits, (self.shift, self.width, self.to.torch_dtype)
+
+    def conversion(self) -> cv.Conversion:
+        return cv.ExtractBits(self.to, shift=self.shift, width=self.width)
+
+    def inverse(self, t):
+        return InsertBits(shift=self.shift, width=self.width, to=t.elem)
+
+
+@attrs.frozen
+class InsertBits(Op):
+    shift: int = attrs.field(kw_only=True, metadata={"kind": "int", "min": 0})
+    width: int = attrs.field(kw_only=True, metadata={"kind": "int", "min": 1})
+    to: ElemType = attrs.field(kw_only=True, metadata={"kind": "dtype"})
+
+    name: ClassVar[str] = "insert_bits"
+    facts: ClassVar[Facts] = Facts(Category.VALUE)
+    summary: ClassVar[str] = "each element's low `width` bits at [shift, shift+width) of a zero element (e8m0 -> fp32)"
+
+    def infer(self, t: TensorType) -> Inferred:
+        if self.shift + self.width > self.to.bits:
+            raise OpTypeError(f"insert_bits(shift={self.shift}, width={self.width}) writes past the {self.to.bits} "
+                              f"bits of {self.to.name}")
+        if self.width > t.elem.bits:
+            raise OpTypeError(f"a {self.width}-bit field is wider than {t.elem.name} ({t.elem.bits} bits)")
+        return Inferred(TensorType(self.to, t.shape))
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        return identity(t.shape)
+
+    def impl(self, t: TensorType):
+        return torch_impl.insert_bits, (self.shift, self.width, self.to.torch_dtype)
+
+    def conversion(self) -> cv.Conversion:
+        return cv.InsertBits(self.to, shift=self.shift, width=self.width)
+
+    def inverse(self, t):
+        return ExtractBits(shift=self.shift, width=self.width, to=t.elem)
+
+
+@attrs.frozen
+class Cast(Op):
+    to: ElemType = attrs.field(metadata={"kind": "dtype"})
+
+    name: ClassVar[str] = "cast"
+    facts: ClassVar[Facts] = Facts(Category.VALUE)
+    summary: ClassVar[str] = "convert each element's value to another type"
+
+    def infer(self, t: TensorType) -> Inferred:
+        for side in (t.elem, self.to):
+            if not side.numeric:
+                raise OpTypeError(
+                    f"cast({t.elem.name} -> {self.to.name}): {side.name} values have no torch conversion "
+                    f"({side.doc})",
+                    hint=f"to relabel the bytes use view(..., {self.to.name})",
+                )
+        return Inferred(attrs.evolve(t, elem=self.to))
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        return identity(t.shape)
+
+    def impl(self, t: TensorType):
+        return torch_impl.cast, (self.to.torch_dtype,)
+
+    def conversion(self) -> cv.Conversion:
+        return cv.Cast(self.to)
+
+    def inverse(self, t):
+        # Exact on the image of the forward cast when it widens or when the values
+        # were representable in the narrower type (e.g. bf16 biases stored as fp32).
+        return Cast(t.elem)
+
+    def is_exact(self, t: TensorType) -> bool:
+        return exact_cast(t.elem, self.to)
+
+
+OPS = (View, Reinterpret, Cast, ExtractBits, InsertBits)

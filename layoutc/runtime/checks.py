@@ -1,0 +1,382 @@
+"""Run-time checks of generated converters: the contract at the module boundary.
+
+Copied whole into every generated converter (after :mod:`layoutc.runtime.dimsolve`), which must depend on
+torch alone (plus the standard library). The functions check what a kernel never checks: names,
+dtypes, devices and shapes of the tensors handed over, the sizes the transforms need, and the
+library version the layout belongs to; they choose a lowering from the table the code generator
+writes (:mod:`layoutc.lower.registry`) and load the generated Triton kernels on first use.
+"""
+
+import difflib
+import importlib.metadata
+import importlib.util
+import linecache
+import os
+
+import torch
+
+from .dimsolve import _solve_dims  # copied into converters before this module
+
+
+class LayoutError(ValueError):
+    """Tensors handed to a converter do not match its spec's contract."""
+
+
+def _fmt_dims(d):
+    return ", ".join(f"{k}={v}" for k, v in d.items())
+
+
+def _fmt_shape(shape):
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what):
+    # Names, types, dtypes and devices first; then dims from the shapes; then every shape.
+    if not hasattr(tensors, "keys") or not hasattr(tensors, "__getitem__"):
+        raise LayoutError(f"{what}() takes a mapping from tensor names to tensors, got {type(tensors).__name__}")
+    for name in tensors:
+        if name not in contract:
+            known = ", ".join(contract)
+            close = difflib.get_close_matches(str(name), list(contract), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise LayoutError(f"{what}: unexpected tensor {name!r}{hint}; this spec takes {known}")
+    given = {k: tensors[k] for k in tensors if tensors[k] is not None}
+    for name, c in contract.items():
+        if name not in given and not c["optional"]:
+            raise LayoutError(f"{what}: missing tensor {name!r} ({c['dtype']}{_fmt_shape(c['shape'])})")
+    first = None
+    for name, t in given.items():
+        c = contract[name]
+        if not isinstance(t, torch.Tensor):
+            raise LayoutError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if str(t.dtype).removeprefix("torch.") not in c["torch_dtypes"] + c.get("widens", ()):
+            allowed = " or ".join("torch." + n for n in c["torch_dtypes"] + c.get("widens", ()))
+            raise LayoutError(f"{name}: expected {c['dtype']} ({allowed}), got {t.dtype}")
+        if first is None:
+            first = (name, t.device)
+        elif t.device != first[1]:
+            raise LayoutError(f"{name} is on {t.device} but {first[0]} is on {first[1]}; "
+                              "pass all tensors on one device")
+        if t.dim() != len(c["shape"]):
+            raise LayoutError(
+                f"{name}: expected {len(c['shape'])} axes {_fmt_shape(c['shape'])}, got shape {_fmt_shape(t.shape)}"
+            )
+    d, origin = _solve_dims(given, axes, dims, all_dims, what, LayoutError)
+    for name, t in given.items():
+        expected = tuple(shapes[name](**d))
+        if tuple(t.shape) != expected:
+            # The dims came from the first tensors; blame the one that disagrees with all the others.
+            name, d, origin = _odd_one_out(given, shapes, axes, dims, all_dims, what) or (name, d, origin)
+            t, expected = given[name], tuple(shapes[name](**d))
+            sym = _fmt_shape(contract[name]["shape"])
+            read = "; ".join(f"{k}={v} from {origin[k]}" for k, v in d.items())
+            raise LayoutError(
+                f"{name}: expected shape {sym} = {_fmt_shape(expected)}, got {_fmt_shape(t.shape)} ({read})"
+            )
+    present = frozenset(k for k in given if contract[k]["optional"])
+    return d, present
+
+
+def _odd_one_out(given, shapes, axes, dims, all_dims, what):
+    # The one tensor whose shape the dims read off every other tensor do not give (a transposed
+    # w13_weight, not w13_weight_scale that its misread dims then contradict); None when not one.
+    found = []
+    for name in given:
+        others = {k: t for k, t in given.items() if k != name}
+        try:
+            d, origin = _solve_dims(others, axes, dims, all_dims, what, LayoutError)
+            if all(tuple(t.shape) == tuple(shapes[k](**d)) for k, t in others.items()):
+                found.append((name, d, origin))
+        except LayoutError:  # the others do not determine the dims, or contradict each other
+            continue
+    return found[0] if len(found) == 1 else None
+
+
+def _widened(tensors, contract):
+    # An input declared `f32[...] accepts bf16` may arrive as bf16: converted exactly (the compiler
+    # allows only widenings that lose nothing) before the transforms, which see the declared type.
+    out = dict(tensors)
+    for name, t in tensors.items():
+        if t is not None and str(t.dtype).removeprefix("torch.") in contract[name].get("widens", ()):
+            out[name] = t.to(getattr(torch, contract[name]["torch_dtypes"][0]))
+    return out
+
+
+#: Call signatures that passed every check, with their dims and variant key (bounded below).
+_CHECKED = {}
+
+
+def _signature(tensors, dims, what):
+    # What the checks depend on, and nothing else: tensor names, types, dtypes, shapes and devices,
+    # and the given dims. None when the call is not a plain mapping of tensors (checked in full).
+    try:
+        parts = tuple((k, None) if t is None else (k, type(t), t.dtype, t.shape, t.device) for k, t in tensors.items())
+        # the value's type too: 3.0, True and numpy ints compare and hash equal to 3, and must not
+        # ride on the entry a plain int passed (the dims check refuses them)
+        given = None if dims is None else tuple(sorted((k, type(v), v) for k, v in dims.items()))
+        key = (what, parts, given)
+        hash(key)
+    except Exception:  # noqa: BLE001 -- not a mapping of tensors: _check_tensors says what is wrong
+        return None
+    return key
+
+
+def _check_call(tensors, dims, what, contract, shapes, axes, all_dims, conditions, checks):
+    # Every check a call needs before any work: the contract (names, types, dtypes, devices,
+    # shapes), the dims, the size conditions that choose branches, and the divisibility the
+    # transforms need. Returns (dims, variant key). A warm call with the signature of one that
+    # passed costs a dict lookup (the checks are functions of the signature alone).
+    key = _signature(tensors, dims, what)
+    hit = _CHECKED.get(key) if key is not None else None
+    if hit is not None:
+        return hit
+    d, present = _check_tensors(tensors, contract, shapes, axes, dims, all_dims, what)
+    present = present | _holding(conditions, d)  # size conditions ('if I > 128') choose branches too
+    _check_divisibility(checks, d, {k for k in tensors if tensors[k] is not None}, present)
+    if key is not None:
+        if len(_CHECKED) >= 256:
+            _CHECKED.clear()
+        _CHECKED[key] = (d, present)
+    return d, present
+
+
+_EXPECTED = {}
+
+
+def _check_outputs(out, shapes, d, what):
+    # The converter's post-condition: every output has the shape its declaration gives for these
+    # dims. A mismatch is a spec whose transforms disagree with its contract on sizes the verifier
+    # did not try: name it instead of handing the kernel a tensor of the wrong size.
+    key = (id(shapes), tuple(d.items()))
+    expected = _EXPECTED.get(key)
+    if expected is None:
+        if len(_EXPECTED) >= 256:
+            _EXPECTED.clear()
+        expected = _EXPECTED[key] = {name: tuple(f(**d)) for name, f in shapes.items()}
+    for name, t in out.items():
+        if t.shape != expected[name]:
+            raise LayoutError(
+                f"{what}: the transforms produced {name} with shape {_fmt_shape(t.shape)} but the output "
+                f"declaration gives {_fmt_shape(expected[name])} here ({_fmt_dims(d)}); "
+                "the spec is wrong for these sizes"
+            )
+
+
+def _holding(conditions, d):
+    # The labels of the size conditions ('I > 128') that hold for these dims.
+    return frozenset(label for label, test in conditions if test(**d))
+
+
+def _check_divisibility(checks, d, given, present):
+    # (tensor, value, multiple, message, variants): value(dims) % multiple must be 0; a multiple of 0
+    # marks a predicate that must hold (a lower bound: assume I >= 128).
+    for tensor, value, multiple, message, variants in checks:
+        if tensor is not None and (tensor not in given or (variants is not None and present not in variants)):
+            continue
+        v = value(**d)
+        if multiple == 0:
+            if not v:
+                raise LayoutError(f"{message}; here {_fmt_dims(d)}")
+        elif v % multiple:
+            raise LayoutError(f"{message}; here it is {v} ({_fmt_dims(d)})")
+
+
+def _owned(x, inputs):
+    # Outputs never share memory with inputs: a later in-place edit of one must not change the other.
+    x = x.contiguous()
+    ptr = x.untyped_storage().data_ptr()
+    for t in inputs.values():
+        if t is not None and t.untyped_storage().data_ptr() == ptr:
+            return x.clone()
+    return x
+
+
+def _version_ok(installed, op, wanted):
+    try:
+        from packaging.version import Version
+    except ImportError:  # torch vendors packaging
+        from torch._vendor.packaging.version import Version
+    a, b = Version(installed), Version(wanted)
+    return {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b, "==": a == b, "!=": a != b,
+            "~=": a >= b and a.release[: max(1, len(b.release) - 1)] == b.release[: max(1, len(b.release) - 1)]}[op]
+
+
+_REQUIRES_CHECKED = []
+
+
+def _check_requires(requires, spec_name):
+    # The layout belongs to a library version; a different installed version may expect another layout.
+    if _REQUIRES_CHECKED:
+        return
+    for lib, dist, op, version in requires:
+        try:
+            installed = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if not _version_ok(installed, op, version):
+            raise LayoutError(
+                f"{spec_name} produces the layout of {lib} {op} {version}, but {lib} {installed} is installed; "
+                f"its kernels may expect another layout"
+            )
+    _REQUIRES_CHECKED.append(True)
+
+
+_KERNELS = {}
+
+
+def _triton_kernels(source, filename):
+    # The generated Triton kernels, compiled on first use (Triton is only needed for CUDA lowering).
+    if "kernels" not in _KERNELS:
+        try:
+            import triton
+            import triton.language as tl
+        except ImportError:
+            raise LayoutError("lowering='fused' needs triton (pip install triton); use 'auto' or 'eager'") from None
+
+        namespace = {"triton": triton, "tl": tl, "__name__": filename}
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        exec(compile(source, filename, "exec"), namespace)
+        _KERNELS["kernels"] = namespace
+    return _KERNELS["kernels"]
+
+
+_LAUNCHES = {}
+#: Launch a layer kernel's compiled kernel directly once Triton has launched it for the key (False:
+#: Triton's own launch on every call; benchmarks/host_time.py times both).
+_DIRECT_LAUNCH = True
+
+
+def _launch(kernel, programs, args, consts, num_warps):
+    # Launch a generated layer kernel on `programs` programs. Triton's own launch binds and
+    # specialises every argument on each call: about 90 us of host time for a layer kernel with ~30
+    # constexpr arguments on the H200 (benchmarks/host_time.py), more than converting a small layer
+    # takes. The compiled kernel that launch returns is kept per key (current device, the
+    # arguments' dtypes and 16-byte alignment, the constexpr values: what Triton specialises on
+    # here, as there are no integer arguments), and
+    # later calls with the same key launch it directly. Where Triton's objects do not look as
+    # expected (another version, the interpreter) every call takes Triton's own launch.
+    key = (id(kernel), torch.cuda.current_device() if args[0].is_cuda else -1,
+           tuple(a.dtype for a in args), tuple(a.data_ptr() % 16 == 0 for a in args), tuple(consts.values()))
+    compiled = _LAUNCHES.get(key) if _DIRECT_LAUNCH else None
+    if compiled is not None:
+        compiled[(programs, 1, 1)](*args, *consts.values())
+        return
+    compiled = kernel[(programs,)](*args, **consts, num_warps=num_warps)
+    names = list(getattr(kernel, "arg_names", ()))
+    direct = (args[0].is_cuda and hasattr(compiled, "__getitem__") and hasattr(compiled, "function")
+              and names[len(args):] == list(consts) and len(names) == len(args) + len(consts))
+    _LAUNCHES[key] = compiled if direct else None
+
+
+#: A tensor the layer copies as is, of at least this many bytes, is copied by torch (the device's
+#: own copy, the speed every conversion is measured against) rather than by the layer kernel: on
+#: the H200 (benchmarks/copy_sweep.py, 2026-11-30) the cutedsl relu2 spec at the gpt-oss-120b layer
+#: took 0.676 ms against 0.702 ms with the copy in the layer kernel, and single calls of the three
+#: specs with such a tensor were 2-15% faster (the copy starts while the host still prepares the
+#: layer kernel). Below it, the extra launch's host time would cost more than it saves.
+_COPY_APART_BYTES = 1 << 20
+
+
+def _copy_apart(x):
+    return x.numel() * x.element_size() >= _COPY_APART_BYTES
+
+
+def _row_tile(cols, most):
+    # Columns per tile of the rows walk, a power of two (Triton's ranges are): of 64 up to `most`,
+    # the one whose tiles waste the fewest lanes past the row's end, the larger on a tie; a row of
+    # 64 or fewer takes one tile. (A 1472-byte row in 1024-column tiles left 28% of the lanes idle.)
+    if cols <= 64:
+        return 1 << max(0, (cols - 1).bit_length())
+    waste, tile = min((-(-cols // t) * t - cols, -t) for t in (1024, 512, 256, 128, 64) if t <= most)
+    return -tile
+
+
+def _choose_lowering(lowering, tensors, lowerings):
+    # `lowerings` is the code generator's table (layoutc.lower.registry): per lowering its name, the
+    # device types it runs on (None: any), those 'auto' picks it for, the module it needs, the
+    # environment variable that lets it run on the CPU (Triton's interpreter), and what to say
+    # when it is asked for on the wrong device. 'auto' takes the first that fits, else 'eager'.
+    names = [entry[0] for entry in lowerings]
+    if lowering != "auto" and lowering not in names:
+        choices = ", ".join(repr(n) for n in ["auto"] + names)
+        raise LayoutError(f"lowering must be one of {choices}, got {lowering!r}")
+    device = torch.device("cpu")
+    for t in tensors.values():
+        if t is not None:
+            device = t.device
+            break
+    for name, devices, auto_on, needs, cpu_env, wrong_device in lowerings:
+        if lowering == name:
+            if devices is not None and device.type not in devices and not (cpu_env and os.environ.get(cpu_env) == "1"):
+                raise LayoutError(f"lowering={name!r} {wrong_device} (these are on {device}); use "
+                                  f"{' or '.join(repr(n) for n in names if n != name)} here"
+                                  + (f", or set {cpu_env}=1" if cpu_env else ""))
+            if not _importable(needs):
+                raise LayoutError(f"lowering={name!r} needs the module {needs!r}, which is not installed; "
+                                  f"use {' or '.join(repr(n) for n in names if n != name)}")
+            return name
+        if lowering == "auto" and device.type in auto_on and _importable(needs):
+            return name
+    return "eager"
+
+
+_IMPORTABLE = {}
+
+
+def _importable(module):
+    if module is None:
+        return True
+    if module not in _IMPORTABLE:  # found, not imported: importing triton costs a second
+        _IMPORTABLE[module] = importlib.util.find_spec(module) is not None
+    return _IMPORTABLE[module]
+
+
+#: Inline PTX in the generated kernels (byte permutes); False runs their shift-and-mask fallback.
+_INLINE_ASM = True
+
+
+def _inline_asm(t):
+    # Only for kernels compiled for CUDA: Triton's interpreter runs the kernels as Python.
+    return _INLINE_ASM and t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _aligned(x, align=16):
+    # Fused kernels load whole words of up to 16 bytes: an input that starts at an odd address
+    # (a slice of a larger buffer) is copied first instead of failing in the kernel's view.
+    x = x.contiguous()
+    if (x.storage_offset() * x.element_size()) % align or x.data_ptr() % align:
+        x = x.clone()
+    return x
+
+
+def _compiled(fn):
+    # torch.compile of a gather part, once per function (inductor specialises per shape).
+    if fn not in _KERNELS:
+        _KERNELS[fn] = torch.compile(fn, dynamic=False)
+    return _KERNELS[fn]
+
+
+def _convert_in_chunks(convert_part, tensors, d, present, how, chunk, inplace, out_shapes, chunk_dim):
+    # Convert `chunk` experts at a time into preallocated outputs (or into the inputs' own memory).
+    if chunk_dim is None:
+        raise LayoutError("chunk/inplace need an expert axis shared by every tensor, which this spec does not have")
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise LayoutError(f"chunk must be a positive number of experts, got {chunk!r}")
+    n = d[chunk_dim]
+    out = {}
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        part = {k: (v[start:stop] if v is not None else None) for k, v in tensors.items()}
+        part_dims = dict(d)
+        part_dims[chunk_dim] = stop - start
+        for name, y in convert_part(part, part_dims, present, how).items():
+            if name not in out:
+                full = tuple(out_shapes[name](**d))
+                x = tensors[name]
+                same_bytes = x.numel() * x.element_size() == y.element_size() * (y.numel() // max(1, y.shape[0])) * n
+                if inplace and x.is_contiguous() and same_bytes:
+                    out[name] = x.view(torch.uint8).reshape(-1).view(y.dtype).reshape(full)
+                else:
+                    out[name] = torch.empty(full, dtype=y.dtype, device=y.device)
+            out[name][start:stop].copy_(y)
+    return out

@@ -1,0 +1,1 @@
+"""Verification: ties in sync, kernel contracts, coverage, and probes of generated converters."""
