@@ -111,6 +111,50 @@ def picture_data(name: str) -> dict:
     return graph_layout(spec) if tensor is None else layout_data(spec, tensor)
 
 
+#: docs/design.md's picture of the stages: drawn from the import graph tests/test_architecture.py reads.
+STAGES_PICTURE = "stages.png"
+
+
+def stage_data() -> dict:
+    """The stages in layer order and every import between two of them (``a -> b``: a module of ``a``
+    imports one of ``b``), read from the source as the architecture test reads it."""
+    sys.path.insert(0, str(ROOT))
+    from tests.test_architecture import LAYERS, import_graph, stage_of
+
+    edges = sorted({(stage_of(m), stage_of(t)) for m, targets in import_graph().items() if m
+                    for t in targets if t and stage_of(m) != stage_of(t)})
+    return {"layers": [list(layer) for layer in LAYERS], "edges": [list(e) for e in edges]}
+
+
+def draw_stages(data: dict, target: Path) -> None:
+    """Each layer a row of boxes, lowest at the bottom; an arrow per import between stages."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    where = {}
+    for row, layer in enumerate(data["layers"]):
+        for col, stage in enumerate(layer):
+            where[stage] = (col - (len(layer) - 1) / 2, row)
+    fig, ax = plt.subplots(figsize=(9, 7))
+    for a, b in data["edges"]:
+        (xa, ya), (xb, yb) = where[a], where[b]
+        ax.annotate("", xy=(xb, yb + 0.18), xytext=(xa, ya - 0.18),
+                    arrowprops={"arrowstyle": "->", "color": "0.6", "lw": 0.7, "shrinkA": 4, "shrinkB": 4})
+    for stage, (x, y) in where.items():
+        folder = (ROOT / "layoutc" / stage).is_dir()
+        ax.text(x, y, stage + ("/" if folder else ".py"), ha="center", va="center", fontsize=9,
+                bbox={"boxstyle": "round", "fc": "#dbe9f6" if folder else "#f2f2f2", "ec": "0.4"})
+    ax.set_xlim(-2.6, 2.6)
+    ax.set_ylim(-0.7, len(data["layers"]) - 0.3)
+    ax.axis("off")
+    ax.set_title("layoutc's stages, lowest first: every import points down (make docs)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+
+
 def digest(data: dict) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -139,6 +183,10 @@ def stale(readme: str | None = None) -> list[str]:
             problems.append(f"docs/{name} was drawn from other data than the spec gives now")
         if not (ROOT / "docs" / name).exists():
             problems.append(f"docs/{name} is missing")
+    if recorded.get(STAGES_PICTURE, {}).get("data_sha256") != digest(stage_data()):
+        problems.append(f"docs/{STAGES_PICTURE} was drawn from another import graph than the source has now")
+    if not (ROOT / "docs" / STAGES_PICTURE).exists():
+        problems.append(f"docs/{STAGES_PICTURE} is missing")
     return problems
 
 
@@ -161,6 +209,8 @@ def write() -> None:
         else:
             draw_layout(spec, tensor, target)
         recorded[name] = {"command": command, "data_sha256": digest(picture_data(name))}
+    draw_stages(stage_data(), ROOT / "docs" / STAGES_PICTURE)
+    recorded[STAGES_PICTURE] = {"command": "make docs", "data_sha256": digest(stage_data())}
     PICTURES.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
     print(f"wrote README.md ({len(samples)} samples) and {', '.join(f'docs/{n}' for n in PICTURE_SPECS)}")
 
