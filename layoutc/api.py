@@ -28,7 +28,8 @@ from .lower import registry
 from .lang.compiler import Compiled, build
 from .front.errors import Diagnostic, SpecError
 from .algebra.indexmap import IndexMap
-from .lang.ir import Program, resolve
+from .lang.ir import Program
+from .lang.resolver import resolve
 from .runtime.checks import LayoutError
 from .front.parse import parse
 from .front.source import read_spec

@@ -17,7 +17,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import layoutc
-from layoutc.convert.checkpoint import DONE, INDEX, MANIFEST, convert_checkpoint, finish
+from layoutc.convert.checkpoint import MANIFEST, convert_checkpoint, finish
+from layoutc.convert.inputscan import INDEX
+from layoutc.convert.runfolder import DONE
 from layoutc.convert.synthckpt import synthetic_inputs
 from tests.helpers import ROOT, SPECS, bits
 

@@ -18,8 +18,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from layoutc.convert import checkpoint, shardio
-from layoutc.convert.checkpoint import DONE, INDEX, convert_checkpoint
+from layoutc.convert import shardio, shardpipeline
+from layoutc.convert.checkpoint import convert_checkpoint
+from layoutc.convert.inputscan import INDEX
+from layoutc.convert.runfolder import DONE
 from tests.test_checkpoint import folder_digest, make_checkpoint, reference_digest
 
 LEAF = 16 << 20
@@ -183,12 +185,12 @@ def test_writers_fsync_their_shards_before_the_in_order_rename_folder_fsync_and_
         with lock:
             events.append((kind, Path(path).name, threading.current_thread().name))
 
-    real_fsync, real_dir, real_replace, real_atomic = (shardio.fsync_file, checkpoint._fsync_dir, os.replace,
-                                                       checkpoint._write_atomically)
+    real_fsync, real_dir, real_replace, real_atomic = (shardio.fsync_file, shardpipeline._fsync_dir, os.replace,
+                                                       shardpipeline._write_atomically)
     monkeypatch.setattr(shardio, "fsync_file", lambda p: (log("fsync", p), real_fsync(p))[1])
-    monkeypatch.setattr(checkpoint, "_fsync_dir", lambda p: (log("fsync_dir", p), real_dir(p))[1])
-    monkeypatch.setattr(checkpoint.os, "replace", lambda a, b: (log("replace", b), real_replace(a, b))[1])
-    monkeypatch.setattr(checkpoint, "_write_atomically", lambda p, t: (log("stamp", p), real_atomic(p, t))[1])
+    monkeypatch.setattr(shardpipeline, "_fsync_dir", lambda p: (log("fsync_dir", p), real_dir(p))[1])
+    monkeypatch.setattr(shardpipeline.os, "replace", lambda a, b: (log("replace", b), real_replace(a, b))[1])
+    monkeypatch.setattr(shardpipeline, "_write_atomically", lambda p, t: (log("stamp", p), real_atomic(p, t))[1])
     convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out", prefetch=2, writers=3)
     shards = sorted(p.name for p in (tmp_path / "in").glob("*.safetensors"))
     order = []

@@ -19,7 +19,9 @@ from safetensors.torch import load_file, save_file
 import layoutc
 from layoutc.convert import checkpoint
 from layoutc.convert import shardfile, shardio
-from layoutc.convert.checkpoint import DONE, INDEX, assign_shards, convert_checkpoint, finish
+from layoutc.convert.checkpoint import assign_shards, convert_checkpoint, finish
+from layoutc.convert.inputscan import INDEX
+from layoutc.convert.runfolder import DONE
 from layoutc.convert.synthckpt import write_checkpoint
 from tests.helpers import ROOT, SPECS
 from tests.test_checkpoint import folder_digest, make_checkpoint, reference_digest
@@ -267,7 +269,8 @@ def test_a_write_error_surfaces_and_leaves_no_temporary_files(tmp_path, bf16, mo
 
 KILL = textwrap.dedent("""
     import os, sys
-    import layoutc, layoutc.checkpoint as ck
+    import layoutc
+    from layoutc.convert import checkpoint as ck, shardpipeline
     count, seen = int(sys.argv[1]), [0]
     real_replace = os.replace
     def replace(a, b):
@@ -276,7 +279,7 @@ KILL = textwrap.dedent("""
             seen[0] += 1
             if seen[0] == count:
                 os._exit(9)
-    ck.os.replace = replace
+    shardpipeline.os.replace = replace
     spec = layoutc.compile_file(sys.argv[2])
     ck.convert_checkpoint(spec, sys.argv[3], sys.argv[4], prefetch=3, writers=3)
 """)

@@ -11,7 +11,7 @@ import torch
 
 import layoutc
 from layoutc import LayoutError
-from layoutc.lang.ir import resolve
+from layoutc.lang.resolver import resolve
 from layoutc.front.parse import parse
 from tests.helpers import SPECS, bits
 

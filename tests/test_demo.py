@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from layoutc.front import ast
 from layoutc.cli.main import main
 from layoutc.cli.demo import run_demo
-from layoutc.lang.ir import _value_to_python
+from layoutc.lang.resolver import _value_to_python
 from layoutc.front.parse import parse
 from tests.helpers import SPECS
 

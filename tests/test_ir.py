@@ -10,7 +10,8 @@ import torch
 
 import layoutc
 from layoutc.algebra import expr as ex
-from layoutc.lang.ir import Guard, parse_param_value, resolve
+from layoutc.lang.ir import Guard
+from layoutc.lang.resolver import parse_param_value, resolve
 from layoutc.front.parse import parse
 from layoutc.lang.families import prelude_sha256
 from layoutc.lang.identity import spec_identity

@@ -363,7 +363,8 @@ def test_a_failed_resume_keeps_the_finished_shards_and_their_record(tmp_path, bf
     """A later failure must not throw away the work a resume would skip."""
     from safetensors.torch import load_file, save_file
 
-    from layoutc.convert.checkpoint import DONE, convert_checkpoint
+    from layoutc.convert.checkpoint import convert_checkpoint
+    from layoutc.convert.runfolder import DONE
     from tests.test_checkpoint import PREFIX, make_checkpoint
 
     make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)

@@ -13,7 +13,7 @@ from ..front.text import display
 
 def parse_defines(defines: tuple[str, ...]) -> dict[str, Any]:
     """``-D NAME=VALUE`` options as spec parameters (a bad one is a usage error naming it)."""
-    from ..lang.ir import check_param_name, parse_param_value
+    from ..lang.resolver import check_param_name, parse_param_value
 
     out = {}
     for item in defines:

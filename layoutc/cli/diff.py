@@ -262,7 +262,7 @@ def _branch_values(spec: CompiledSpec) -> dict[str, set]:
     constants its conditions compare it with (``if tp_size == 8``: 8; ``if tp_size > 4``: 4 and 5)."""
     from ..front import ast
     from ..verify.coverage import _walk_conditions
-    from ..lang.ir import _value_to_python
+    from ..lang.resolver import _value_to_python
     from ..front.parse import parse
 
     try:

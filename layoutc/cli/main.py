@@ -183,7 +183,7 @@ def main(debug: bool) -> None:
 def _param_domains(spec_path: Path, fixed: dict[str, Any]) -> list[dict[str, Any]]:
     """Every combination of the spec's finite parameters (bools, choices), with ``fixed`` applied."""
     from ..front import ast
-    from ..lang.ir import _value_to_python
+    from ..lang.resolver import _value_to_python
     from ..front.parse import parse
     from ..front.source import read_spec
 

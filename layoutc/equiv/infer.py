@@ -95,7 +95,7 @@ def vllm_contract(quant: str, rows: str = "contiguous", bias: bool = False) -> s
 
 def _program(text: str, filename: str = "<inputs>"):
     from ..front.errors import SpecError
-    from ..lang.ir import resolve
+    from ..lang.resolver import resolve
     from ..front.parse import parse
 
     try:
@@ -1010,7 +1010,7 @@ def infer(fn: Callable[..., Any] | str | Target, dims: Mapping[str, int], names:
 
 def _check_name(what: str, name: str) -> None:
     """A spec or parameter name the written spec can hold as one NAME token (the -D check)."""
-    from ..lang.ir import check_param_name
+    from ..lang.resolver import check_param_name
 
     try:
         check_param_name(name)
@@ -1148,7 +1148,7 @@ def _write(program, contract: str, chains: dict[str, TensorChain], assumes, para
     from ..api import compile_source
     from ..lang.compiler import _Builder
     from ..front.errors import SpecError
-    from ..lang.ir import resolve
+    from ..lang.resolver import resolve
     from ..front.parse import parse
 
     lines_in = contract.splitlines()

@@ -204,7 +204,7 @@ def test_random_chains_lower_identically(ops, g, rows, seed, lowering):
     try:
         # learn the output shape from the eager lowering, then declare it
         import layoutc.lang.compiler as compiler
-        from layoutc.lang.ir import resolve
+        from layoutc.lang.resolver import resolve
         from layoutc.front.parse import parse
 
         built = compiler.build(resolve(parse(text + "output w : u8[E, 1, 1]\n", "chain.lyt")))

@@ -17,7 +17,9 @@ import torch
 from safetensors.torch import save_file
 
 import layoutc
-from layoutc.convert.checkpoint import DONE, INDEX, LOCK, RUN, claim_folder, convert_checkpoint, run_identity
+from layoutc.convert.checkpoint import convert_checkpoint
+from layoutc.convert.inputscan import INDEX
+from layoutc.convert.runfolder import DONE, LOCK, RUN, claim_folder, run_identity
 from tests.helpers import ROOT, SPECS
 from tests.test_checkpoint import folder_digest, load_all, make_checkpoint
 
@@ -201,10 +203,11 @@ def test_an_empty_or_corrupt_marker_is_redone_not_a_crash(tmp_path, bf16):
 
 KILL_AT = textwrap.dedent("""
     import os, sys
-    import layoutc, layoutc.checkpoint as ck
+    import layoutc
+    from layoutc.convert import checkpoint as ck, shardpipeline
     point, count = sys.argv[1], int(sys.argv[2])
     seen = [0]
-    real_replace, real_write = os.replace, ck._write_atomically
+    real_replace, real_write = os.replace, shardpipeline._write_atomically
     def replace(a, b):
         real_replace(a, b)
         if point == "after_shard" and str(b).endswith(".safetensors"):
@@ -219,8 +222,8 @@ KILL_AT = textwrap.dedent("""
                 tmp.write_text(text[: len(text) // 2])  # half a marker, never renamed
                 os._exit(9)
         real_write(path, text)
-    ck.os.replace = replace
-    ck._write_atomically = write
+    shardpipeline.os.replace = replace
+    shardpipeline._write_atomically = write
     spec = layoutc.compile_file(sys.argv[3])
     ck.convert_checkpoint(spec, sys.argv[4], sys.argv[5])
 """)

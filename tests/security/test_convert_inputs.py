@@ -18,7 +18,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import layoutc
-from layoutc.convert.checkpoint import INDEX, LOCK, MANIFEST, convert_checkpoint, finish
+from layoutc.convert.checkpoint import MANIFEST, convert_checkpoint, finish
+from layoutc.convert.inputscan import INDEX
+from layoutc.convert.runfolder import LOCK
 from layoutc.front.progress import ShardProgress
 from tests.helpers import ROOT, SPECS
 from tests.test_checkpoint import PREFIX, load_all, make_checkpoint

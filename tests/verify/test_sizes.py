@@ -218,7 +218,7 @@ def test_a_long_chain_is_verified_with_bounded_work(monkeypatch):
     every step. Counted: the size of every expression the verifier evaluates."""
     from layoutc.verify import rowmap
     from layoutc.lang.compiler import build
-    from layoutc.lang.ir import resolve
+    from layoutc.lang.resolver import resolve
     from layoutc.front.parse import parse
     from layoutc.verify.rules import Verifier
 
@@ -261,7 +261,7 @@ def test_options_multiply_variants_not_the_verifiers_work():
     evaluated every map again. Counted: axis maps evaluated, across every combination, against the distinct
     chains they make (here with 3 and 3, the same structure)."""
     from layoutc.lang.compiler import build
-    from layoutc.lang.ir import resolve
+    from layoutc.lang.resolver import resolve
     from layoutc.front.parse import parse
     from layoutc.verify import rules as vf
 
@@ -307,7 +307,7 @@ def test_every_mutant_of_a_condition_is_rejected_at_its_boundary():
     """The mutation harness's condition operator (its comparison and its constants): each mutant moves a
     boundary by one size, and the region at the boundary catches it."""
     from layoutc.lang.compiler import build
-    from layoutc.lang.ir import resolve
+    from layoutc.lang.resolver import resolve
     from layoutc.front.parse import parse
     from layoutc.verify.rules import Verifier
     from tests.verify.mutants import mutants
