@@ -177,7 +177,7 @@ def test_a_hostile_parameter_name_is_refused():
 
 
 def test_a_function_name_with_a_newline_stays_in_its_comment():
-    from layoutc.equiv.compare import Target
+    from layoutc.equiv.function_runner import Target
 
     target = Target(fns.good, "evil\ninput evil : bf16[E]\n# ")
     result = infer(target, DIMS, names=None, inputs=CONTRACT, spec_name="tiny_named")
@@ -202,7 +202,9 @@ def test_the_command_refuses_a_hostile_define(tmp_path):
 def test_a_scale_pad_the_family_does_anyway_is_left_to_it():
     """The pad multiples come from the family's own leading pad steps (sf_128x4: rows to 128, K to 4), so
     a scale's pad to 64 rows (128 covers it) is dropped, a pad to 256 (it does not) is kept."""
-    from layoutc.equiv.infer import Stmt, TensorChain, _harmonise, _leading_pads, _Pad, _program, vllm_contract
+    from layoutc.equiv.infer_axes import Stmt, TensorChain, _Pad
+    from layoutc.equiv.infer_contract import _program, vllm_contract
+    from layoutc.equiv.infer_write import _harmonise, _leading_pads
 
     program = _program(vllm_contract("nvfp4"))
     scale = next(t for t in program.inputs if t.name == "w13_weight_scale")

@@ -11,7 +11,7 @@ import attrs  # noqa: E402
 import pytest  # noqa: E402
 
 import layoutc  # noqa: E402
-from layoutc.equiv import compare as equiv, probe  # noqa: E402
+from layoutc.equiv import encoding as equiv, probe  # noqa: E402
 from layoutc.lower import plan as planner  # noqa: E402
 from layoutc.lower import torch_emit, triton_emit  # noqa: E402
 from layoutc.lang.ops import conversion as cv  # noqa: E402

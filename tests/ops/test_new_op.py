@@ -83,12 +83,12 @@ def test_the_verifier_judges_a_new_op_by_its_facts(registered):
 def test_infer_and_explain_see_a_new_op_from_its_declarations(registered, monkeypatch):
     # What infer tries comes from the ops' declared `search` arguments: no second list to edit.
     from layoutc.cli import explain
-    from layoutc.equiv import infer
+    from layoutc.equiv import infer_axes
 
-    assert ("reverse_rows", {}) not in infer.perm_ops()
+    assert ("reverse_rows", {}) not in infer_axes.perm_ops()
     monkeypatch.setattr(ReverseRows, "search", ({},))
     monkeypatch.setattr(ReverseRows, "search_rank", 9)
-    assert infer.perm_ops()[-1] == ("reverse_rows", {})
+    assert infer_axes.perm_ops()[-1] == ("reverse_rows", {})
     assert ReverseRows(1).parts == 1  # a declared fact with its default
     spec = layoutc.compile_source(SPEC, "reversed.lyt")
     assert "reverse_rows([w, s], dim=1)" in explain.as_text(explain.explain(spec, "w"))
