@@ -12,6 +12,7 @@ from layoutc.cli.main import main
 from layoutc.cli.demo import run_demo
 from layoutc.lang.resolver import _value_to_python
 from layoutc.front.parse import parse
+from layoutc import shipped
 from tests.helpers import SPECS
 
 #: Sizes every shipped spec takes at tp_size 1 and 2; PADDING makes the padded specs pad (I=64 to 128 or 256).
@@ -69,7 +70,7 @@ def test_the_variants_cover_the_parameters():
     by_spec = {}
     for name, params, _ in CASES:
         by_spec.setdefault(name, []).append(params)
-    assert len(by_spec) == 9
+    assert sorted(by_spec) == shipped.names()
     assert {"activation": "relu2"} in by_spec["flashinfer_trtllm_bf16"]
     assert {"checkpoint": "gpt_oss"} in by_spec["flashinfer_cutlass_mxfp4_padded"]
     assert all({"tp_size": 2, "tp_rank": 1} in v for v in by_spec.values())

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 
 def _plan(folder, target: str) -> str:
-    out = subprocess.run(["make", "-n", target], cwd=folder, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(["make", "--no-print-directory", "-n", target], cwd=folder, capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout
 

@@ -290,7 +290,16 @@ def always_at_most(a: Expr, b: Expr) -> bool:
     """``a <= b`` for every binding of the dims to integers >= 1, shown from symbolic bounds (False:
     not shown, which may still hold). A run-time check of a fact shown here is never emitted."""
     lo = sym_bounds(add(b, mul(-1, a)), {})[0]
-    return lo is not None and _lf_nonneg(lo)
+    if lo is not None and _lf_nonneg(lo):
+        return True
+    # b = round_up(x, m) = m * ((x + m - 1) // m) >= x for any x >= 0: a <= x is enough (nested round_ups,
+    # whose floors the linear bounds above cannot see through)
+    kids = children(b) if isinstance(b, Mul) else ()
+    if len(kids) == 2 and isinstance(kids[0], Const) and isinstance(kids[1], FloorDiv) \
+            and isinstance(kids[1].den, Const) and kids[1].den.value == kids[0].value and kids[0].value >= 1:
+        x = add(kids[1].num, 1 - kids[0].value)
+        return same_value(a, x) or always_at_most(a, x)
+    return False
 
 
 def simplify_symbolic(e: Expr, ranges: Mapping[str, SymBounds]) -> Expr:

@@ -33,7 +33,8 @@ def classify(value: ex.Expr, multiple: int, assumptions: Mapping[str, int]) -> s
     if multiple == 0:  # a condition: decided when constant, else checked on the real sizes
         if isinstance(value, ex.Const):
             return "proven" if value.value else "impossible"
-        if isinstance(value, ex.Lt) and ex.always_at_most(ex.add(value.lhs, 1), value.rhs):
+        if isinstance(value, ex.Lt) and (ex.always_at_most(ex.add(value.lhs, 1), value.rhs)
+                                         or ex.always_at_most(value.lhs, ex.add(value.rhs, -1))):
             return "proven"  # I < round_up(I, 128) + 1: no run-time check that always holds
         return "runtime"
     if isinstance(value, ex.Mul) and isinstance(value.args[0], ex.Const) and value.args[0].value % multiple == 0:

@@ -294,7 +294,8 @@ def _emit_direction(
         for i, (chain, presents) in enumerate(groups.values()):
             inner = indent
             if len(groups) > 1:
-                cond = " or ".join(f"present == frozenset({sorted(p)!r})" for p in presents)
+                # one tuple of the variants the chain serves (wraps after its commas, however many there are)
+                cond = f"present in ({', '.join(f'frozenset({sorted(p)!r})' for p in presents)},)"
                 body.append(f"{indent}{'if' if i == 0 else 'elif'} {cond}:")
                 inner = indent + "    "
             body.append(f"{inner}x = tensors[{spec.name!r}]")
