@@ -25,9 +25,9 @@ def test_every_shipped_spec_has_a_recipe():
 def test_shipped_spec_is_equivalent_to_its_recipe(name):
     result = equivalent(SPECS / f"{name}.lyt", getattr(cpu, name))
     assert result.ok, result.report()
-    assert result.verdict().startswith("equivalent at 4 shapes")
+    assert result.verdict().startswith(("equivalent at 4 shapes", "equivalent at 8 shapes"))  # 8: optional biases
     # the sampled shapes include one that is not a multiple of the padded sizes' blocks
-    assert len({tuple(sorted(s.dims.items())) for s in result.shapes}) == 4
+    assert len({tuple(sorted(s.dims.items())) for s in result.shapes}) >= 4
 
 
 @pytest.mark.slow
