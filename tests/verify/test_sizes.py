@@ -65,6 +65,7 @@ def test_cli_names_the_parameter_values_a_finding_holds_at():
     assert f"{path}: with tp_size=8:" in out.output and "ok (tp_size=4)" in out.output
 
 
+@pytest.mark.slow  # over 3 s on the 2-core machine
 def test_without_the_conditional_statement_the_corpus_specs_pass():
     # The findings come from the statement under the condition, not from the rest of the spec.
     for path in SIZES:
@@ -164,6 +165,7 @@ output s : f32[E, 2*round_up(I, 128), H/32] rows [w3; w1]
 """
 
 
+@pytest.mark.slow  # over 3 s on the 2-core machine
 def test_large_real_model_sizes_get_the_verdict_of_their_region():
     """Sizes up to 16k with random residues (fixed seed): the verifier's verdict on each, evaluated at that
     size alone, is the verdict of the region the size is in."""
