@@ -110,11 +110,12 @@ def trust_checkpoint(folder: str | Path, tensors: Mapping[str, torch.Tensor], sp
         sha = getattr(spec, "sha256", None) or getattr(spec, "SPEC_SHA256")
         want = getattr(spec, "params", None)
         want = want if want is not None else getattr(spec, "PARAMS")
+        # parameters first: they are part of the spec's identity (sha256), and the more precise reason
+        if params != want:
+            raise LayoutError(f"{folder} was converted with parameters {params}, expected {want}")
         if manifest["layoutc_sha256"] != sha:
             raise LayoutError(f"{folder} was converted with spec {manifest['layoutc_spec']} (sha256 "
                               f"{manifest['layoutc_sha256'][:12]}), not the expected one (sha256 {sha[:12]})")
-        if params != want:
-            raise LayoutError(f"{folder} was converted with parameters {params}, expected {want}")
     mine = {name: t for name, t in tensors.items() if name in manifest[TENSORS]}
     if not mine:
         raise LayoutError(f"none of the {len(tensors)} tensors given is a converted tensor of {folder} "
