@@ -79,4 +79,4 @@ def test_engine_oracle_example_runs():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "converted and guarded" in proc.stdout
-    assert "start-up check: backend(s) marlin_mxfp4 can be selected but have no layout spec" in proc.stdout
+    assert "start-up check: backend(s) cutlass_w4a8 can be selected but have no layout spec" in proc.stdout
