@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:  make run   and   make test
 # `make run` creates .venv with only what the demo needs (a CPU build of torch, then layoutc and its
-# dependencies); `make test` adds what the tests need (the dev and flashinfer extras). Each install set
+# dependencies); `make test` adds what the fast tests need (the dev extra); `make test-slow` adds FlashInfer
+# (about 1.6 GB with its CUDA packages), whose own Python functions the slow tier calls. Each install set
 # has its own stamp, so `make run` after `make test` installs nothing, and `make test` after `make run`
 # installs only the extras.
 
@@ -12,6 +13,9 @@ PY     := $(VENV)/bin/python
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 RUN_STAMP  := $(VENV)/.layoutc-run
 TEST_STAMP := $(VENV)/.layoutc-test
+SLOW_STAMP := $(VENV)/.layoutc-slow
+# pytest workers (pytest-xdist): one per core
+JOBS ?= auto
 
 .PHONY: setup run test test-slow test-all check clean
 
@@ -25,8 +29,12 @@ $(RUN_STAMP): pyproject.toml | $(PY)
 	touch $(RUN_STAMP)
 
 $(TEST_STAMP): $(RUN_STAMP) pyproject.toml
-	$(PY) -m pip install -q -e ".[dev,flashinfer]"
+	$(PY) -m pip install -q -e ".[dev]"
 	touch $(TEST_STAMP)
+
+$(SLOW_STAMP): $(TEST_STAMP) pyproject.toml
+	$(PY) -m pip install -q -e ".[dev,flashinfer]"
+	touch $(SLOW_STAMP)
 
 setup: $(RUN_STAMP)
 
@@ -34,19 +42,20 @@ run: $(RUN_STAMP)
 	$(VENV)/bin/layoutc check specs/*.lyt
 	$(VENV)/bin/layoutc demo specs/flashinfer_cutlass_bf16.lyt
 
-# `make test` stays under five minutes on the 2-core machine: tests marked `slow` (mutation
-# scores, every spec at every TP rank, probes of every spec, whole-pipeline faults) run in
-# `make test-slow`, which CI runs as well (.ci/run). The fast suite is deterministic (the
-# layoutc-fast Hypothesis profile of tests/conftest.py); test-slow runs the property tests
-# again with fresh seeds (layoutc-explore).
+# `make test` stays under five minutes on the 2-core machine, set-up included: tests marked `slow`
+# (mutation scores, every spec at every TP rank, probes of every spec, whole-pipeline faults) and those
+# marked `flashinfer` (they call FlashInfer's own functions) run in `make test-slow`, which CI runs as
+# well (.ci/run). Both run on every core (pytest-xdist). The fast suite is deterministic (the
+# layoutc-fast Hypothesis profile of tests/conftest.py); test-slow runs the property tests again with
+# fresh seeds (layoutc-explore).
 test: $(TEST_STAMP)
-	$(PY) -m pytest -m "not slow" --hypothesis-profile=layoutc-fast
+	$(PY) -m pytest -n $(JOBS) -m "not slow and not flashinfer" --hypothesis-profile=layoutc-fast
 
-test-slow: $(TEST_STAMP)
-	$(PY) -m pytest -m "slow or hypothesis" --hypothesis-profile=layoutc-explore
+test-slow: $(SLOW_STAMP)
+	$(PY) -m pytest -n $(JOBS) -m "slow or hypothesis or flashinfer" --hypothesis-profile=layoutc-explore
 
-test-all: $(TEST_STAMP)
-	$(PY) -m pytest
+test-all: $(SLOW_STAMP)
+	$(PY) -m pytest -n $(JOBS)
 
 check: $(RUN_STAMP)
 	$(VENV)/bin/layoutc check specs/*.lyt

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from layoutc.cli.main import main
 from tests.helpers import SPECS
 
+pytestmark = pytest.mark.flashinfer  # FlashInfer's own functions: the slow tier (make test-slow)
 pytest.importorskip("flashinfer")
 
 

@@ -10,6 +10,7 @@ from layoutc.equiv.compare import equivalent
 from layoutc.reference import cpu
 from tests.helpers import SPECS
 
+pytestmark = pytest.mark.flashinfer  # FlashInfer's own functions: the slow tier (make test-slow)
 pytest.importorskip("flashinfer")
 
 NAMES = sorted(p.stem for p in SPECS.glob("*.lyt"))

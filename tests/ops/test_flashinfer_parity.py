@@ -21,6 +21,7 @@ from layoutc.lang.ops import TensorType, rows
 
 from .conftest import assert_bits_equal, naive_sm90_interleave, naive_swizzle, random_tensor
 
+pytestmark = pytest.mark.flashinfer  # FlashInfer's own functions: the slow tier (make test-slow)
 flashinfer = pytest.importorskip("flashinfer")
 fi_core = pytest.importorskip("flashinfer.fused_moe.core")
 fi_moe = pytest.importorskip("flashinfer.fused_moe")
