@@ -15,7 +15,7 @@ timeout 400 python3 benchmarks/before_after.py --old .old --new . --out "$OUT/ba
 echo "before_after: exit $?"
 if python3 -c 'import pytest, hypothesis' 2>/dev/null; then
   PYTHONPATH=/tmp/site:$PWD timeout 200 python3 -m pytest -q -p no:cacheprovider \
-    tests/test_checkpoint_pipeline.py -k cuda_pipeline > "$OUT/pipeline.log" 2>&1; echo "pipeline test: exit $?"
+    tests/convert/test_checkpoint_pipeline.py -k cuda_pipeline > "$OUT/pipeline.log" 2>&1; echo "pipeline test: exit $?"
 else
   echo "pytest/hypothesis not on the machine: pipeline test not run" | tee "$OUT/pipeline.log"
 fi

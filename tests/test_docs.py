@@ -27,6 +27,7 @@ def rendered():
     return make_docs.render_samples()
 
 
+@pytest.mark.flashinfer
 def test_readme_samples_and_pictures_are_current():
     if not make_docs.flashinfer_installed():
         # the demo sample shows what a machine with flashinfer prints (the backends it finds)

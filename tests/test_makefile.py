@@ -1,5 +1,6 @@
-"""`make run` installs only what the demo needs, `make test` what the tests need; the two stamps keep each
-install set up to date without redoing the other (checked with `make -n` in a scratch folder)."""
+"""`make run` installs only what the demo needs, `make test` what the fast tests need (no FlashInfer),
+`make test-slow` adds FlashInfer; the three stamps keep each install set up to date without redoing the
+others (checked with `make -n` in a scratch folder)."""
 
 from __future__ import annotations
 
@@ -42,14 +43,21 @@ def test_run_and_test_install_sets(tmp_path):
     after_run = _plan(tmp_path, "run")
     assert "pip" not in after_run and "layoutc demo" in after_run
     test_after_run = _plan(tmp_path, "test")
-    assert '-e ".[dev,flashinfer]"' in test_after_run and "torch" not in test_after_run
-    assert "-m venv" not in test_after_run and "pytest -m \"not slow\"" in test_after_run
+    assert '-e ".[dev]"' in test_after_run and "flashinfer" not in test_after_run.split("pytest")[0]
+    assert "torch" not in test_after_run and "-m venv" not in test_after_run
+    assert '-n auto -m "not slow and not flashinfer"' in test_after_run  # every core, FlashInfer's tier left out
 
     (venv / ".layoutc-test").touch()
     assert "pip" not in _plan(tmp_path, "test") and "pip" not in _plan(tmp_path, "run")
+    slow = _plan(tmp_path, "test-slow")
+    assert '-e ".[dev,flashinfer]"' in slow and '.[dev]"' not in slow and "torch" not in slow
+    assert '-m "slow or hypothesis or flashinfer"' in slow
+    (venv / ".layoutc-slow").touch()
+    assert "pip" not in _plan(tmp_path, "test-slow") and "pip" not in _plan(tmp_path, "test")
 
     (tmp_path / "pyproject.toml").touch()  # a changed dependency list reinstalls both sets
     _age(venv / ".layoutc-run", 50)
     _age(venv / ".layoutc-test", 50)
-    changed = _plan(tmp_path, "test")
-    assert "pip install -q -e ." in changed and '-e ".[dev,flashinfer]"' in changed
+    _age(venv / ".layoutc-slow", 50)
+    changed = _plan(tmp_path, "test-slow")
+    assert "pip install -q -e ." in changed and '-e ".[dev]"' in changed and '-e ".[dev,flashinfer]"' in changed

@@ -327,7 +327,7 @@ def _bad_checkpoint(folder: Path, bf16):
     """A one-shard checkpoint whose layer 1 has a w13_weight with one row too few."""
     from safetensors.torch import save_file
 
-    from tests.test_checkpoint import PREFIX, make_checkpoint
+    from tests.convert.test_checkpoint import PREFIX, make_checkpoint
 
     tensors = make_checkpoint(folder, bf16, layers=2, shards=1, index=False)
     name = f"{PREFIX.format(1)}.w13_weight"
@@ -365,7 +365,7 @@ def test_a_failed_resume_keeps_the_finished_shards_and_their_record(tmp_path, bf
 
     from layoutc.convert.checkpoint import convert_checkpoint
     from layoutc.convert.runfolder import DONE
-    from tests.test_checkpoint import PREFIX, make_checkpoint
+    from tests.convert.test_checkpoint import PREFIX, make_checkpoint
 
     make_checkpoint(tmp_path / "in", bf16, layers=2, shards=2)
     convert_checkpoint(bf16, tmp_path / "in", tmp_path / "out")

@@ -1,6 +1,6 @@
 """The hand-written conversions layoutc replaces: vLLM-style sequences calling FlashInfer's helpers.
 
-They are the oracle of the tests (tests/test_specs.py) and the anchor of the benchmarks
+They are the oracle of the tests (tests/backends/test_specs.py) and the anchor of the benchmarks
 (``layoutc bench``). Nothing here uses layoutc's compiler: the oracle must not share code
 with what it checks. See README.md beside this file for the sources.
 

@@ -1,7 +1,7 @@
 """CPU ports of FlashInfer's CUDA-only layout kernels, written from their CUDA source.
 
 They let the reference recipes run on CPU for any shape. Each port is itself checked
-against the goldens recorded from the real kernels (tests/test_reference_ports.py),
+against the goldens recorded from the real kernels (tests/reference/test_reference_ports.py),
 and shares no code with layoutc.
 """
 

@@ -21,7 +21,7 @@ from layoutc.convert.checkpoint import convert_checkpoint
 from layoutc.convert.inputscan import INDEX
 from layoutc.convert.runfolder import DONE, LOCK, RUN, claim_folder, run_identity
 from tests.helpers import ROOT, SPECS
-from tests.test_checkpoint import folder_digest, load_all, make_checkpoint
+from tests.convert.test_checkpoint import folder_digest, load_all, make_checkpoint
 
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
 

@@ -23,7 +23,7 @@ from layoutc.convert.inputscan import INDEX
 from layoutc.convert.runfolder import LOCK
 from layoutc.front.progress import ShardProgress
 from tests.helpers import ROOT, SPECS
-from tests.test_checkpoint import PREFIX, load_all, make_checkpoint
+from tests.convert.test_checkpoint import PREFIX, load_all, make_checkpoint
 
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
 SPEC = str(SPECS / "flashinfer_cutlass_bf16.lyt")

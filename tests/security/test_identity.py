@@ -94,7 +94,7 @@ def test_compile_file_sees_a_changed_family_in_the_same_process(tmp_path):
 
 @pytest.mark.slow  # a conversion: seconds on the 2-core machine
 def test_a_resumed_convert_after_a_family_change_is_refused(tmp_path):
-    from tests.test_checkpoint import folder_digest, make_checkpoint
+    from tests.convert.test_checkpoint import folder_digest, make_checkpoint
 
     folder = tmp_path / "spec"
     folder.mkdir()

@@ -6,7 +6,7 @@ MXFP8 specs produce. On SM90 it is compiled from FlashInfer's sources (the fp4_q
 module, a minute or so; not the fused MoE, whose SM90 JIT takes over an hour). This script
 quantizes deterministic bf16 layers with layoutc's own quantizer, converts them with the shipped
 specs, lets FlashInfer dequantize the converted tensors and records inputs, converted bytes and
-FlashInfer's floats in OUT_DIR/flashinfer_dequant.pt. tests/test_kernel_dequant.py checks on CPU
+FlashInfer's floats in OUT_DIR/flashinfer_dequant.pt. tests/reference/test_kernel_dequant.py checks on CPU
 that FlashInfer's reading equals the checkpoint's values in the kernel's row order.
 
     python tools/gpu/kernel_dequant.py OUT_DIR

@@ -15,7 +15,7 @@ layer and a gpt-oss-shaped one (MXFP4 weights, BF16 activations, biases, gpt-oss
      each of them, and that the verifier rejects the spec text of each mistake
      (tools/gpu/moe_sm90/mutants/*.lyt).
 Writes OUT_DIR/moe_kernel.json (every number below, written again after each stage),
-OUT_DIR/flashinfer_cutlass_moe_sm90.pt (the small layer's golden, for tests/test_moe_kernel.py;
+OUT_DIR/flashinfer_cutlass_moe_sm90.pt (the small layer's golden, for tests/reference/test_moe_kernel.py;
 copy it to tests/goldens/) and OUT_DIR/trimmed_out_symbols.txt. Exit status 0 only when the
 kernel ran and matched the reference; 3 when there was no module (the deadline stopped the build,
 or it failed, and no --prebuilt module loaded; run again: ninja resumes).

@@ -12,7 +12,7 @@ from layoutc.front import ast
 from layoutc.algebra import expr as ex
 from layoutc.front.parse import parse
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "specs").glob("*.lyt"))
 
 DEMO = """\

@@ -117,7 +117,7 @@ def test_a_family_behind_a_symlink_is_reviewed_and_checked(tmp_path):
     assert "No `.lyt` spec changed" not in proc.stdout and "change layout" in proc.stdout, proc.output
     assert "families.txt" in proc.stdout
     # the pre-commit hook passes every changed file; check --affected finds the specs that read one
-    hook = (Path(__file__).resolve().parents[2] / ".pre-commit-hooks.yaml").read_text()
+    hook = (Path(__file__).resolve().parents[3] / ".pre-commit-hooks.yaml").read_text()
     assert "--affected" in hook and "files: \\.lyt$" not in hook
     (r / "families.txt").write_text(FAMILY.replace("weight(t", "wieght(t"))
     proc = cli(r, "check", "--quiet", "--affected", "families.txt")

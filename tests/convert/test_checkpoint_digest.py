@@ -22,7 +22,7 @@ from layoutc.convert import shardio, shardpipeline
 from layoutc.convert.checkpoint import convert_checkpoint
 from layoutc.convert.inputscan import INDEX
 from layoutc.convert.runfolder import DONE
-from tests.test_checkpoint import folder_digest, make_checkpoint, reference_digest
+from tests.convert.test_checkpoint import folder_digest, make_checkpoint, reference_digest
 
 LEAF = 16 << 20
 FILLER = "model.embed_tokens.weight"

@@ -4,7 +4,7 @@ Each spec is compared with its vLLM-style recipe (layoutc/reference/recipes.py),
 FlashInfer's own helpers: the pure-torch ones directly (shuffle_matrix_a and
 shuffle_matrix_sf_a row indices, reorder_rows_for_gated_act_gemm indices,
 convert_to_block_layout), the CUDA-only block_scale_interleave through its CPU port, itself
-checked against the kernel's recorded goldens (tests/test_reference_ports.py). Then each
+checked against the kernel's recorded goldens (tests/reference/test_reference_ports.py). Then each
 spec's verifier findings for the mistakes these recipes invite.
 """
 

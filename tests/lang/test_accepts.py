@@ -11,7 +11,7 @@ import layoutc
 from layoutc.convert.synthckpt import synthetic_inputs
 from layoutc.algebra.dtypes import ELEMENT_TYPES, EXACT_WIDENINGS, bit_view
 
-SPECS = Path(__file__).resolve().parent.parent / "specs"
+SPECS = Path(__file__).resolve().parents[2] / "specs"
 DIMS = {"E": 2, "I": 128, "H": 128}
 
 

@@ -24,7 +24,7 @@ from layoutc.convert.inputscan import INDEX
 from layoutc.convert.runfolder import DONE
 from layoutc.convert.synthckpt import write_checkpoint
 from tests.helpers import ROOT, SPECS
-from tests.test_checkpoint import folder_digest, make_checkpoint, reference_digest
+from tests.convert.test_checkpoint import folder_digest, make_checkpoint, reference_digest
 
 DIMS = {"E": 2, "I": 256, "H": 256}
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}

@@ -22,7 +22,7 @@ from layoutc.convert.synthckpt import synthetic_inputs
 from layoutc.runtime import fingerprint as fp
 from layoutc import shipped
 from tests.helpers import SPECS
-from tests.test_checkpoint import PREFIX, make_checkpoint
+from tests.convert.test_checkpoint import PREFIX, make_checkpoint
 
 DIMS = {"E": 2, "I": 128, "H": 128}
 
@@ -348,7 +348,7 @@ def test_a_stamp_without_fingerprints_is_converted_again(tmp_path, bf16):
 @pytest.mark.slow  # nine folders converted and verified
 @pytest.mark.parametrize("stem", shipped.names())
 def test_every_shipped_spec_is_trusted_from_a_converted_checkpoint(tmp_path, stem, monkeypatch):
-    import tests.test_checkpoint as ckpt
+    import tests.convert.test_checkpoint as ckpt
 
     spec = layoutc.compile_file(SPECS / f"{stem}.lyt")
     monkeypatch.setattr(ckpt, "DIMS", {"E": 2, "I": 256, "H": 256})

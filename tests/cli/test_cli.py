@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 from layoutc.cli.main import main
 
-ROOT = Path(__file__).resolve().parent.parent
-SPECS = sorted(f"specs/{p.name}" for p in (Path(__file__).resolve().parent.parent / "specs").glob("*.lyt"))
+ROOT = Path(__file__).resolve().parents[2]
+SPECS = sorted(f"specs/{p.name}" for p in (Path(__file__).resolve().parents[2] / "specs").glob("*.lyt"))
 
 PARAMS_SPEC = """\
 param gated = true

@@ -16,7 +16,7 @@ from layoutc.front.parse import parse
 from layoutc.lang.families import prelude_sha256
 from layoutc.lang.identity import spec_identity
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def program(text: str, params=None, filename: str = "ir.lyt"):

@@ -21,7 +21,7 @@ from packaging.version import Version
 import layoutc
 from layoutc.lang.versions import check_requires
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "specs").glob("*.lyt"))
 
 BASE = "dims E, I, H\ninput w : f32[E, I, H]\n"

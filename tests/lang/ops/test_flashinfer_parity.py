@@ -26,7 +26,7 @@ flashinfer = pytest.importorskip("flashinfer")
 fi_core = pytest.importorskip("flashinfer.fused_moe.core")
 fi_moe = pytest.importorskip("flashinfer.fused_moe")
 
-GOLDENS = Path(__file__).resolve().parent.parent / "goldens"
+GOLDENS = Path(__file__).resolve().parents[2] / "goldens"
 
 
 def TT(elem, *shape):
