@@ -149,3 +149,24 @@ def test_every_module_imports_on_its_own_in_layer_order():
     order = sorted((m for m in _modules() if m), key=lambda m: (layer_of(m), m))
     code = "import importlib\nfor m in %r:\n    importlib.import_module('layoutc.' + m)\n" % (order,)
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120)
+
+
+#: Test folders that are not one stage: suites across stages (each backend end to end, hostile input,
+#: other libraries' layouts) and the recorded goldens.
+CROSS_STAGE_TESTS = {"backends", "security", "library", "goldens"}
+#: Tests of the project as a whole, kept at the top of tests/.
+PROJECT_TESTS = {"test_architecture.py", "test_docs.py", "test_makefile.py", "test_newcomer.py",
+                 "test_packaging.py", "test_hypothesis_profile.py"}
+
+
+def test_tests_mirror_the_package():
+    """tests/ has a folder per stage of layoutc/ it tests (and a few suites across stages), so the test of a
+    module is found where the module is; nothing else sits at the top."""
+    tests = Path(__file__).resolve().parent
+    stages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders - stages - CROSS_STAGE_TESTS == set(), "test folders that are no stage of layoutc/"
+    loose = {p.name for p in tests.glob("test_*.py")}
+    assert loose <= PROJECT_TESTS, f"tests at the top of tests/ that belong in a stage folder: {loose - PROJECT_TESTS}"
+    for folder in folders - {"goldens"}:
+        assert (tests / folder / "__init__.py").exists(), f"tests/{folder} is not a package (module names collide)"
