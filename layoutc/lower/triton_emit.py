@@ -21,7 +21,7 @@ from ..lang.compiler import Chain
 from ..front.text import comment
 from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
-from .plan import Access, Pattern, Plan, linear, swar_terms, unknown
+from .plan import Access, Pattern, Plan, Quads, linear, swar_terms, unknown
 from .terms import collect_and_name
 from .torch_emit import BIT_VIEWS
 
@@ -47,7 +47,7 @@ def t(e: ex.Expr) -> str:
 #: The line a walk puts after binding the output coordinates: where their named terms go.
 TERMS = "#<terms>"
 #: Names a body binds itself (a named term takes none of them).
-_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "mask", "pid", "rows", "cols", "live", "inside",
+_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_o", "mask", "pid", "rows", "cols", "live", "inside",
            "_T", "_ALT", "_ASM", "_b", "_c", "_f", "_nan", "_nct", "_read"}
 
 
@@ -239,10 +239,13 @@ def _words(p: Plan, t=t) -> list[str]:
     return body
 
 
-def _quads(p: Plan, t=t) -> list[str]:
+def _quads(p: Plan, t=t, q: Quads | None = None) -> list[str]:
     """Four output words per lane: four whole source words (two 8-byte loads when they pair up), the
-    bits permuted on the source words (swar_terms), a 4x4 byte transpose, one 16-byte store."""
-    q = p.quads
+    bits permuted on the source words (swar_terms), a 4x4 byte transpose, one 16-byte store. Quads of
+    words ``spread`` > 1 apart (Plan.spread_quads) are regrouped in the program before the store, so
+    that it still writes whole runs of consecutive words (one lane's four words are 4*spread bytes
+    apart: stored as they are, a warp would write 4-byte pieces scattered over four times the span)."""
+    q = q or p.quads
     shape = p.word_shape[:-1] + (ex.div(p.word_shape[-1], 4),)
     body = _lanes(p, BLOCK_QUADS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape, t)
     if q.pairs:  # x is viewed as 64-bit words: source words b and b + 2 are one load
@@ -268,10 +271,22 @@ def _quads(p: Plan, t=t) -> list[str]:
         "# output word j is byte j of _v0.._v3",
         "_w0, _w1, _w2, _w3 = _transpose4x4(_v0, _v1, _v2, _v3, _ASM)",
         f"w = tl.reshape(tl.join(tl.join(_w0, _w2), tl.join(_w1, _w3)), ({BLOCK_QUADS}, 4))",
-        "tl.store(y_ptr + (4 * offs)[:, None] + tl.arange(0, 4)[None, :], w.to(tl.int32, bitcast=True),",
-        "         mask=mask[:, None])",
     ]
-    return body
+    if q.spread == 1:
+        return body + [
+            "tl.store(y_ptr + (4 * offs)[:, None] + tl.arange(0, 4)[None, :], w.to(tl.int32, bitcast=True),",
+            "         mask=mask[:, None])",
+        ]
+    s, n = q.spread, 4 * BLOCK_QUADS
+    # This program's quads are whole groups of `spread` (BLOCK_QUADS is a multiple of it, and so is a
+    # row): their words are the n consecutive words from 4 * BLOCK_QUADS * pid, in the order
+    # (quad // spread, word j, quad % spread).
+    return body + [
+        f"# word j of quad q is output word 4*{s}*(q // {s}) + q % {s} + {s}*j: regrouped, {n} consecutive words",
+        f"w = tl.reshape(tl.permute(tl.reshape(w, ({BLOCK_QUADS // s}, {s}, 4)), (0, 2, 1)), ({n},))",
+        *_lanes(p, n, "_o"),
+        f"tl.store(y_ptr + _o, w.to(tl.int32, bitcast=True), mask=_o < 4 * ({t(ex.mul(*shape))}))",
+    ]
 
 
 TRANSPOSE = '''
@@ -301,6 +316,11 @@ def _transpose4x4(v0, v1, v2, v3, _ASM: tl.constexpr):
 '''
 
 
+def uses_transpose(p: Plan) -> bool:
+    """Whether the body of ``p`` calls ``_transpose4x4`` (TRANSPOSE is then part of the kernels)."""
+    return p.access == "quads" or (p.access == "words" and p.spread_quads is not None)
+
+
 def body(p: Plan, name: str, dims: Sequence[str]) -> str:
     """``@triton.jit def name(x_ptr, y_ptr, pid, <dims>, WIDE, _ALT, _T, _ASM)``: the part of the output
     that program ``pid`` of this tensor converts. _ALT selects the plan's alternative walk (coarse
@@ -320,6 +340,8 @@ def body(p: Plan, name: str, dims: Sequence[str]) -> str:
 
     if p.access == "quads":
         lines = alternative(lambda t: _quads(p, t), lambda t: _words(p, t))
+    elif p.access == "words" and p.spread_quads is not None:
+        lines = alternative(lambda t: _quads(p, t, p.spread_quads), lambda t: _words(p, t))
     elif p.access == "words":
         lines = named(lambda t: _words(p, t))
     elif p.access == "rows" and rows_word(p) > 1:
@@ -410,10 +432,13 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
 
     words = walk("uint8", "int32", f"-(-({ex.to_python(ex.mul(*p.word_shape))}) // {BLOCK_WORDS})") \
         if p.pattern == "words" else []
-    if p.access == "quads":
+    q = p.quads if p.access == "quads" else p.spread_quads if p.access == "words" else None
+    if q is not None:
         shape = p.word_shape[:-1] + (ex.div(p.word_shape[-1], 4),)
-        cond = " and ".join(f"{d} % {p.quads.multiple} == 0" for d in p.quads.guard_dims) or "True"
-        quads = walk("int64" if p.quads.pairs else "int32", "int32",
+        cond = " and ".join(f"{d} % {q.multiple} == 0" for d in q.guard_dims) or "True"
+        if q.spread > 1:  # rows of whole groups of spread quads
+            cond += f" and ({ex.to_python(p.word_shape[-1])}) % {4 * q.spread} == 0"
+        quads = walk("int64" if q.pairs else "int32", "int32",
                      f"-(-({ex.to_python(ex.mul(*shape))}) // {BLOCK_QUADS})")
         return [(cond + "  # the dims the quads walk was checked for", quads), (None, words)]
     if p.access == "words":
