@@ -47,8 +47,8 @@ def t(e: ex.Expr) -> str:
 #: The line a walk puts after binding the output coordinates: where their named terms go.
 TERMS = "#<terms>"
 #: Names a body binds itself (a named term takes none of them).
-_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_o", "mask", "pid", "rows", "cols", "live", "inside",
-           "_T", "_ALT", "_ASM", "_b", "_c", "_f", "_nan", "_nct", "_read"}
+_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_o", "_K", "mask", "pid", "rows", "cols", "live",
+           "inside", "_T", "_ALT", "_ASM", "_b", "_c", "_f", "_nan", "_nct", "_read"}
 
 
 # ---------------------------------------------------------------------------
@@ -195,12 +195,20 @@ def rows_word(p: Plan) -> int:
     return 32 // p.in_elem.bits
 
 
-def _rows(p: Plan, w: int = 1, t=t) -> list[str]:
+#: The rows walk's elements per word, a constexpr of the body: rows_word(p) when _ALT, else 1.
+ROW_WORD = "_K"
+
+
+def _per_word(e: ex.Expr, w: int | str) -> ex.Expr:
+    return ex.div(e, w) if isinstance(w, int) else ex.floordiv(e, ex.Var(w))
+
+
+def _rows(p: Plan, w: int | str = 1, t=t) -> list[str]:
     """2-D tiles: rows found through the composed map, each copied along its contiguous last axis
-    (``w`` elements per word: the last axis counted in words)."""
+    (``w`` elements per word: the last axis counted in words; ROW_WORD: the body's constexpr)."""
     m = p.map
     lead = p.out_shape[:-1]
-    kout, kin = ex.div(p.out_shape[-1], w), ex.div(p.in_shape[-1], w)
+    kout, kin = _per_word(p.out_shape[-1], w), _per_word(p.in_shape[-1], w)
     n_rows = t(ex.mul(*lead)) if lead else "1"
     return [
         f"_nct = ({t(kout)} + _T - 1) // _T",
@@ -216,7 +224,7 @@ def _rows(p: Plan, w: int = 1, t=t) -> list[str]:
         f"src = {t(linear(m.src[:-1], p.in_shape[:-1]))}",
         f"ok = live & {t(p.row_valid)}" if p.row_valid != ex.TRUE else "ok = live",
         f"inside = cols < ({t(kout)})",
-        *([f"_read = inside & (cols < ({t(ex.div(p.col_bound, w))}))  # the padded columns are the fill"]
+        *([f"_read = inside & (cols < ({t(_per_word(p.col_bound, w))}))  # the padded columns are the fill"]
           if p.col_bound is not None else ["_read = inside"]),
         f"v = tl.load(x_ptr + src[:, None] * ({t(kin)}) + cols[None, :],",
         f"            mask=ok[:, None] & _read[None, :], other={t(m.fill)})",
@@ -344,8 +352,9 @@ def body(p: Plan, name: str, dims: Sequence[str]) -> str:
         lines = alternative(lambda t: _quads(p, t, p.spread_quads), lambda t: _words(p, t))
     elif p.access == "words":
         lines = named(lambda t: _words(p, t))
-    elif p.access == "rows" and rows_word(p) > 1:
-        lines = alternative(lambda t: _rows(p, rows_word(p), t), lambda t: _rows(p, 1, t))
+    elif p.access == "rows" and rows_word(p) > 1:  # one body: the word width is a constexpr
+        lines = [f"{ROW_WORD}: tl.constexpr = {rows_word(p)} if _ALT else 1  # elements per word",
+                 *named(lambda t: _rows(p, ROW_WORD, t))]
     elif p.access == "rows":
         lines = named(lambda t: _rows(p, 1, t))
     elif p.access != Access.ELEMENTS:
@@ -381,10 +390,16 @@ def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str]) -> str:
 def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: Sequence[str]) -> str:
     """Source of ``def name(tensors, d) -> dict``: allocate every output of ``entries`` (tensor
     name, plan), choose each walk for the call's shapes, launch ``kernel`` once."""
+    xs = ", ".join(f"tensors[{tensor!r}]" for tensor, _ in entries)
     lines = [f"def {name}(tensors, d):",
              f"    # One launch converts {', '.join(n for n, _ in entries)}.",
+             f"    _xs = ({xs},)",
+             f"    _key = _prepared_key({name}, _xs, d)",
+             "    _run = _PREPARED.get(_key)",
+             "    if _run is not None:  # a warm call of these shapes: allocate and launch",
+             "        return _run(_xs)",
              *(f"    {d} = d[{d!r}]" for d in dims),
-             "    out, _args, _flags, total = {}, [], {}, 0"]
+             "    out, _args, _flags, total, _apart = {}, [], {}, 0, []"]
     for i, (tensor, p) in enumerate(entries):
         shape = ", ".join(ex.to_python(s) for s in p.out_shape)
         lines += [
@@ -402,7 +417,7 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
                       *(f"        {x}" for x in second)]
             alt = "_alt"
         if p.pattern == "copy" and not p.conversions:  # a plain copy: large ones by the device's own copy
-            lines += ["    if _copy_apart(x):", "        ys.copy_(xs)", "        n = 0"]
+            lines += ["    if _copy_apart(x):", "        ys.copy_(xs)", "        n = 0", f"        _apart.append({i})"]
         lines += [
             "    _args += [xs, ys]",
             f"    _flags.update(_G{i}=n, _W{i}=max(x.numel() * x.element_size(), y.numel() * y.element_size()) >= 2**31, "
@@ -412,10 +427,12 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
         ]
     lines += [
         "",
+        f"    _consts = dict({''.join(f'{d}={d}, ' for d in dims)}**_flags, _ASM=_inline_asm(x))",
+        "    _compiled = None",
         "    if total:",
         "        kernels = _triton_kernels(_TRITON_SOURCE, _TRITON_FILE)",
-        f"        _launch(kernels[{kernel!r}], total, _args, dict({''.join(f'{d}={d}, ' for d in dims)}**_flags, "
-        f"_ASM=_inline_asm(x)), {NUM_WARPS})",
+        f"        _compiled = _launch(kernels[{kernel!r}], total, _args, _consts, {NUM_WARPS})",
+        "    _prepare(_key, _compiled, total, _consts, out, _args, _apart)",
         "    return out",
     ]
     return "\n".join(lines) + "\n"

@@ -257,15 +257,68 @@ def _launch(kernel, programs, args, consts, num_warps):
     # expected (another version, the interpreter) every call takes Triton's own launch.
     key = (id(kernel), torch.cuda.current_device() if args[0].is_cuda else -1,
            tuple(a.dtype for a in args), tuple(a.data_ptr() % 16 == 0 for a in args), tuple(consts.values()))
+    # Returns the compiled kernel when it can be launched directly (else None): _prepare keeps it.
     compiled = _LAUNCHES.get(key) if _DIRECT_LAUNCH else None
     if compiled is not None:
         compiled[(programs, 1, 1)](*args, *consts.values())
-        return
+        return compiled
     compiled = kernel[(programs,)](*args, **consts, num_warps=num_warps)
     names = list(getattr(kernel, "arg_names", ()))
     direct = (args[0].is_cuda and hasattr(compiled, "__getitem__") and hasattr(compiled, "function")
               and names[len(args):] == list(consts) and len(names) == len(args) + len(consts))
     _LAUNCHES[key] = compiled if direct else None
+    return _LAUNCHES[key]
+
+
+#: Prepared launches of layer functions: (layer, dims, dtypes, device) -> a function of the inputs.
+_PREPARED = {}
+
+
+def _prepared_key(layer, xs, d):
+    # What a layer function's work depends on besides the bytes: the dims (which give every shape,
+    # grid and constexpr), the inputs' dtypes and device; None when an input is not contiguous and
+    # 16-byte aligned (the layer function then copies it first, every call) or direct launches are off.
+    if not _DIRECT_LAUNCH:
+        return None
+    key = [layer, *d.values()]
+    for x in xs:
+        if not x.is_contiguous() or x.data_ptr() % 16:
+            return None
+        key.append(x.dtype)
+    x = xs[0]
+    key.append(x.device)
+    if x.is_cuda:
+        key.append(torch.cuda.current_device())
+    return tuple(key)
+
+
+def _prepare(key, compiled, programs, consts, out, args, apart):
+    # After a full call of a layer function: what a later call with the same key needs, the outputs'
+    # shapes and dtypes, the copies done apart (their views) and the compiled kernel with its grid
+    # and constexpr values bound, so that call allocates and launches and nothing else (the host
+    # time of a warm call; benchmarks/host_time.py). The kernel reads only the tensors' addresses, so
+    # the inputs are passed as they come (the views the full call made are bit views of the same
+    # memory: _prepared_key admits only contiguous, aligned inputs, which the full call passed as is).
+    if key is None or (programs and compiled is None):
+        return
+    names, ys = list(out), list(out.values())
+    shapes = tuple((tuple(y.shape), y.dtype) for y in ys)
+    device = ys[0].device if ys else None
+    copies = tuple((i, args[2 * i].dtype, args[2 * i + 1].dtype) for i in apart)
+    launch = compiled[(programs, 1, 1)] if programs else None
+    constants = tuple(consts.values())
+
+    def run(xs):
+        ys = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
+        for i, vx, vy in copies:
+            ys[i].view(vy).copy_(xs[i].view(vx))
+        if launch is not None:
+            launch(*[t for pair in zip(xs, ys) for t in pair], *constants)
+        return dict(zip(names, ys))
+
+    if len(_PREPARED) >= 256:
+        _PREPARED.clear()
+    _PREPARED[key] = run
 
 
 #: A tensor the layer copies as is, of at least this many bytes, is copied by torch (the device's
