@@ -71,6 +71,25 @@ def emit(root: Path, folder: Path, tag: str, which: str = "flashinfer") -> None:
     (folder / f"{tag}.json").write_text(json.dumps(manifest))
 
 
+def _host_median(fn, reps: int) -> float:
+    """Median seconds until ``fn`` returns, the device idle at each start (what it launches is not
+    waited for): the host's share of a call."""
+    import time
+
+    import torch
+
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def _load(path: str):
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -87,6 +106,8 @@ def main() -> int:
     ap.add_argument("--variants", choices=["flashinfer", "other", "all"], default="flashinfer",
                     help="FlashInfer's specs (default), the other engines' (issue 24), or both")
     ap.add_argument("--dims", default=None, help="E=..,I=..,H=.. (default: the gpt-oss-120b layer)")
+    ap.add_argument("--host", action="store_true", help="also the host time of a warm call (the median time "
+                    "until convert() returns, the device idle at each start), old and new in alternation")
     ap.add_argument("--emit", nargs=4, metavar=("ROOT", "FOLDER", "TAG", "WHICH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.emit:
@@ -151,6 +172,15 @@ def main() -> int:
                 times["new_fingerprinted"].append(timeit(calls["new_fingerprinted"], "cuda") * 1e3)
                 times["copy"].append(timeit(lambda: buf.copy_(flat), "cuda") * 1e3)
                 times["copy_b2b"].append(timeit(lambda: buf.copy_(flat), "cuda", reps=5, calls=10) * 1e3)
+            if args.host:  # issue 25: the host's share of a warm call, before and after, fingerprint on and off
+                host = {"old": [], "new": [], "old_fingerprinted": [], "new_fingerprinted": []}
+                calls["old_fingerprinted"] = lambda: converters["old"].convert(x)
+                for r in range(args.rounds):
+                    for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                        for k in (tag, f"{tag}_fingerprinted"):
+                            host[k].append(_host_median(calls[k], 100) * 1e6)
+                for k, v in host.items():
+                    row[f"host_{k}_us"] = statistics.median(v)
             row["new_fingerprinted_median_ms"] = statistics.median(times["new_fingerprinted"])
             row.update({f"{k}_ms": v for k, v in times.items()})
             for tag in ("old", "new"):

@@ -3,6 +3,8 @@
 # root of the main checkout with this tree copied to .wt-gpu (device tool, carry [".whl", ".wt-gpu"]):
 #   bash .wt-gpu/benchmarks/h200_gpu_run.sh host     # host time per warm call, before (..) and after (.)
 #   bash .wt-gpu/benchmarks/h200_gpu_run.sh speed    # every spec before/after at gpt-oss-120b; hopper split
+#   bash .wt-gpu/benchmarks/h200_gpu_run.sh final    # host time and the gpt-oss-20b layer before/after in one
+#                                                    # process each; hopper split; host-time breakdown
 # "Before" is the main checkout the device tool sends (the base of this branch); "after" is .wt-gpu.
 # Results under $OUT; a summary is printed last.
 set -uo pipefail
@@ -12,7 +14,39 @@ BEFORE=$PWD
 cd .wt-gpu || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+summary() {  # a table of a before_after.py JSON-lines file
+  python3 - "$1" <<'PY'
+import json, sys
+print(f"{'spec':50s} {'old ms':>7s} {'new ms':>7s} {'old %':>6s} {'new %':>6s} {'b2b old%':>8s} {'b2b new%':>8s} "
+      f"same f==e | host us old/new (fp off) | host us old/new (fp on)")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    name = r["spec"] + " " + ",".join(f"{k}={v}" for k, v in r["params"].items())
+    if "error" in r:
+        print(f"{name:50s} ERROR {r['error'][:80]}")
+        continue
+    host = (f"{r['host_old_us']:6.1f} / {r['host_new_us']:6.1f} | {r['host_old_fingerprinted_us']:6.1f} / "
+            f"{r['host_new_fingerprinted_us']:6.1f}") if "host_old_us" in r else ""
+    print(f"{name:50s} {r['old_median_ms']:7.3f} {r['new_median_ms']:7.3f} {100 * r['old_fraction_of_copy']:6.1f} "
+          f"{100 * r['new_fraction_of_copy']:6.1f} {100 * r['old_b2b_fraction_of_copy']:8.1f} "
+          f"{100 * r['new_b2b_fraction_of_copy']:8.1f} {r['same_output']!s:5s} {r['new_fused_equals_eager']!s:5s}| {host}")
+PY
+}
 case "${1:-host}" in
+final)
+  timeout 200 python3 benchmarks/before_after.py --old "$BEFORE" --new . --variants all --rounds 5 --host \
+    --dims E=2,I=256,H=256 --out "$OUT/ba_tiny.jsonl" > "$OUT/ba_tiny.log" 2>&1; echo "before_after tiny: exit $?"
+  timeout 230 python3 benchmarks/before_after.py --old "$BEFORE" --new . --variants all --rounds 3 \
+    --dims E=32,I=2944,H=2944 --out "$OUT/ba20.jsonl" > "$OUT/ba20.log" 2>&1; echo "before_after 20b: exit $?"
+  timeout 60 python3 benchmarks/layer_split.py --spec triton_kernels_mxfp4_hopper --out "$OUT/split_hopper.jsonl" \
+    > "$OUT/split_hopper.log" 2>&1; echo "layer_split: exit $?"
+  timeout 90 python3 benchmarks/host_time.py --reps 100 --shapes tiny --out "$OUT/host_after2.json" \
+    > "$OUT/host_after2.log" 2>&1; echo "host_time: exit $?"
+  grep "  host \|worst" "$OUT/host_after2.log"
+  cat "$OUT/split_hopper.log"
+  echo "== E=2, I=H=256 (host time)"; summary "$OUT/ba_tiny.jsonl"
+  echo "== gpt-oss-20b layer"; summary "$OUT/ba20.jsonl"
+  ;;
 host)
   HOST_TIME_ROOT=$BEFORE timeout 170 python3 benchmarks/host_time.py --reps 100 --shapes tiny \
     --out "$OUT/host_before.json" > "$OUT/host_before.log" 2>&1; echo "host before: exit $?"

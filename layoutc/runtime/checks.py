@@ -96,10 +96,25 @@ def _widened(tensors, contract):
     # An input declared `f32[...] accepts bf16` may arrive as bf16: converted exactly (the compiler
     # allows only widenings that lose nothing) before the transforms, which see the declared type.
     out = dict(tensors)
-    for name, t in tensors.items():
-        if t is not None and str(t.dtype).removeprefix("torch.") in contract[name].get("widens", ()):
-            out[name] = t.to(getattr(torch, contract[name]["torch_dtypes"][0]))
+    for name, (widens, to) in _widening(contract).items():
+        t = out.get(name)
+        if t is not None and t.dtype in widens:
+            out[name] = t.to(to)
     return out
+
+
+_WIDENING = {}
+
+
+def _widening(contract):
+    # Per input that accepts narrower dtypes: those dtypes and the declared one; worked out once per
+    # contract (a warm call then reads no dtype names).
+    hit = _WIDENING.get(id(contract))
+    if hit is None or hit[0] is not contract:
+        table = {name: (frozenset(getattr(torch, n) for n in c["widens"] if hasattr(torch, n)),
+                        getattr(torch, c["torch_dtypes"][0])) for name, c in contract.items() if c.get("widens")}
+        hit = _WIDENING[id(contract)] = (contract, table)
+    return hit[1]
 
 
 #: Call signatures that passed every check, with their dims and variant key (bounded below).
@@ -303,13 +318,13 @@ def _prepare(key, compiled, programs, consts, out, args, apart):
         return
     names, ys = list(out), list(out.values())
     shapes = tuple((tuple(y.shape), y.dtype) for y in ys)
-    device = ys[0].device if ys else None
     copies = tuple((i, args[2 * i].dtype, args[2 * i + 1].dtype) for i in apart)
     launch = compiled[(programs, 1, 1)] if programs else None
     constants = tuple(consts.values())
 
     def run(xs):
-        ys = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
+        x = xs[0]  # new_empty: the device and options from a tensor (less host time than torch.empty(device=))
+        ys = [x.new_empty(shape, dtype=dtype) for shape, dtype in shapes]
         for i, vx, vy in copies:
             ys[i].view(vy).copy_(xs[i].view(vx))
         if launch is not None:
@@ -349,28 +364,46 @@ def _choose_lowering(lowering, tensors, lowerings):
     # device types it runs on (None: any), those 'auto' picks it for, the module it needs, the
     # environment variable that lets it run on the CPU (Triton's interpreter), and what to say
     # when it is asked for on the wrong device. 'auto' takes the first that fits, else 'eager'.
-    names = [entry[0] for entry in lowerings]
-    if lowering != "auto" and lowering not in names:
-        choices = ", ".join(repr(n) for n in ["auto"] + names)
-        raise LayoutError(f"lowering must be one of {choices}, got {lowering!r}")
     device = torch.device("cpu")
     for t in tensors.values():
         if t is not None:
             device = t.device
             break
+    key = (id(lowerings), lowering, device)
+    hit = _CHOSEN.get(key)
+    if hit is not None and hit[0] is lowerings:
+        return hit[1]
+    names = [entry[0] for entry in lowerings]
+    if lowering != "auto" and lowering not in names:
+        choices = ", ".join(repr(n) for n in ["auto"] + names)
+        raise LayoutError(f"lowering must be one of {choices}, got {lowering!r}")
     for name, devices, auto_on, needs, cpu_env, wrong_device in lowerings:
         if lowering == name:
-            if devices is not None and device.type not in devices and not (cpu_env and os.environ.get(cpu_env) == "1"):
-                raise LayoutError(f"lowering={name!r} {wrong_device} (these are on {device}); use "
-                                  f"{' or '.join(repr(n) for n in names if n != name)} here"
-                                  + (f", or set {cpu_env}=1" if cpu_env else ""))
+            if devices is not None and device.type not in devices:
+                if not (cpu_env and os.environ.get(cpu_env) == "1"):
+                    raise LayoutError(f"lowering={name!r} {wrong_device} (these are on {device}); use "
+                                      f"{' or '.join(repr(n) for n in names if n != name)} here"
+                                      + (f", or set {cpu_env}=1" if cpu_env else ""))
+                key = None  # allowed by an environment variable, which may change: not remembered
             if not _importable(needs):
                 raise LayoutError(f"lowering={name!r} needs the module {needs!r}, which is not installed; "
                                   f"use {' or '.join(repr(n) for n in names if n != name)}")
-            return name
+            return _chosen(key, lowerings, name)
         if lowering == "auto" and device.type in auto_on and _importable(needs):
-            return name
-    return "eager"
+            return _chosen(key, lowerings, name)
+    return _chosen(key, lowerings, "eager")
+
+
+#: The lowering chosen per (table, lowering asked for, device): a warm call looks it up.
+_CHOSEN = {}
+
+
+def _chosen(key, lowerings, name):
+    if key is not None:
+        if len(_CHOSEN) >= 256:
+            _CHOSEN.clear()
+        _CHOSEN[key] = (lowerings, name)
+    return name
 
 
 _IMPORTABLE = {}
