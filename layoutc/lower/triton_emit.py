@@ -453,7 +453,9 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
     if q is not None:
         shape = p.word_shape[:-1] + (ex.div(p.word_shape[-1], 4),)
         cond = " and ".join(f"{d} % {q.multiple} == 0" for d in q.guard_dims) or "True"
-        if q.spread > 1:  # rows of whole groups of spread quads
+        rest = ex.simplify(ex.mod(p.word_shape[-1], 4 * q.spread),
+                           {d: (1, None) for d in ex.free_vars(p.word_shape[-1])})
+        if q.spread > 1 and rest != ex.Const(0):  # rows of whole groups of spread quads (unless always)
             cond += f" and ({ex.to_python(p.word_shape[-1])}) % {4 * q.spread} == 0"
         quads = walk("int64" if q.pairs else "int32", "int32",
                      f"-(-({ex.to_python(ex.mul(*shape))}) // {BLOCK_QUADS})")
