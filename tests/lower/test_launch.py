@@ -190,3 +190,34 @@ def test_row_tiles_waste_the_fewest_lanes():
     tile = runtime._row_tile
     assert [tile(c, 1024) for c in (1, 3, 64, 384, 368, 1472, 1024, 2048, 1000)] == [1, 4, 64, 128, 128, 64, 1024, 1024, 1024]
     assert tile(1472, 256) == 64 and tile(4096, 256) == 256
+
+
+def test_the_lowering_choice_is_remembered_but_not_one_an_environment_variable_allowed(monkeypatch):
+    # runtime._choose_lowering remembers its answer per (table, lowering asked for, device), so a warm
+    # call looks it up; a lowering allowed on this device only by an environment variable is asked
+    # again every call (the variable may change), and errors are never remembered.
+    table = (("fused", ("cuda",), ("cuda",), None, "LAYOUTC_TEST_SWITCH", "runs kernels that need CUDA tensors"),
+             ("eager", None, (), None, None, "cannot run on these tensors"))
+    x = {"w": torch.zeros(2)}
+    monkeypatch.setattr(runtime, "_CHOSEN", {})
+    monkeypatch.setenv("LAYOUTC_TEST_SWITCH", "1")
+    assert runtime._choose_lowering("fused", x, table) == "fused"
+    monkeypatch.delenv("LAYOUTC_TEST_SWITCH")
+    with pytest.raises(runtime.LayoutError, match="set LAYOUTC_TEST_SWITCH=1"):
+        runtime._choose_lowering("fused", x, table)
+    with pytest.raises(runtime.LayoutError, match="lowering must be one of"):
+        runtime._choose_lowering("fast", x, table)
+    assert runtime._choose_lowering("auto", x, table) == "eager"
+    assert runtime._choose_lowering("auto", x, table) == "eager"
+    assert list(runtime._CHOSEN) == [(id(table), "auto", torch.device("cpu"))]
+
+
+def test_dtype_widening_follows_the_contract_it_is_given():
+    # runtime._widened works its table out once per contract: two contracts, two answers.
+    x = {"b": torch.ones(3, dtype=torch.bfloat16), "w": torch.ones(2, dtype=torch.bfloat16)}
+    wide = {"b": {"torch_dtypes": ["float32"], "widens": ["bfloat16"]}, "w": {"torch_dtypes": ["bfloat16"]}}
+    plain = {"b": {"torch_dtypes": ["bfloat16"]}, "w": {"torch_dtypes": ["bfloat16"]}}
+    for _ in range(2):
+        got = runtime._widened(x, wide)
+        assert got["b"].dtype == torch.float32 and got["w"] is x["w"] and x["b"].dtype == torch.bfloat16
+        assert runtime._widened(x, plain)["b"] is x["b"]
