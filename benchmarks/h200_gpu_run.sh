@@ -3,6 +3,7 @@
 # root of the main checkout with this tree copied to .wt-gpu (device tool, carry [".whl", ".wt-gpu"]):
 #   bash .wt-gpu/benchmarks/h200_gpu_run.sh host     # host time per warm call, before (..) and after (.)
 #   bash .wt-gpu/benchmarks/h200_gpu_run.sh speed    # every spec before/after at gpt-oss-120b; hopper split
+#   bash .wt-gpu/benchmarks/h200_gpu_run.sh split    # per-body split (hopper, aiter_mxfp4), parity, breakdown
 #   bash .wt-gpu/benchmarks/h200_gpu_run.sh final    # host time and the gpt-oss-20b layer before/after in one
 #                                                    # process each; hopper split; host-time breakdown
 # "Before" is the main checkout the device tool sends (the base of this branch); "after" is .wt-gpu.
@@ -33,6 +34,30 @@ for line in open(sys.argv[1]):
 PY
 }
 case "${1:-host}" in
+split)  # where the layer kernel's time goes (one body at a time), and parity of the final tree
+  for spec in triton_kernels_mxfp4_hopper aiter_mxfp4; do
+    timeout 80 python3 benchmarks/layer_split.py --spec $spec --out "$OUT/split.jsonl" > "$OUT/split_$spec.log" 2>&1
+    echo "layer_split $spec: exit $?"; cat "$OUT/split_$spec.log"
+  done
+  timeout 120 python3 - > "$OUT/parity.log" 2>&1 <<'PY'
+import torch, layoutc
+from layoutc.convert.synthckpt import synthetic_inputs
+from benchmarks.before_after import VARIANTS, OTHER_VARIANTS
+for name, params in VARIANTS + OTHER_VARIANTS[:5]:
+    spec = layoutc.compile_file(f"specs/{name}.lyt", params)
+    for dims in ({"E": 32, "I": 2944, "H": 2944}, {"E": 3, "I": 384, "H": 256}):
+        x = synthetic_inputs(spec, dims, 7, "cuda")
+        a, b = spec.convert(x, fingerprint=False), spec.convert(x, fingerprint=False)  # full path, then prepared
+        e = spec.convert(x, lowering="eager")
+        same = all(a[k].view(torch.uint8).equal(e[k].view(torch.uint8)) and b[k].view(torch.uint8).equal(
+            e[k].view(torch.uint8)) for k in e)
+        print(name, params, dims, "fused (first and warm call) == eager:", same, flush=True)
+PY
+  echo "parity: exit $?"; cat "$OUT/parity.log"
+  timeout 120 python3 benchmarks/host_time.py --reps 100 --shapes tiny --out "$OUT/host_final.json" \
+    > "$OUT/host_final.log" 2>&1; echo "host_time: exit $?"
+  grep "  host \|worst" "$OUT/host_final.log"
+  ;;
 final)
   timeout 200 python3 benchmarks/before_after.py --old "$BEFORE" --new . --variants all --rounds 5 --host \
     --dims E=2,I=256,H=256 --out "$OUT/ba_tiny.jsonl" > "$OUT/ba_tiny.log" 2>&1; echo "before_after tiny: exit $?"
