@@ -1,7 +1,8 @@
 """Fused conversion time of every shipped spec before and after a change, in one process, the two
 converters timed in alternation (issues 11 and 12: no shipped spec slower after the change).
 
-    python benchmarks/before_after.py --old .old --new . --out ba.jsonl [--rounds 5]
+    python benchmarks/before_after.py --old .old --new . --out ba.jsonl [--rounds 5] [--variants all]
+        [--dims E=32,I=2944,H=2944]
 
 ``--old`` and ``--new`` are checkouts (or ``git archive`` copies) holding layoutc/ and specs/. Each
 one's layoutc compiles its own specs into standalone converter modules (a subprocess per checkout,
@@ -32,6 +33,10 @@ VARIANTS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
             ("flashinfer_trtllm_mxfp4", {}), ("flashinfer_cutlass_mxfp4_padded", {"checkpoint": "gpt_oss"}),
             ("flashinfer_trtllm_nvfp4", {"activation": "silu"}), ("flashinfer_cutlass_nvfp4", {"activation": "silu"}),
             ("flashinfer_trtllm_fp8_block", {}), ("flashinfer_trtllm_bf16", {"activation": "silu"})]
+#: The shipped specs of engines other than FlashInfer (issue 24); --variants other / all.
+OTHER_VARIANTS = [("triton_kernels_mxfp4_hopper", {}), ("triton_kernels_mxfp4_blackwell", {}), ("aiter_mxfp4", {}),
+                  ("aiter_fp8_block", {}), ("deepgemm_fp8_block", {}), ("vllm_cutlass_nvfp4", {"activation": "silu"}),
+                  ("marlin_mxfp4", {}), ("marlin_gptq_int4", {})]
 DIMS = {"E": 128, "I": 2944, "H": 2944}
 # Parameters that give a newer spec the layout of the older one, where its defaults changed it (the
 # trtllm specs pad H, and I, to 256 since vLLM 0.33; at I = H = 2944, a multiple of 128, padding to
@@ -39,14 +44,18 @@ DIMS = {"E": 128, "I": 2944, "H": 2944}
 AS_OLD = {"flashinfer_trtllm_mxfp4": {"pad_to": 128, "pad_hidden": 128}, "flashinfer_trtllm_nvfp4": {"pad_hidden": 128}}
 
 
-def emit(root: Path, folder: Path, tag: str) -> None:
+def _variants(which: str) -> list:
+    return {"flashinfer": VARIANTS, "other": OTHER_VARIANTS, "all": VARIANTS + OTHER_VARIANTS}[which]
+
+
+def emit(root: Path, folder: Path, tag: str, which: str = "flashinfer") -> None:
     """In a subprocess: compile every variant with ``root``'s layoutc into ``folder``; a manifest."""
     sys.path.insert(0, str(root))
     import layoutc
 
     assert Path(layoutc.__file__).resolve().is_relative_to(root), layoutc.__file__
     manifest = []
-    for i, (name, params) in enumerate(VARIANTS):
+    for i, (name, params) in enumerate(_variants(which)):
         runs = [(params, False)]
         extra = AS_OLD.get(name, {})
         text = (root / "specs" / f"{name}.lyt").read_text()
@@ -62,6 +71,25 @@ def emit(root: Path, folder: Path, tag: str) -> None:
     (folder / f"{tag}.json").write_text(json.dumps(manifest))
 
 
+def _host_median(fn, reps: int) -> float:
+    """Median seconds until ``fn`` returns, the device idle at each start (what it launches is not
+    waited for): the host's share of a call."""
+    import time
+
+    import torch
+
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def _load(path: str):
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -75,16 +103,23 @@ def main() -> int:
     ap.add_argument("--new", type=Path, default=Path("."))
     ap.add_argument("--out", type=Path)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--emit", nargs=3, metavar=("ROOT", "FOLDER", "TAG"), help=argparse.SUPPRESS)
+    ap.add_argument("--variants", choices=["flashinfer", "other", "all"], default="flashinfer",
+                    help="FlashInfer's specs (default), the other engines' (issue 24), or both")
+    ap.add_argument("--dims", default=None, help="E=..,I=..,H=.. (default: the gpt-oss-120b layer)")
+    ap.add_argument("--host", action="store_true", help="also the host time of a warm call (the median time "
+                    "until convert() returns, the device idle at each start), old and new in alternation")
+    ap.add_argument("--emit", nargs=4, metavar=("ROOT", "FOLDER", "TAG", "WHICH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.emit:
-        emit(Path(args.emit[0]).resolve(), Path(args.emit[1]), args.emit[2])
+        emit(Path(args.emit[0]).resolve(), Path(args.emit[1]), args.emit[2], args.emit[3])
         return 0
+    dims = dict(DIMS) if args.dims is None else {k: int(v) for k, v in (p.split("=") for p in args.dims.split(","))}
     if args.old is None or args.out is None:
         ap.error("--old and --out are required")
     folder = Path(tempfile.mkdtemp(prefix="before_after_"))
     for tag, root in (("old", args.old), ("new", args.new)):
-        subprocess.run([sys.executable, __file__, "--emit", str(root.resolve()), str(folder), tag], check=True)
+        subprocess.run([sys.executable, __file__, "--emit", str(root.resolve()), str(folder), tag, args.variants],
+                       check=True)
     old = {m["variant"]: m for m in json.loads((folder / "old.json").read_text())}
     new = json.loads((folder / "new.json").read_text())
 
@@ -96,16 +131,23 @@ def main() -> int:
     from layoutc.convert.synthckpt import synthetic_inputs
 
     for entry in new:
-        row = {"spec": entry["spec"], "params": entry["params"], "as_old": entry["as_old"], "dims": DIMS,
+        row = {"spec": entry["spec"], "params": entry["params"], "as_old": entry["as_old"], "dims": dims,
                "old_params": old[entry["variant"]]["params"]}
         try:
             for side in (entry, old[entry["variant"]]):
                 if "error" in side:
                     raise RuntimeError(side["error"])
             spec = layoutc.compile_file(args.new / "specs" / f"{entry['spec']}.lyt", entry["params"])
-            x = synthetic_inputs(spec, DIMS, 1, "cuda")
+            x = synthetic_inputs(spec, dims, 1, "cuda")
             converters = {"old": _load(old[entry["variant"]]["module"]), "new": _load(entry["module"])}
             outs = {tag: m.convert(x) for tag, m in converters.items()}
+            # parity of the new fused converter with the eager lowering (the reference), on other values too
+            x2 = synthetic_inputs(spec, dims, 2, "cuda")
+            fused2, eager2 = converters["new"].convert(x2), converters["new"].convert(x2, lowering="eager")
+            row["new_fused_equals_eager"] = fused2.keys() == eager2.keys() and all(
+                fused2[k].shape == eager2[k].shape and fused2[k].view(torch.uint8).equal(eager2[k].view(torch.uint8))
+                for k in fused2)
+            x2 = fused2 = eager2 = None
             inputs = sum(t.numel() * t.element_size() for t in x.values())
             for tag, out in outs.items():
                 row[f"{tag}_bytes"] = inputs + sum(t.numel() * t.element_size() for t in out.values())
@@ -118,22 +160,36 @@ def main() -> int:
             times = {"old": [], "new": [], "copy": [], "new_fingerprinted": []}
             # The new converters fingerprint their outputs by default (the guard follows copies: one more
             # read of the outputs); the conversion is compared with fingerprint=False, the default timed apart.
-            takes_fp = "fingerprint" in inspect.signature(converters["new"].convert).parameters
-            calls = {"old": lambda: converters["old"].convert(x),
-                     "new": (lambda: converters["new"].convert(x, fingerprint=False)) if takes_fp
-                     else (lambda: converters["new"].convert(x)),
-                     "new_fingerprinted": lambda: converters["new"].convert(x)}
+            takes_fp = {tag: "fingerprint" in inspect.signature(m.convert).parameters for tag, m in converters.items()}
+            calls = {tag: (lambda m=m: m.convert(x, fingerprint=False)) if takes_fp[tag] else (lambda m=m: m.convert(x))
+                     for tag, m in converters.items()}
+            calls["new_fingerprinted"] = lambda: converters["new"].convert(x)
+            times.update(old_b2b=[], new_b2b=[], copy_b2b=[])
             for r in range(args.rounds):
                 for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
                     times[tag].append(timeit(calls[tag], "cuda") * 1e3)
+                    times[f"{tag}_b2b"].append(timeit(calls[tag], "cuda", reps=5, calls=10) * 1e3)
                 times["new_fingerprinted"].append(timeit(calls["new_fingerprinted"], "cuda") * 1e3)
                 times["copy"].append(timeit(lambda: buf.copy_(flat), "cuda") * 1e3)
+                times["copy_b2b"].append(timeit(lambda: buf.copy_(flat), "cuda", reps=5, calls=10) * 1e3)
+            if args.host:  # issue 25: the host's share of a warm call, before and after, fingerprint on and off
+                host = {"old": [], "new": [], "old_fingerprinted": [], "new_fingerprinted": []}
+                calls["old_fingerprinted"] = lambda: converters["old"].convert(x)
+                for r in range(args.rounds):
+                    for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                        for k in (tag, f"{tag}_fingerprinted"):
+                            host[k].append(_host_median(calls[k], 100) * 1e6)
+                for k, v in host.items():
+                    row[f"host_{k}_us"] = statistics.median(v)
             row["new_fingerprinted_median_ms"] = statistics.median(times["new_fingerprinted"])
             row.update({f"{k}_ms": v for k, v in times.items()})
             for tag in ("old", "new"):
                 row[f"{tag}_median_ms"] = statistics.median(times[tag])
                 row[f"{tag}_fraction_of_copy"] = (row[f"{tag}_bytes"] / row[f"{tag}_median_ms"]) / (
                     2 * flat.numel() / statistics.median(times["copy"]))
+                row[f"{tag}_b2b_median_ms"] = statistics.median(times[f"{tag}_b2b"])
+                row[f"{tag}_b2b_fraction_of_copy"] = (row[f"{tag}_bytes"] / row[f"{tag}_b2b_median_ms"]) / (
+                    2 * flat.numel() / statistics.median(times["copy_b2b"]))
             row["new_over_old"] = row["new_median_ms"] / row["old_median_ms"]
         except Exception as err:  # noqa: BLE001 -- recorded; the other specs still run
             row["error"] = repr(err)[:300]

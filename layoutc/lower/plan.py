@@ -98,6 +98,9 @@ class Quads:
     # bytes between the source words of neighbouring quads along the last axis, the same for every
     # source word and row (checked like the rest): a row of quads reads runs at one stride
     row_stride: ex.Expr | None = None
+    # output words `spread` apart form a quad: quad q of a row is its words 4*spread*(q // spread) +
+    # q % spread + spread*j, j = 0..3 (1: four consecutive words); only Plan.spread_quads has spread > 1
+    spread: int = 1
 
 
 @attrs.frozen
@@ -118,6 +121,9 @@ class Plan:
     reason: str = ""  # pattern "none": why
     access: Access = attrs.field(default=Access.ELEMENTS, converter=_kind(Access))
     quads: Quads | None = None
+    # words plans: the quads walk over output words `spread` > 1 apart (Quads.spread), when four
+    # consecutive words do not form a quad; a kernel that regroups the words before its store takes it
+    spread_quads: Quads | None = None
     coarse: int = 1  # elements: the map moves runs of this many elements; the kernel moves them as one word
     coarse_src: ex.Expr | None = None  # ... source word index over the coarse output grid
     coarse_valid: ex.Expr = ex.TRUE
@@ -268,6 +274,9 @@ def plan(chain: Chain) -> Plan:
         raw = attrs.evolve(raw, access="words", quads=_quads(raw, chain))
         if raw.quads is not None:
             raw = attrs.evolve(raw, access="quads")
+        else:
+            raw = attrs.evolve(raw, spread_quads=next(
+                (q for s in QUAD_SPREADS[1:] if (q := _quads(raw, chain, s)) is not None), None))
     elif raw.pattern == "gather" and (split := _rows_form(raw.map)) is not None:
         raw = attrs.evolve(raw, access="rows", row_valid=split[0], col_bound=split[1])
     elif raw.pattern == "gather" and not raw.conversions:
@@ -287,8 +296,9 @@ def index_exprs(p: Plan) -> list[ex.Expr]:
     for coords in p.word_sources:
         out += list(coords)
     out += list(p.word_valid)
-    if p.quads is not None:
-        out += [*p.quads.bases, *p.quads.valid]
+    for q in (p.quads, p.spread_quads):
+        if q is not None:
+            out += [*q.bases, *q.valid]
     if p.coarse_src is not None:
         out += [p.coarse_src, p.coarse_valid]
     if p.col_bound is not None:
@@ -451,17 +461,32 @@ def _rows_form(m: IndexMap) -> tuple[ex.Expr, ex.Expr | None] | None:
 
 #: Divisibility of the dims tried for the quads walk, smallest first.
 QUAD_MULTIPLES = (4, 16, 64)
+#: Distances (in output words) between the words of a quad, tried in this order: 1 is four
+#: consecutive words; larger ones serve layouts that interleave source words at a distance (the
+#: triton_kernels Hopper value layout puts byte k of a source word in output word 4k + m).
+QUAD_SPREADS = (1, 2, 4, 8, 16)
 
 
-def _quads(p: Plan, chain: Chain) -> Quads | None:
-    """Four consecutive output words from four whole source words: for each output byte position b,
-    the four bytes of the quad's words at b are four consecutive bytes of one aligned source word
-    (a 4x4 byte transpose). Checked exhaustively on small instances of the dims that are multiples
-    of some m in QUAD_MULTIPLES (smallest that works); the launcher checks m on the call's dims."""
+def quad_word(q, spread: int, j=0):
+    """The output word (along the last axis) of word ``j`` of quad ``q`` (an expression or an integer
+    tensor): 4*spread*(q // spread) + q % spread + spread*j."""
+    if isinstance(q, ex.Expr):
+        if spread == 1:
+            return ex.add(ex.mul(4, q), j) if j else ex.mul(4, q)
+        return ex.add(ex.mul(4 * spread, ex.floordiv(q, spread)), ex.mod(q, spread), spread * j)
+    return (q // spread) * (4 * spread) + q % spread + spread * j
+
+
+def _quads(p: Plan, chain: Chain, spread: int = 1) -> Quads | None:
+    """Four output words from four whole source words: for each output byte position b, the four
+    bytes at b of the quad's words (quad_word: consecutive words when ``spread`` is 1) are four
+    consecutive bytes of one aligned source word (a 4x4 byte transpose). Checked exhaustively on
+    small instances of the dims that are multiples of some m in QUAD_MULTIPLES (smallest that
+    works), with rows of whole spread quads; the launcher checks m on the call's dims."""
     k = len(p.word_shape) - 1
     last = f"o{k}"
     addrs = [linear(c, p.in_shape) for c in p.word_sources]
-    quad = {last: ex.mul(4, ex.Var(last))}
+    quad = {last: quad_word(ex.Var(last), spread)}
     dims = _dims_of(chain)
     leading = ex.free_vars(p.in_shape[0]) if p.in_shape else set()
     rest = set().union(*(ex.free_vars(s) for s in (*p.in_shape[1:], *p.out_shape[1:])))
@@ -471,9 +496,11 @@ def _quads(p: Plan, chain: Chain) -> Quads | None:
     valid = tuple(tidy(ex.substitute(v, quad), _quad_shape(p.word_shape), dims) for v in p.word_valid)
     for multiple in QUAD_MULTIPLES:
         found = samples(chain, [(ex.Var(d), multiple) for d in guard], count=8)
-        if len(found) < 2 or not all(_quads_hold(p, addrs, bases, valid, dims_, last) for dims_ in found):
+        if len(found) < 2 or not all(_quads_hold(p, addrs, bases, valid, dims_, last, spread) for dims_ in found):
             continue
         pairs = all(_pairs_hold(p, bases, valid, dims_) for dims_ in found)
+        if spread > 1:
+            return Quads(bases, valid, pairs, multiple, guard, None, spread)
         stride = _row_stride(p, bases, valid, last)
         if stride is not None and not (all(_row_stride_holds(p, bases, stride, dims_, last) for dims_ in found)
                                        and any(int(ex.evaluate(p.word_shape[-1], d_)) >= 8 for d_ in found)):
@@ -508,9 +535,9 @@ def _quad_shape(word_shape: Sequence[ex.Expr]) -> tuple[ex.Expr, ...]:
     return tuple(word_shape[:-1]) + (ex.div(word_shape[-1], 4),)
 
 
-def _quads_hold(p: Plan, addrs, bases, valid, dims: dict, last: str) -> bool:
+def _quads_hold(p: Plan, addrs, bases, valid, dims: dict, last: str, spread: int = 1) -> bool:
     shape = [int(ex.evaluate(s, dims)) for s in p.word_shape]
-    if shape[-1] % 4:
+    if shape[-1] % (4 * spread):
         return False
     env = grid_env(shape[:-1] + [shape[-1] // 4], dims)
     for addr, base, v_word, v_quad in zip(addrs, bases, p.word_valid, valid):
@@ -520,7 +547,7 @@ def _quads_hold(p: Plan, addrs, bases, valid, dims: dict, last: str) -> bool:
             return False
         for j in range(4):
             shifted = dict(env)
-            shifted[last] = env[last] * 4 + j
+            shifted[last] = quad_word(env[last], spread, j)
             same_valid = _evaluate(v_word, shifted).to(bool) == ok
             same_addr = (_evaluate(addr, shifted) == b + j) | ~ok
             if not bool((same_valid & same_addr).all()):

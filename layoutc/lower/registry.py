@@ -133,7 +133,7 @@ def _fused_layer(ctx: EmitContext, variant: Variant) -> tuple[str, tuple[str, ..
         chains.append(tag)
     if not entries:
         return None
-    if any(p.access == "quads" for _, p in entries):
+    if any(triton_emit.uses_transpose(p) for _, p in entries):
         ctx.kernel("_transpose4x4", triton_emit.TRANSPOSE.strip() + "\n")
     key = tuple(chains)
     if key not in ctx.layers:

@@ -21,7 +21,7 @@ from ..lang.compiler import Chain
 from ..front.text import comment
 from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
-from .plan import Access, Pattern, Plan, linear, swar_terms, unknown
+from .plan import Access, Pattern, Plan, Quads, linear, swar_terms, unknown
 from .terms import collect_and_name
 from .torch_emit import BIT_VIEWS
 
@@ -47,8 +47,8 @@ def t(e: ex.Expr) -> str:
 #: The line a walk puts after binding the output coordinates: where their named terms go.
 TERMS = "#<terms>"
 #: Names a body binds itself (a named term takes none of them).
-_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "mask", "pid", "rows", "cols", "live", "inside",
-           "_T", "_ALT", "_ASM", "_b", "_c", "_f", "_nan", "_nct", "_read"}
+_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_o", "_K", "mask", "pid", "rows", "cols", "live",
+           "inside", "_T", "_ALT", "_ASM", "_b", "_c", "_f", "_nan", "_nct", "_read"}
 
 
 # ---------------------------------------------------------------------------
@@ -195,12 +195,20 @@ def rows_word(p: Plan) -> int:
     return 32 // p.in_elem.bits
 
 
-def _rows(p: Plan, w: int = 1, t=t) -> list[str]:
+#: The rows walk's elements per word, a constexpr of the body: rows_word(p) when _ALT, else 1.
+ROW_WORD = "_K"
+
+
+def _per_word(e: ex.Expr, w: int | str) -> ex.Expr:
+    return ex.div(e, w) if isinstance(w, int) else ex.floordiv(e, ex.Var(w))
+
+
+def _rows(p: Plan, w: int | str = 1, t=t) -> list[str]:
     """2-D tiles: rows found through the composed map, each copied along its contiguous last axis
-    (``w`` elements per word: the last axis counted in words)."""
+    (``w`` elements per word: the last axis counted in words; ROW_WORD: the body's constexpr)."""
     m = p.map
     lead = p.out_shape[:-1]
-    kout, kin = ex.div(p.out_shape[-1], w), ex.div(p.in_shape[-1], w)
+    kout, kin = _per_word(p.out_shape[-1], w), _per_word(p.in_shape[-1], w)
     n_rows = t(ex.mul(*lead)) if lead else "1"
     return [
         f"_nct = ({t(kout)} + _T - 1) // _T",
@@ -216,7 +224,7 @@ def _rows(p: Plan, w: int = 1, t=t) -> list[str]:
         f"src = {t(linear(m.src[:-1], p.in_shape[:-1]))}",
         f"ok = live & {t(p.row_valid)}" if p.row_valid != ex.TRUE else "ok = live",
         f"inside = cols < ({t(kout)})",
-        *([f"_read = inside & (cols < ({t(ex.div(p.col_bound, w))}))  # the padded columns are the fill"]
+        *([f"_read = inside & (cols < ({t(_per_word(p.col_bound, w))}))  # the padded columns are the fill"]
           if p.col_bound is not None else ["_read = inside"]),
         f"v = tl.load(x_ptr + src[:, None] * ({t(kin)}) + cols[None, :],",
         f"            mask=ok[:, None] & _read[None, :], other={t(m.fill)})",
@@ -239,10 +247,13 @@ def _words(p: Plan, t=t) -> list[str]:
     return body
 
 
-def _quads(p: Plan, t=t) -> list[str]:
+def _quads(p: Plan, t=t, q: Quads | None = None) -> list[str]:
     """Four output words per lane: four whole source words (two 8-byte loads when they pair up), the
-    bits permuted on the source words (swar_terms), a 4x4 byte transpose, one 16-byte store."""
-    q = p.quads
+    bits permuted on the source words (swar_terms), a 4x4 byte transpose, one 16-byte store. Quads of
+    words ``spread`` > 1 apart (Plan.spread_quads) are regrouped in the program before the store, so
+    that it still writes whole runs of consecutive words (one lane's four words are 4*spread bytes
+    apart: stored as they are, a warp would write 4-byte pieces scattered over four times the span)."""
+    q = q or p.quads
     shape = p.word_shape[:-1] + (ex.div(p.word_shape[-1], 4),)
     body = _lanes(p, BLOCK_QUADS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape, t)
     if q.pairs:  # x is viewed as 64-bit words: source words b and b + 2 are one load
@@ -268,10 +279,22 @@ def _quads(p: Plan, t=t) -> list[str]:
         "# output word j is byte j of _v0.._v3",
         "_w0, _w1, _w2, _w3 = _transpose4x4(_v0, _v1, _v2, _v3, _ASM)",
         f"w = tl.reshape(tl.join(tl.join(_w0, _w2), tl.join(_w1, _w3)), ({BLOCK_QUADS}, 4))",
-        "tl.store(y_ptr + (4 * offs)[:, None] + tl.arange(0, 4)[None, :], w.to(tl.int32, bitcast=True),",
-        "         mask=mask[:, None])",
     ]
-    return body
+    if q.spread == 1:
+        return body + [
+            "tl.store(y_ptr + (4 * offs)[:, None] + tl.arange(0, 4)[None, :], w.to(tl.int32, bitcast=True),",
+            "         mask=mask[:, None])",
+        ]
+    s, n = q.spread, 4 * BLOCK_QUADS
+    # This program's quads are whole groups of `spread` (BLOCK_QUADS is a multiple of it, and so is a
+    # row): their words are the n consecutive words from 4 * BLOCK_QUADS * pid, in the order
+    # (quad // spread, word j, quad % spread).
+    return body + [
+        f"# word j of quad q is output word 4*{s}*(q // {s}) + q % {s} + {s}*j: regrouped, {n} consecutive words",
+        f"w = tl.reshape(tl.permute(tl.reshape(w, ({BLOCK_QUADS // s}, {s}, 4)), (0, 2, 1)), ({n},))",
+        *_lanes(p, n, "_o"),
+        f"tl.store(y_ptr + _o, w.to(tl.int32, bitcast=True), mask=_o < 4 * ({t(ex.mul(*shape))}))",
+    ]
 
 
 TRANSPOSE = '''
@@ -301,6 +324,11 @@ def _transpose4x4(v0, v1, v2, v3, _ASM: tl.constexpr):
 '''
 
 
+def uses_transpose(p: Plan) -> bool:
+    """Whether the body of ``p`` calls ``_transpose4x4`` (TRANSPOSE is then part of the kernels)."""
+    return p.access == "quads" or (p.access == "words" and p.spread_quads is not None)
+
+
 def body(p: Plan, name: str, dims: Sequence[str]) -> str:
     """``@triton.jit def name(x_ptr, y_ptr, pid, <dims>, WIDE, _ALT, _T, _ASM)``: the part of the output
     that program ``pid`` of this tensor converts. _ALT selects the plan's alternative walk (coarse
@@ -320,10 +348,13 @@ def body(p: Plan, name: str, dims: Sequence[str]) -> str:
 
     if p.access == "quads":
         lines = alternative(lambda t: _quads(p, t), lambda t: _words(p, t))
+    elif p.access == "words" and p.spread_quads is not None:
+        lines = alternative(lambda t: _quads(p, t, p.spread_quads), lambda t: _words(p, t))
     elif p.access == "words":
         lines = named(lambda t: _words(p, t))
-    elif p.access == "rows" and rows_word(p) > 1:
-        lines = alternative(lambda t: _rows(p, rows_word(p), t), lambda t: _rows(p, 1, t))
+    elif p.access == "rows" and rows_word(p) > 1:  # one body: the word width is a constexpr
+        lines = [f"{ROW_WORD}: tl.constexpr = {rows_word(p)} if _ALT else 1  # elements per word",
+                 *named(lambda t: _rows(p, ROW_WORD, t))]
     elif p.access == "rows":
         lines = named(lambda t: _rows(p, 1, t))
     elif p.access != Access.ELEMENTS:
@@ -359,10 +390,16 @@ def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str]) -> str:
 def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: Sequence[str]) -> str:
     """Source of ``def name(tensors, d) -> dict``: allocate every output of ``entries`` (tensor
     name, plan), choose each walk for the call's shapes, launch ``kernel`` once."""
+    xs = ", ".join(f"tensors[{tensor!r}]" for tensor, _ in entries)
     lines = [f"def {name}(tensors, d):",
              f"    # One launch converts {', '.join(n for n, _ in entries)}.",
+             f"    _xs = ({xs},)",
+             f"    _key = _prepared_key({name}, _xs, d)",
+             "    _run = _PREPARED.get(_key)",
+             "    if _run is not None:  # a warm call of these shapes: allocate and launch",
+             "        return _run(_xs)",
              *(f"    {d} = d[{d!r}]" for d in dims),
-             "    out, _args, _flags, total = {}, [], {}, 0"]
+             "    out, _args, _flags, total, _apart = {}, [], {}, 0, []"]
     for i, (tensor, p) in enumerate(entries):
         shape = ", ".join(ex.to_python(s) for s in p.out_shape)
         lines += [
@@ -380,7 +417,7 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
                       *(f"        {x}" for x in second)]
             alt = "_alt"
         if p.pattern == "copy" and not p.conversions:  # a plain copy: large ones by the device's own copy
-            lines += ["    if _copy_apart(x):", "        ys.copy_(xs)", "        n = 0"]
+            lines += ["    if _copy_apart(x):", "        ys.copy_(xs)", "        n = 0", f"        _apart.append({i})"]
         lines += [
             "    _args += [xs, ys]",
             f"    _flags.update(_G{i}=n, _W{i}=max(x.numel() * x.element_size(), y.numel() * y.element_size()) >= 2**31, "
@@ -390,10 +427,12 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
         ]
     lines += [
         "",
+        f"    _consts = dict({''.join(f'{d}={d}, ' for d in dims)}**_flags, _ASM=_inline_asm(x))",
+        "    _compiled = None",
         "    if total:",
         "        kernels = _triton_kernels(_TRITON_SOURCE, _TRITON_FILE)",
-        f"        _launch(kernels[{kernel!r}], total, _args, dict({''.join(f'{d}={d}, ' for d in dims)}**_flags, "
-        f"_ASM=_inline_asm(x)), {NUM_WARPS})",
+        f"        _compiled = _launch(kernels[{kernel!r}], total, _args, _consts, {NUM_WARPS})",
+        "    _prepare(_key, _compiled, total, _consts, out, _args, _apart)",
         "    return out",
     ]
     return "\n".join(lines) + "\n"
@@ -410,10 +449,15 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
 
     words = walk("uint8", "int32", f"-(-({ex.to_python(ex.mul(*p.word_shape))}) // {BLOCK_WORDS})") \
         if p.pattern == "words" else []
-    if p.access == "quads":
+    q = p.quads if p.access == "quads" else p.spread_quads if p.access == "words" else None
+    if q is not None:
         shape = p.word_shape[:-1] + (ex.div(p.word_shape[-1], 4),)
-        cond = " and ".join(f"{d} % {p.quads.multiple} == 0" for d in p.quads.guard_dims) or "True"
-        quads = walk("int64" if p.quads.pairs else "int32", "int32",
+        cond = " and ".join(f"{d} % {q.multiple} == 0" for d in q.guard_dims) or "True"
+        rest = ex.simplify(ex.mod(p.word_shape[-1], 4 * q.spread),
+                           {d: (1, None) for d in ex.free_vars(p.word_shape[-1])})
+        if q.spread > 1 and rest != ex.Const(0):  # rows of whole groups of spread quads (unless always)
+            cond += f" and ({ex.to_python(p.word_shape[-1])}) % {4 * q.spread} == 0"
+        quads = walk("int64" if q.pairs else "int32", "int32",
                      f"-(-({ex.to_python(ex.mul(*shape))}) // {BLOCK_QUADS})")
         return [(cond + "  # the dims the quads walk was checked for", quads), (None, words)]
     if p.access == "words":

@@ -96,10 +96,25 @@ def _widened(tensors, contract):
     # An input declared `f32[...] accepts bf16` may arrive as bf16: converted exactly (the compiler
     # allows only widenings that lose nothing) before the transforms, which see the declared type.
     out = dict(tensors)
-    for name, t in tensors.items():
-        if t is not None and str(t.dtype).removeprefix("torch.") in contract[name].get("widens", ()):
-            out[name] = t.to(getattr(torch, contract[name]["torch_dtypes"][0]))
+    for name, (widens, to) in _widening(contract).items():
+        t = out.get(name)
+        if t is not None and t.dtype in widens:
+            out[name] = t.to(to)
     return out
+
+
+_WIDENING = {}
+
+
+def _widening(contract):
+    # Per input that accepts narrower dtypes: those dtypes and the declared one; worked out once per
+    # contract (a warm call then reads no dtype names).
+    hit = _WIDENING.get(id(contract))
+    if hit is None or hit[0] is not contract:
+        table = {name: (frozenset(getattr(torch, n) for n in c["widens"] if hasattr(torch, n)),
+                        getattr(torch, c["torch_dtypes"][0])) for name, c in contract.items() if c.get("widens")}
+        hit = _WIDENING[id(contract)] = (contract, table)
+    return hit[1]
 
 
 #: Call signatures that passed every check, with their dims and variant key (bounded below).
@@ -257,15 +272,70 @@ def _launch(kernel, programs, args, consts, num_warps):
     # expected (another version, the interpreter) every call takes Triton's own launch.
     key = (id(kernel), torch.cuda.current_device() if args[0].is_cuda else -1,
            tuple(a.dtype for a in args), tuple(a.data_ptr() % 16 == 0 for a in args), tuple(consts.values()))
+    # Returns the compiled kernel when it can be launched directly (else None): _prepare keeps it.
     compiled = _LAUNCHES.get(key) if _DIRECT_LAUNCH else None
     if compiled is not None:
         compiled[(programs, 1, 1)](*args, *consts.values())
-        return
+        return compiled
     compiled = kernel[(programs,)](*args, **consts, num_warps=num_warps)
     names = list(getattr(kernel, "arg_names", ()))
     direct = (args[0].is_cuda and hasattr(compiled, "__getitem__") and hasattr(compiled, "function")
               and names[len(args):] == list(consts) and len(names) == len(args) + len(consts))
     _LAUNCHES[key] = compiled if direct else None
+    return _LAUNCHES[key]
+
+
+#: Prepared launches of layer functions: (layer, dims, dtypes, device) -> a function of the inputs.
+_PREPARED = {}
+
+
+def _prepared_key(layer, xs, d):
+    # What a layer function's work depends on besides the bytes: the dims (which give every shape,
+    # grid and constexpr), the inputs' dtypes and device; None when an input is not contiguous and
+    # 16-byte aligned (the layer function then copies it first, every call) or direct launches are off.
+    if not _DIRECT_LAUNCH:
+        return None
+    key = [layer, *d.values()]
+    for x in xs:
+        if not x.is_contiguous() or x.data_ptr() % 16:
+            return None
+        key.append(x.dtype)
+    x = xs[0]
+    key.append(x.device)
+    if x.is_cuda:
+        key.append(torch.cuda.current_device())
+    return tuple(key)
+
+
+def _prepare(key, compiled, programs, consts, out, args, apart):
+    # After a full call of a layer function: what a later call with the same key needs, the outputs'
+    # shapes and dtypes, the copies done apart (their views) and the compiled kernel with its grid
+    # and constexpr values bound, so that call allocates and launches and nothing else (the host
+    # time of a warm call; benchmarks/host_time.py). The kernel reads only the tensors' addresses, so
+    # the inputs are passed as they come (the views the full call made are bit views of the same
+    # memory: _prepared_key admits only contiguous, aligned inputs, which the full call passed as is).
+    if key is None or (programs and compiled is None):
+        return
+    names, ys = list(out), list(out.values())
+    shapes = tuple((tuple(y.shape), y.dtype) for y in ys)
+    device = ys[0].device if ys else None
+    copies = tuple((i, args[2 * i].dtype, args[2 * i + 1].dtype) for i in apart)
+    launch = compiled[(programs, 1, 1)] if programs else None
+    constants = tuple(consts.values())
+
+    def run(xs):
+        # torch.empty, as the full call: plain tensors whatever the inputs' class (x.new_empty would keep
+        # a tensor subclass; it took 0.7 us less per output on the H200, benchmarks/host_time.py)
+        ys = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
+        for i, vx, vy in copies:
+            ys[i].view(vy).copy_(xs[i].view(vx))
+        if launch is not None:
+            launch(*[t for pair in zip(xs, ys) for t in pair], *constants)
+        return dict(zip(names, ys))
+
+    if len(_PREPARED) >= 256:
+        _PREPARED.clear()
+    _PREPARED[key] = run
 
 
 #: A tensor the layer copies as is, of at least this many bytes, is copied by torch (the device's
@@ -296,28 +366,46 @@ def _choose_lowering(lowering, tensors, lowerings):
     # device types it runs on (None: any), those 'auto' picks it for, the module it needs, the
     # environment variable that lets it run on the CPU (Triton's interpreter), and what to say
     # when it is asked for on the wrong device. 'auto' takes the first that fits, else 'eager'.
-    names = [entry[0] for entry in lowerings]
-    if lowering != "auto" and lowering not in names:
-        choices = ", ".join(repr(n) for n in ["auto"] + names)
-        raise LayoutError(f"lowering must be one of {choices}, got {lowering!r}")
     device = torch.device("cpu")
     for t in tensors.values():
         if t is not None:
             device = t.device
             break
+    key = (id(lowerings), lowering, device)
+    hit = _CHOSEN.get(key)
+    if hit is not None and hit[0] is lowerings:
+        return hit[1]
+    names = [entry[0] for entry in lowerings]
+    if lowering != "auto" and lowering not in names:
+        choices = ", ".join(repr(n) for n in ["auto"] + names)
+        raise LayoutError(f"lowering must be one of {choices}, got {lowering!r}")
     for name, devices, auto_on, needs, cpu_env, wrong_device in lowerings:
         if lowering == name:
-            if devices is not None and device.type not in devices and not (cpu_env and os.environ.get(cpu_env) == "1"):
-                raise LayoutError(f"lowering={name!r} {wrong_device} (these are on {device}); use "
-                                  f"{' or '.join(repr(n) for n in names if n != name)} here"
-                                  + (f", or set {cpu_env}=1" if cpu_env else ""))
+            if devices is not None and device.type not in devices:
+                if not (cpu_env and os.environ.get(cpu_env) == "1"):
+                    raise LayoutError(f"lowering={name!r} {wrong_device} (these are on {device}); use "
+                                      f"{' or '.join(repr(n) for n in names if n != name)} here"
+                                      + (f", or set {cpu_env}=1" if cpu_env else ""))
+                key = None  # allowed by an environment variable, which may change: not remembered
             if not _importable(needs):
                 raise LayoutError(f"lowering={name!r} needs the module {needs!r}, which is not installed; "
                                   f"use {' or '.join(repr(n) for n in names if n != name)}")
-            return name
+            return _chosen(key, lowerings, name)
         if lowering == "auto" and device.type in auto_on and _importable(needs):
-            return name
-    return "eager"
+            return _chosen(key, lowerings, name)
+    return _chosen(key, lowerings, "eager")
+
+
+#: The lowering chosen per (table, lowering asked for, device): a warm call looks it up.
+_CHOSEN = {}
+
+
+def _chosen(key, lowerings, name):
+    if key is not None:
+        if len(_CHOSEN) >= 256:
+            _CHOSEN.clear()
+        _CHOSEN[key] = (lowerings, name)
+    return name
 
 
 _IMPORTABLE = {}

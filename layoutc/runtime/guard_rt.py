@@ -71,12 +71,12 @@ def _record(t, origin):
     from torch.multiprocessing.reductions import StorageWeakRef
 
     storage = t.untyped_storage()
-    r = {k: v for k, v in origin.items() if k not in ("fingerprint", "pending")}  # see r["origin"]
-    r.update({
-        "origin": origin, "stride": tuple(t.stride()), "nbytes": storage.nbytes(),
-        # Inference tensors (in-place conversion under torch.inference_mode) have no version counter.
-        "version": None if t.is_inference() else t._version, "storage": StorageWeakRef(storage),
-    })
+    r = dict(origin)  # without the fingerprint, which only r["origin"] holds (filled in later)
+    r.pop("fingerprint", None)
+    r.pop("pending", None)
+    r.update(origin=origin, stride=tuple(t.stride()), nbytes=storage.nbytes(),
+             # Inference tensors (in-place conversion under torch.inference_mode) have no version counter.
+             version=None if t.is_inference() else t._version, storage=StorageWeakRef(storage))
     return (storage.data_ptr(), t.storage_offset()), r
 
 
@@ -97,18 +97,20 @@ def _stamp(outputs, spec_name, sha256, params, requires, dims=None, fingerprint=
     reg = _provenance_registry()
     _sweep(reg)
     call = next(reg.calls)
-    library = tuple((lib, _installed(dist)) for lib, dist, _, _ in requires)
-    converted = frozenset(outputs)
+    libraries = reg.__dict__.setdefault("libraries", {})  # the installed versions, looked up once
+    requires = tuple(requires)
+    library = libraries.get(requires)
+    if library is None:
+        library = libraries[requires] = tuple((lib, _installed(dist)) for lib, dist, _, _ in requires)
+    # What every output of the call shares, copied into each origin (the dims of the call: a padded
+    # output does not tell I or H back, so the guard uses these; one copy per call, never changed).
+    shared = {"spec": spec_name, "sha256": sha256, "params": params, "library": library, "call": call,
+              "converted": frozenset(outputs), "dims": dict(dims) if dims is not None else None, "fingerprint": None}
     origins = []
+    records = reg.records
     for name, t in outputs.items():
-        origin = {
-            "tensor": name, "spec": spec_name, "sha256": sha256, "params": params, "library": library,
-            "call": call, "shape": tuple(t.shape), "dtype": t.dtype, "converted": converted,
-            "origin_stride": tuple(t.stride()),
-            # The dims of the call: a padded output does not tell I or H back, so the guard uses these.
-            "dims": dict(dims) if dims is not None else None, "fingerprint": None,
-        }
-        key, reg.records[key] = _record(t, origin)
+        origin = dict(shared, tensor=name, shape=tuple(t.shape), dtype=t.dtype, origin_stride=tuple(t.stride()))
+        key, records[key] = _record(t, origin)
         origins.append(origin)
     if not fingerprint:
         return

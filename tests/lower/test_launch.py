@@ -93,8 +93,89 @@ def test_generated_layer_launchers_go_through_launch():
     from layoutc.cli.demo import DEFAULT_SPEC
 
     src = layoutc.compile_file(DEFAULT_SPEC).source
-    assert "_launch(kernels['_k_layer_0'], total, _args, dict(" in src
+    assert "_compiled = _launch(kernels['_k_layer_0'], total, _args, _consts, " in src
     assert "kernels['_k_layer_0'][" not in src
+
+
+class RecordingCompiled:
+    """A compiled kernel as Triton returns it: launched directly with (grid), every argument in order."""
+
+    function = object()
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append((grid, [a.data_ptr() if isinstance(a, torch.Tensor) else a
+                                                        for a in args]))
+
+
+@pytest.mark.parametrize("apart", [False, True])
+def test_a_warm_call_of_the_same_shapes_allocates_and_launches_what_the_full_call_did(monkeypatch, apart):
+    # The prepared launch (runtime._prepare) replays the full call's launch: the same grid, the inputs'
+    # addresses where the full call passed its views, fresh outputs of the same shapes and dtypes, the
+    # same constexpr values; tensors copied apart are copied again. Runs where a launch yields no
+    # compiled kernel (the interpreter) never take it.
+    import layoutc
+    from layoutc.convert.synthckpt import synthetic_inputs
+    from tests.helpers import SPECS
+
+    spec = layoutc.compile_file(SPECS / "flashinfer_cutedsl_nvfp4.lyt", {"activation": "relu2"})
+    m = spec.module
+    compiled, full = RecordingCompiled(), []
+
+    def launch(kernel, programs, args, consts, num_warps):
+        full.append(((programs, 1, 1), [a.data_ptr() for a in args] + list(consts.values())))
+        return compiled
+
+    monkeypatch.setattr(m, "_launch", launch)
+    monkeypatch.setattr(m, "_PREPARED", {})
+    monkeypatch.setattr(m, "_COPY_APART_BYTES", 0 if apart else 1 << 62)
+    x = synthetic_inputs(spec, {"E": 2, "I": 64, "H": 48}, seed=5)
+    d, present = m._check_call(x, None, "convert", m.INPUTS, m._INPUT_SHAPES, m._INPUT_AXES, m.DIMS, m._CONDITIONS,
+                               m._CONVERT_CHECKS)
+    layer = m._LAYERS[("fused", present)]
+    first = layer(x, d)
+    second = layer(x, d)
+    assert len(full) == 1 and len(compiled.calls) == 1  # the second call took the prepared launch
+    grid, args = compiled.calls[0]
+    firsts = [t.data_ptr() for t in first.values()]
+    seconds = [t.data_ptr() for t in second.values()]
+    assert grid == full[0][0]
+    ins = [a for i, a in enumerate(args) if i < 2 * len(first) and i % 2 == 0]
+    assert ins == [a for i, a in enumerate(full[0][1]) if i < 2 * len(first) and i % 2 == 0]
+    assert args[1:2 * len(first):2] == seconds and not set(seconds) & set(firsts)  # fresh outputs
+    assert args[2 * len(first):] == full[0][1][2 * len(first):]  # constexpr values
+    assert [(t.shape, t.dtype) for t in first.values()] == [(t.shape, t.dtype) for t in second.values()]
+    copied = [n for n, t in first.items() if t.dtype == x[n].dtype and t.shape == x[n].shape]
+    for n in copied if apart else []:
+        assert torch.equal(second[n], x[n])  # copied apart on the warm call too
+    if apart:
+        assert copied
+
+
+def test_no_prepared_launch_without_a_compiled_kernel_or_for_unaligned_inputs(monkeypatch):
+    import layoutc
+    from layoutc.convert.synthckpt import synthetic_inputs
+    from tests.helpers import SPECS
+
+    spec = layoutc.compile_file(SPECS / "flashinfer_cutlass_bf16.lyt")
+    m = spec.module
+    monkeypatch.setattr(m, "_PREPARED", {})
+    calls = []
+    monkeypatch.setattr(m, "_launch", lambda *a: calls.append(a))  # returns None, as with the interpreter
+    x = synthetic_inputs(spec, {"E": 2, "I": 128, "H": 256}, seed=5)
+    d, present = m._check_call(x, None, "convert", m.INPUTS, m._INPUT_SHAPES, m._INPUT_AXES, m.DIMS, m._CONDITIONS,
+                               m._CONVERT_CHECKS)
+    layer = m._LAYERS[("fused", present)]
+    layer(x, d)
+    layer(x, d)
+    assert len(calls) == 2 and not m._PREPARED
+    assert m._prepared_key(layer, tuple(x.values()), d) is not None
+    odd = dict(x, w13_weight=torch.empty(x["w13_weight"].numel() + 1, dtype=torch.uint8)[1:].view(
+        x["w13_weight"].dtype).view(x["w13_weight"].shape))
+    assert m._prepared_key(layer, tuple(odd.values()), d) is None  # copied by _aligned on every call
+    assert m._prepared_key(layer, (x["w13_weight"].transpose(1, 2),), d) is None
 
 
 def test_the_switch_off_sends_every_call_through_triton(monkeypatch):
@@ -109,3 +190,34 @@ def test_row_tiles_waste_the_fewest_lanes():
     tile = runtime._row_tile
     assert [tile(c, 1024) for c in (1, 3, 64, 384, 368, 1472, 1024, 2048, 1000)] == [1, 4, 64, 128, 128, 64, 1024, 1024, 1024]
     assert tile(1472, 256) == 64 and tile(4096, 256) == 256
+
+
+def test_the_lowering_choice_is_remembered_but_not_one_an_environment_variable_allowed(monkeypatch):
+    # runtime._choose_lowering remembers its answer per (table, lowering asked for, device), so a warm
+    # call looks it up; a lowering allowed on this device only by an environment variable is asked
+    # again every call (the variable may change), and errors are never remembered.
+    table = (("fused", ("cuda",), ("cuda",), None, "LAYOUTC_TEST_SWITCH", "runs kernels that need CUDA tensors"),
+             ("eager", None, (), None, None, "cannot run on these tensors"))
+    x = {"w": torch.zeros(2)}
+    monkeypatch.setattr(runtime, "_CHOSEN", {})
+    monkeypatch.setenv("LAYOUTC_TEST_SWITCH", "1")
+    assert runtime._choose_lowering("fused", x, table) == "fused"
+    monkeypatch.delenv("LAYOUTC_TEST_SWITCH")
+    with pytest.raises(runtime.LayoutError, match="set LAYOUTC_TEST_SWITCH=1"):
+        runtime._choose_lowering("fused", x, table)
+    with pytest.raises(runtime.LayoutError, match="lowering must be one of"):
+        runtime._choose_lowering("fast", x, table)
+    assert runtime._choose_lowering("auto", x, table) == "eager"
+    assert runtime._choose_lowering("auto", x, table) == "eager"
+    assert list(runtime._CHOSEN) == [(id(table), "auto", torch.device("cpu"))]
+
+
+def test_dtype_widening_follows_the_contract_it_is_given():
+    # runtime._widened works its table out once per contract: two contracts, two answers.
+    x = {"b": torch.ones(3, dtype=torch.bfloat16), "w": torch.ones(2, dtype=torch.bfloat16)}
+    wide = {"b": {"torch_dtypes": ["float32"], "widens": ["bfloat16"]}, "w": {"torch_dtypes": ["bfloat16"]}}
+    plain = {"b": {"torch_dtypes": ["bfloat16"]}, "w": {"torch_dtypes": ["bfloat16"]}}
+    for _ in range(2):
+        got = runtime._widened(x, wide)
+        assert got["b"].dtype == torch.float32 and got["w"] is x["w"] and x["b"].dtype == torch.bfloat16
+        assert runtime._widened(x, plain)["b"] is x["b"]
