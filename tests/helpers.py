@@ -7,6 +7,9 @@ import re
 from pathlib import Path
 from typing import Mapping
 
+import importlib.util
+
+import pytest
 import torch
 
 import layoutc
@@ -60,3 +63,13 @@ def expectations(path: Path) -> tuple[list[str], int]:
     expects = re.findall(r"^# expect: (.+)$", text, flags=re.M)
     line = int(re.search(r"^# expect-line: (\d+)$", text, flags=re.M).group(1))
     return expects, line
+
+
+#: FlashInfer installed (the flashinfer extra: `make test-slow`). Tests that call its functions, or whose
+#: outcome depends on its version, are marked ``flashinfer`` and left out of `make test`.
+FLASHINFER = importlib.util.find_spec("flashinfer") is not None
+
+
+def flashinfer_case(value, needs: bool):
+    """A parametrize value, marked ``flashinfer`` when its outcome needs FlashInfer installed."""
+    return pytest.param(value, marks=pytest.mark.flashinfer) if needs else value

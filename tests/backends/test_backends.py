@@ -52,6 +52,7 @@ IDS = [f"{n}-{'-'.join(map(str, p.values()))}" for n, p, _, _ in CASES]
 
 
 
+@pytest.mark.flashinfer  # the recipes call FlashInfer's own helpers
 @pytest.mark.parametrize("name,params,recipe,shapes", CASES, ids=IDS)
 def test_spec_equals_the_engines_recipe(name, params, recipe, shapes):
     s = spec(name, **params)
@@ -100,6 +101,7 @@ PADDED = [
 ]
 
 
+@pytest.mark.flashinfer  # the recipes call FlashInfer's own helpers
 @pytest.mark.parametrize("name,params,recipe,dims,shapes", PADDED,
                          ids=[f"{n}-{'-'.join(map(str, p.values()))}-{d}" for n, p, _, d, _ in PADDED])
 def test_padded_trtllm_paths_equal_the_engines_recipe(name, params, recipe, dims, shapes):

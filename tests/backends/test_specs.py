@@ -73,6 +73,7 @@ fast = settings(max_examples=12, deadline=None, suppress_health_check=[HealthChe
 multiple_of_128 = st.integers(1, 3).map(lambda k: 128 * k)
 
 
+@pytest.mark.flashinfer  # the vLLM branch calls FlashInfer's helpers
 @fast
 @given(e=st.integers(1, 3), i=multiple_of_128, h=multiple_of_128, bias=st.booleans(), seed=st.integers(0, 2**16))
 def test_cutlass_bf16_matches_vllm_recipe(e, i, h, bias, seed):
@@ -89,6 +90,7 @@ def test_cutlass_mxfp8_matches_vllm_recipe(e, i, h, bias, seed):
     assert_same_bits(spec("flashinfer_cutlass_mxfp8").convert(t), expected)
 
 
+@pytest.mark.flashinfer  # the vLLM branch calls FlashInfer's helpers
 @fast
 @given(e=st.integers(1, 3), i=st.integers(1, 4).map(lambda k: 64 * k), h=st.integers(1, 12).map(lambda k: 16 * k),
        gated=st.booleans(), seed=st.integers(0, 2**16))

@@ -65,6 +65,7 @@ def test_quantizers_round_trip_representable_values():
     assert all(e < 0.2 for e in err), err  # 4-bit quantization error, not a layout error
 
 
+@pytest.mark.flashinfer
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 def test_dequantizers_match_flashinfers_decoder(fmt):
     from flashinfer.quantization.fp4_quantization import _e2m1_and_ufp8sf_scale_to_float_cpu as decode

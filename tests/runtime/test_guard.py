@@ -11,7 +11,7 @@ import torch
 import layoutc
 import layoutc.guard as guard
 from layoutc.convert.synthckpt import synthetic_inputs
-from tests.helpers import SPECS
+from tests.helpers import FLASHINFER, SPECS
 
 DIMS = {"E": 2, "I": 128, "H": 128}
 
@@ -22,7 +22,8 @@ def test_outputs_carry_their_provenance_through_nn_parameter(bf16):
     record = guard.check(params, bf16)
     assert record["spec"] == "flashinfer_cutlass_bf16"
     assert record["sha256"] == bf16.sha256
-    assert dict(record["library"])["flashinfer"].startswith("0.7")
+    installed = dict(record["library"])["flashinfer"]  # the version the conversion ran with, None without it
+    assert installed.startswith("0.7") if FLASHINFER else installed is None
     assert guard.provenance(params["w2_weight"])["tensor"] == "w2_weight"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import layoutc
-from tests.helpers import ROOT, SPECS, expectations
+from tests.helpers import ROOT, SPECS, expectations, flashinfer_case
 
 CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.lyt"))
 
@@ -27,7 +27,11 @@ def test_corpus_covers_every_failure_class():
         assert required in names
 
 
-@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
+#: the corpus with its cases that need FlashInfer (a `requires flashinfer` line) marked for that tier
+CORPUS_CASES = [flashinfer_case(p, "requires flashinfer" in p.read_text()) for p in CORPUS]
+
+
+@pytest.mark.parametrize("path", CORPUS_CASES, ids=lambda p: p.stem)
 def test_corpus_spec_is_rejected_with_a_precise_message(path):
     expects, line = expectations(path)
     assert expects
@@ -44,7 +48,7 @@ def test_corpus_spec_is_rejected_with_a_precise_message(path):
     assert "^" in text
 
 
-@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", CORPUS_CASES, ids=lambda p: p.stem)
 def test_corpus_findings_name_the_tensors(path):
     with pytest.raises(layoutc.SpecError) as info:
         layoutc.compile_file(path)
