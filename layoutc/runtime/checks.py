@@ -295,7 +295,8 @@ def _choose_lowering(lowering, tensors, lowerings):
     # `lowerings` is the code generator's table (layoutc.lower.registry): per lowering its name, the
     # device types it runs on (None: any), those 'auto' picks it for, the module it needs, the
     # environment variable that lets it run on the CPU (Triton's interpreter), and what to say
-    # when it is asked for on the wrong device. 'auto' takes the first that fits, else 'eager'.
+    # when it is asked for on the wrong device. 'auto' takes the first that fits, else the last: the
+    # inline lowering (eager), which runs anywhere.
     names = [entry[0] for entry in lowerings]
     if lowering != "auto" and lowering not in names:
         choices = ", ".join(repr(n) for n in ["auto"] + names)
@@ -317,7 +318,7 @@ def _choose_lowering(lowering, tensors, lowerings):
             return name
         if lowering == "auto" and device.type in auto_on and _importable(needs):
             return name
-    return "eager"
+    return names[-1]
 
 
 _IMPORTABLE = {}
