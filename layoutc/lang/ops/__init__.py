@@ -39,5 +39,5 @@ def generated_names() -> frozenset[str]:
 FAMILY_STATEMENTS = ("interleave",)
 ALL_NAMES = sorted(set(PUBLIC) | set(FAMILY_STATEMENTS))
 
-__all__ = ["REGISTRY", "PUBLIC", "generated_names", "BinderArg", "Category", "Facts", "Inferred", "Op", "OpTypeError", "Requirement",
-           "TensorType"]
+__all__ = ["REGISTRY", "PUBLIC", "generated_names", "BinderArg", "Category", "Facts", "Inferred", "Op", "OpTypeError",
+           "Requirement", "TensorType"]
