@@ -1,4 +1,4 @@
-"""``make docs``: regenerate the README's command samples and the pictures in docs/.
+"""``make docs``: regenerate the README's command samples, its op table and the pictures in docs/.
 
     python tools/make_docs.py            rewrite README.md between its sample markers, redraw docs/*.png
     python tools/make_docs.py --check    exit 1 (and say what) when README.md or a picture is stale
@@ -11,6 +11,8 @@ Every sample is the output of a command run on the repository's files, between m
     ```
     <!-- /sample -->
 
+The table of primitives is such a sample too, written as markdown (no fence): :func:`op_table` reads
+the op registry, so a new op is a new row and a stale table fails the check.
 tests/test_docs.py runs the check. Text samples are compared after blanking what changes from run to
 run (times in ms). A PNG's bytes depend on the matplotlib version and its fonts, so a picture is
 not compared by its bytes: docs/pictures.json keeps, per picture, the sha256 of the data it draws
@@ -61,8 +63,27 @@ def _explain() -> str:
     return out[out.index("w13_weight_scale  "):]  # the tensor's section, without the spec's header
 
 
-SAMPLES: dict[str, tuple[str, Callable[[], str]]] = {
-    # name: (fence language, producer)
+def op_table() -> str:
+    """The README's table of primitives, from the op registry: every op a spec can name, by category (logical,
+    shape, value) in registry order, with its signature, what it does, its facts and the sizes it needs (each
+    op class declares them: ``summary``, ``notes``, ``facts``, ``needs``). A new op is a new row."""
+    from layoutc.lang.ops import PUBLIC, Category
+    from layoutc.lang.ops.binder import describe_signature
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    rows = ["| op | what it does | facts | needs |", "|---|---|---|---|"]
+    order = list(Category)
+    for cls in sorted(PUBLIC.values(), key=lambda c: order.index(c.facts.category)):  # stable: registry order
+        what = cls.summary + (f"; {cls.notes}" if cls.notes else "")
+        rows.append(f"| `{describe_signature(cls)}` | {cell(what)} | {cls.facts.describe()} | {cell(cls.needs)} |")
+    return "\n".join(rows) + "\n"
+
+
+SAMPLES: dict[str, tuple[str | None, Callable[[], str]]] = {
+    # name: (fence language, or None for markdown written as is; producer)
+    "ops": (None, op_table),
     "demo": ("", lambda: _cli("demo", "specs/flashinfer_cutlass_bf16.lyt")),
     "spec": ("", _spec_text),
     "explain": ("", _explain),
@@ -91,7 +112,7 @@ def render_samples() -> dict[str, str]:
         text = produce()
         if not text.endswith("\n"):
             text += "\n"
-        out[name] = f"```{lang}\n{text}```\n"
+        out[name] = text if lang is None else f"```{lang}\n{text}```\n"
     return out
 
 

@@ -651,9 +651,7 @@ def ops() -> None:
     click.echo("primitives (layoutc/ops):")
     for name in sorted(PUBLIC):
         cls = PUBLIC[name]
-        facts = cls.facts
-        kind = facts.category.value + "".join(f", {f}" for f in ("gate_up", "slice", "bits") if getattr(facts, f))
-        click.echo(f"  {describe_signature(cls):<{width}}  {kind:<18} {cls.summary}")
+        click.echo(f"  {describe_signature(cls):<{width}}  {cls.facts.describe():<18} {cls.summary}")
     click.echo("")
     click.echo("packing families (layoutc/lang/prelude.lyt; a spec can define its own with 'family'):")
     click.echo(f"  {'interleave(tensor, family, param=value, ...)':<{width}}  applies the family's chain for the tensor's role")

@@ -15,6 +15,7 @@ import attrs
 from ..algebra import expr as ex
 from .function_runner import EquivError
 from ..front.text import char_name, comment, display, forbidden
+from ..lang.ops.shape import Pad
 from .infer_axes import Stmt, TensorChain
 from .infer_tensors import _family_steps
 
@@ -125,7 +126,7 @@ def _leading_pads(tensor, family_op) -> dict[int, int]:
         return {}
     pads: dict[int, int] = {}
     for st in steps:
-        if getattr(st.op, "name", None) != "pad":
+        if not isinstance(st.op, Pad):
             break
         if st.op.parts == 1:
             pads.setdefault(st.op.dim % rank, st.op.multiple)

@@ -24,6 +24,7 @@ from .identity import spec_identity
 from ..front.tree import FileTree
 from ..limits import MAX_DIMS, MAX_INT, MAX_OPTIONAL_INPUTS, MAX_STATEMENTS, MAX_STRING
 from ..front.names import identifier_problem
+from .ops import generated_names
 from ..front.args import ArgValue
 from ..front.errors import suggest
 from ..front.text import char_name, display, forbidden
@@ -250,7 +251,7 @@ class _Resolver:
                 self.requires.append(VersionPin(item.library.text, item.op, item.version, item.pos))
             elif isinstance(item, ast.Dims):
                 for n in item.names:
-                    problem = identifier_problem(n.text)
+                    problem = identifier_problem(n.text, generated_names())
                     if n.text in self.dims:
                         self.error(f"dim {n.text!r} is declared twice", n.pos)
                     elif n.text in self.params:

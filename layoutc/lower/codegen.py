@@ -29,7 +29,7 @@ from .._version import __version__
 from ..algebra import expr as ex
 from ..lang.compiler import Chain, Compiled, Constraint, Variant, shape_axes
 from ..lang.ir import TensorSpec
-from . import eager, pywrap, registry
+from . import pywrap, registry
 from ..runtime import fingerprint, guard_rt, checks as runtime
 from ..front.text import comment
 from ..lang.versions import distribution
@@ -302,14 +302,15 @@ def _emit_direction(
             if len(spec.elem.accepts) > 1:  # same bits under another torch dtype: work on the canonical one
                 body.append(f"{inner}x = x.view(torch.{spec.elem.canonical})")
             entry = (passes or {}).get(chain.signature()) if lowered else None
+            inline = registry.fallback()  # the registered lowering that takes every chain, written here
             if entry is not None:
                 table, names = entry
                 body.append(f"{inner}if how in {table}:  # one pass: {', '.join(names)}")
                 body.append(f"{inner}    x = {table}[how](x, d)")
-                body.append(f"{inner}else:  # eager: op by op, the reference")
-                body += [inner + "    " + line for line in eager.emit_chain(chain, filename) or ["pass"]]
+                body.append(f"{inner}else:  # {inline.name}: {inline.brief or inline.doc}")
+                body += [inner + "    " + line for line in inline.inline(chain, filename) or ["pass"]]
             else:
-                body += [inner + line for line in eager.emit_chain(chain, filename)]
+                body += [inner + line for line in inline.inline(chain, filename)]
             body.append(f"{inner}out[{spec.name!r}] = _owned(x, tensors)")
     body.append("    return out")
     return body
@@ -432,7 +433,7 @@ def generate(compiled: Compiled) -> str:
         title = f"# -- {module.__name__} (copied whole) "
         runtime += ["", title + "-" * max(3, 99 - len(title)), "", module_text(module)]
     runtime += ["", "# -- primitives (eager implementations of layoutc.lang.ops) " + "-" * 44, ""]
-    for chunk in _impl_closure(eager.functions_used(chains)):
+    for chunk in _impl_closure(f for lw in registry.lowerings() if lw.copies for f in lw.copies(chains)):
         runtime.append("")
         runtime.append(chunk)
     lowered, passes, layers = _lowered(compiled)

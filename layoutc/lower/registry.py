@@ -3,11 +3,13 @@ code into a generated converter.
 
 A lowering is one :class:`Lowering`: its name, when it can run (device types, a module it imports,
 an environment variable that lets it run on CPU tensors), the device types ``auto`` picks it for
-(registry order breaks ties, ``eager`` is the fallback), and how it emits code: per tensor (a
-function ``(x, d) -> tensor`` for one chain) or per layer (a function ``(tensors, d) -> dict`` for
-every chain of a variant it can take, e.g. one kernel launch). Chains a lowering does not take
-run the eager reference, which the code generator writes inline. A new lowering is a module that
-builds one and calls :func:`register` (``tests/lower/test_registry.py`` registers one).
+(registry order breaks ties), and how it emits code: per tensor (a function ``(x, d) -> tensor``
+for one chain), per layer (a function ``(tensors, d) -> dict`` for every chain of a variant it can
+take, e.g. one kernel launch) or inline (lines that convert ``x`` in place, written into
+``convert`` and ``inverse`` themselves, with the functions they call copied into the converter).
+The one inline lowering (``eager``, op by op) takes every chain: chains the others do not take run
+it, and ``auto`` tries it last. A new lowering is a module that builds one and calls
+:func:`register` (``tests/lower/test_registry.py`` registers one).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Callable, Iterable
 import attrs
 
 from ..lang.compiler import Chain, Variant
-from . import triton_emit, torch_emit
+from . import eager, triton_emit, torch_emit
 from .plan import Plan, plan
 
 
@@ -60,6 +62,7 @@ class EmitContext:
 
 ChainEmitter = Callable[[EmitContext, Chain], "str | None"]
 LayerEmitter = Callable[[EmitContext, Variant], "tuple[str, tuple[str, ...]] | None"]
+InlineEmitter = Callable[[Chain, str], "list[str]"]
 
 
 @attrs.frozen
@@ -73,6 +76,12 @@ class Lowering:
     wrong_device: str = "cannot run on these tensors"  # the end of "lowering='x' ... (these are on cpu)"
     chain: ChainEmitter | None = None  # name of a module function (x, d) -> tensor, or None (not this chain)
     layer: LayerEmitter | None = None  # (function (tensors, d) -> dict, the tensors it converts), or None
+    # (chain, spec file) -> lines converting `x` in place, written inside convert and inverse: the one
+    # lowering that takes every chain (the others fall back to it)
+    inline: InlineEmitter | None = None
+    brief: str | None = None  # what the converter's comment on its inline code calls it (default: doc)
+    # chains -> the module-level functions its inline code calls, copied into the converter
+    copies: Callable[[Iterable[Chain]], list[Callable]] | None = None
 
     def table_entry(self) -> tuple:
         """What the converter's run time needs to choose it (runtime._choose_lowering)."""
@@ -88,20 +97,33 @@ def register(lowering: Lowering) -> Lowering:
     # The doc goes into every converter's docstring: one printable line that cannot end it.
     if not lowering.doc.isprintable() or '"' in lowering.doc or "\\" in lowering.doc:
         raise ValueError(f"a lowering's doc is one printable line without quotes or backslashes, got {lowering.doc!r}")
+    if (lowering.inline is None) != (lowering.copies is None) or (lowering.inline is None and lowering.brief):
+        raise ValueError(f"lowering {lowering.name!r}: inline code comes with its copied functions and brief")
+    if lowering.inline is not None and any(lw.inline is not None for k, lw in _REGISTRY.items() if k != lowering.name):
+        raise ValueError(f"lowering {lowering.name!r} is inline, and {fallback().name!r} already is: "
+                         "one lowering takes the chains no other does")
     _REGISTRY[lowering.name] = lowering
     return lowering
 
 
 def unregister(name: str) -> None:
-    if name == "eager":
-        raise ValueError("the eager reference lowering cannot be removed")
+    if name in _REGISTRY and _REGISTRY[name].inline is not None:
+        raise ValueError(f"the {name} lowering takes the chains no other does: it cannot be removed")
     _REGISTRY.pop(name, None)
 
 
+def fallback() -> Lowering:
+    """The inline lowering: it takes every chain, the others only those they can."""
+    inline = [lw for lw in _REGISTRY.values() if lw.inline is not None]
+    if len(inline) != 1:
+        raise AssertionError(f"one inline lowering must be registered, not {len(inline)}")
+    return inline[0]
+
+
 def lowerings() -> tuple[Lowering, ...]:
-    """Every registered lowering, in the order 'auto' tries them; 'eager' last."""
-    rest = [v for k, v in _REGISTRY.items() if k != "eager"]
-    return tuple(rest + [_REGISTRY["eager"]])
+    """Every registered lowering, in the order 'auto' tries them; the inline one last."""
+    last = fallback()
+    return tuple(lw for lw in _REGISTRY.values() if lw is not last) + (last,)
 
 
 def names() -> tuple[str, ...]:
@@ -176,7 +198,10 @@ COMPILED = register(Lowering(
     "compiled", "the gathers under torch.compile (one loop per tensor; compiles once per shape)",
     chain=_compiled_chain,
 ))
-EAGER = register(Lowering("eager", "op by op, the reference (any device)"))
+EAGER = register(Lowering(
+    "eager", "op by op, the reference (any device)", brief="op by op, the reference",
+    inline=eager.emit_chain, copies=eager.functions_used,
+))
 
 
 def describe(items: Iterable[Lowering] | None = None) -> str:

@@ -365,7 +365,8 @@ def _choose_lowering(lowering, tensors, lowerings):
     # `lowerings` is the code generator's table (layoutc.lower.registry): per lowering its name, the
     # device types it runs on (None: any), those 'auto' picks it for, the module it needs, the
     # environment variable that lets it run on the CPU (Triton's interpreter), and what to say
-    # when it is asked for on the wrong device. 'auto' takes the first that fits, else 'eager'.
+    # when it is asked for on the wrong device. 'auto' takes the first that fits, else the last: the
+    # inline lowering (eager), which runs anywhere.
     device = torch.device("cpu")
     for t in tensors.values():
         if t is not None:
@@ -393,7 +394,7 @@ def _choose_lowering(lowering, tensors, lowerings):
             return _chosen(key, lowerings, name)
         if lowering == "auto" and device.type in auto_on and _importable(needs):
             return _chosen(key, lowerings, name)
-    return _chosen(key, lowerings, "eager")
+    return _chosen(key, lowerings, names[-1])
 
 
 #: The lowering chosen per (table, lowering asked for, device): a warm call looks it up.

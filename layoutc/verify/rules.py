@@ -413,7 +413,7 @@ class Verifier:
                 return f"{a.statement.op} is applied twice, which undoes it"
         pads = [s for s in chain.steps if s.tag is None and s.op.axis(s.in_type) == ra
                 and s.out_type.shape[ra] != s.in_type.shape[ra]]
-        if any(lab is None for lab in actual) and pads and len(src.shards) > 1 and getattr(pads[0].op, "parts", 1) == 1:
+        if any(lab is None for lab in actual) and pads and len(src.shards) > 1 and pads[0].op.parts == 1:
             return "a gated w13 is padded per half: pad(..., parts=2) pads each shard, parts=1 pads only the end"
         return None
 

@@ -103,3 +103,37 @@ def test_an_unavailable_lowering_says_why(monkeypatch):
         assert m._choose_lowering("auto", x, (first,) + m._LOWERINGS) == "gather"
     finally:
         registry.unregister("needy")
+
+
+def test_eager_is_a_registered_lowering_the_code_generator_reads(monkeypatch):
+    # The lowering that takes every chain is whichever registered one is inline, not a name codegen knows:
+    # put another in eager's place and the converter writes its code, its comment and its table entry.
+    def stepwise_chain(chain, filename):
+        return ["# stepwise"] + registry.EAGER.inline(chain, filename)
+
+    stepwise = attrs.evolve(registry.EAGER, name="stepwise", brief="a test's inline lowering", inline=stepwise_chain)
+    table = {k: v for k, v in registry._REGISTRY.items() if k != "eager"} | {"stepwise": stepwise}
+    monkeypatch.setattr(registry, "_REGISTRY", table)
+    assert registry.fallback() is stepwise and registry.names()[-1] == "stepwise"
+    text = "dims E, R\ninput b : f32[E, R]\nswap_halves(b, dim=1)\noutput b : f32[E, R]\n"
+    spec = layoutc.compile_source(text, "stepwise.lyt")
+    assert spec.module.LOWERINGS[-1] == "stepwise" and "eager" not in spec.module.LOWERINGS
+    assert "else:  # stepwise: a test's inline lowering" in spec.source and "# stepwise\n" in spec.source
+    assert "def swap_halves(x, dim):" in spec.source  # the functions its code calls, copied
+    x = {"b": torch.randn(3, 6)}
+    got, want = spec.convert(x, lowering="stepwise"), spec.convert(x, lowering="gather")
+    assert_same_bits(got["b"], want["b"], "b")
+    assert_same_bits(got["b"], x["b"].roll(3, 1), "b")
+    # 'auto' with nothing else for these tensors takes it (the table's last entry), not a name it assumes
+    no_cpu = tuple(e for e in spec.module._LOWERINGS if e[0] != "gather")
+    assert spec.module._choose_lowering("auto", x, no_cpu) == "stepwise"
+
+
+def test_one_inline_lowering_always_registered():
+    with pytest.raises(ValueError, match="already is"):
+        registry.register(attrs.evolve(registry.EAGER, name="another"))
+    with pytest.raises(ValueError, match="cannot be removed"):
+        registry.unregister("eager")
+    with pytest.raises(ValueError, match="inline code comes with"):
+        registry.register(registry.Lowering("half", "inline without its functions", inline=registry.EAGER.inline))
+    assert registry.fallback() is registry.EAGER and "half" not in registry.names()

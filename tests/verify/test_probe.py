@@ -8,7 +8,7 @@ import torch
 import layoutc
 from layoutc import api
 from layoutc.verify import rowmap
-from layoutc.lang.ops import torch_impl
+from layoutc.lang.ops import REGISTRY
 from layoutc.equiv.probe import ProbeRun, probe, probe_maps
 from tests.helpers import SPECS
 
@@ -59,7 +59,7 @@ def test_a_primitive_whose_implementation_disagrees_with_its_map_is_caught(monke
         h = x.shape[dim] // 2
         return torch.roll(x, shifts=h + 1, dims=dim)
 
-    monkeypatch.setattr(torch_impl, "swap_halves", swap_halves)
+    monkeypatch.setattr(REGISTRY["swap_halves"], "eager", staticmethod(swap_halves))  # the function it declares
     text = (SPECS / "flashinfer_cutlass_bf16.lyt").read_text() + "\n# probe-test variant\n"
     spec = layoutc.compile_source(text, "broken_impl.lyt")  # static verification only sees the maps: passes
     findings = probe(spec)
@@ -150,7 +150,7 @@ def test_probe_still_catches_a_broken_implementation_on_a_lossy_chain(monkeypatc
     def transpose(x, dim0, dim1):  # broken on purpose: the rows come out reversed
         return x.transpose(dim0, dim1).flip(-1).contiguous()
 
-    monkeypatch.setattr(torch_impl, "transpose", transpose)
+    monkeypatch.setattr(REGISTRY["transpose"], "eager", staticmethod(transpose))  # the function it declares
     spec = layoutc.compile_source(_lossy(False) + "# broken transpose\n", "lossy_broken.lyt")
     findings = probe(spec, lowerings=("eager",))
     bad = {t for d in findings if "static and dynamic verification disagree" in d.message for t in d.tensors}

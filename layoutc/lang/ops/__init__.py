@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from ...front.names import CODEGEN
 from .base import BinderArg, Category, Facts, Inferred, Op, OpTypeError, Requirement, TensorType
 
 #: The package's own machinery; every other module defines ``OPS``.
@@ -25,9 +26,18 @@ REGISTRY: dict[str, type[Op]] = {cls.name: cls for module in MODULES for cls in 
 #: The ops a spec can name (the others are reached as inverses or specialisations).
 PUBLIC: dict[str, type[Op]] = {n: c for n, c in REGISTRY.items() if c.public}
 
+
+
+def generated_names() -> frozenset[str]:
+    """Every name generated converters use that a dim could shadow: the code generator's own
+    (:data:`layoutc.front.names.CODEGEN`) and the eager function of every registered op, which converters
+    carry under its name. Read from the registry when called, so an op registered later is seen."""
+    return CODEGEN | {cls.eager.__name__ for cls in REGISTRY.values()}
+
+
 #: Statements the compiler expands itself (a family's chain for the tensor's role).
 FAMILY_STATEMENTS = ("interleave",)
 ALL_NAMES = sorted(set(PUBLIC) | set(FAMILY_STATEMENTS))
 
-__all__ = ["REGISTRY", "PUBLIC", "BinderArg", "Category", "Facts", "Inferred", "Op", "OpTypeError", "Requirement",
-           "TensorType"]
+__all__ = ["REGISTRY", "PUBLIC", "generated_names", "BinderArg", "Category", "Facts", "Inferred", "Op", "OpTypeError",
+           "Requirement", "TensorType"]

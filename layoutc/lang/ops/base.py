@@ -6,8 +6,8 @@ its contract in four methods:
 * :meth:`Op.infer` -- the output type for an input type, and the divisibility
   the op needs (raises :class:`OpTypeError` for what can never work);
 * :meth:`Op.index_map` -- the gather that defines the op (:mod:`layoutc.algebra.indexmap`);
-* :meth:`Op.impl` -- the eager torch function (:mod:`layoutc.lang.ops.torch_impl`) and
-  its arguments, the reference lowering;
+* :meth:`Op.impl` -- the eager torch function it declares (:attr:`Op.eager`, usually from
+  :mod:`layoutc.lang.ops.torch_impl`) and its arguments, the reference lowering;
 * :meth:`Op.inverse` -- the op that undoes it on its image, or None.
 
 and the facts the verifier reads (:class:`Facts`, declared by every op class in its own body):
@@ -49,6 +49,10 @@ class Facts:
     gate_up: bool = False  # sees that axis as two shards (gate and up) and moves rows between them
     slice: bool = False  # keeps one tensor-parallel rank's part of the axis (``ranks`` > 1: not invertible)
     bits: bool = False  # moves bits within bytes: its index map is bit-level
+
+    def describe(self) -> str:
+        """The category and the flags that are set, as ``layoutc ops`` and the README list them."""
+        return self.category.value + "".join(f", {f}" for f in ("gate_up", "slice", "bits") if getattr(self, f))
 
 
 class OpTypeError(Exception):
@@ -120,7 +124,14 @@ class Op:
 
     name: ClassVar[str]
     facts: ClassVar[Facts]
+    #: The eager torch function :meth:`impl` calls (``staticmethod(torch_impl.f)``, or a function of the op's
+    #: own module): converters carry a copy under its name, so that name is reserved (no dim may shadow it).
+    eager: ClassVar[Callable[..., Any]]
     summary: ClassVar[str] = ""
+    #: For the README's op table (``make docs``, from this registry): more on what it does (an example, the
+    #: library function it stands for) and the sizes it needs, in words; the checks themselves are infer's.
+    notes: ClassVar[str] = ""
+    needs: ClassVar[str] = ""
     binder_args: ClassVar[tuple] = ()  # arguments that are not fields (see BinderArg)
     public: ClassVar[bool] = True  # a spec can name it (else it is reached as an inverse or specialisation)
     #: Argument sets ``layoutc infer`` tries for this op when it searches row permutations, in order,
@@ -133,9 +144,9 @@ class Op:
         return self.facts.category
 
     def axis(self, t: TensorType) -> int | None:
-        """The axis an ``on_axis`` op acts along, for a tensor of type ``t`` (non-negative)."""
-        dim = getattr(self, "dim", None)
-        return dim % t.rank if self.facts.on_axis and dim is not None and t.rank else None
+        """The axis an ``on_axis`` op acts along, for a tensor of type ``t`` (non-negative); None for
+        every other op. An ``on_axis`` op has a ``dim`` field (tests/ops/test_registry.py)."""
+        return self.dim % t.rank if self.facts.on_axis and t.rank else None
 
     @property
     def ranks(self) -> int:
@@ -170,6 +181,7 @@ class Op:
         raise NotImplementedError
 
     def impl(self, t: TensorType) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """The eager function (:attr:`eager`) and its arguments for an input of type ``t``."""
         raise NotImplementedError
 
     def inverse(self, t: TensorType) -> Op | None:

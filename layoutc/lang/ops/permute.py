@@ -23,7 +23,7 @@ SM90 mixed-GEMM FP4 weight interleave does between its byte gathers (see ``prelu
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import attrs
 
@@ -80,8 +80,12 @@ class Permute(Op):
     block: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "permute"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.permute_axis)
     facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True)
     summary: ClassVar[str] = "permute one axis: src=FORMULA of r (and n), or table=[...] repeated"
+    notes: ClassVar[str] = ("`src=32*(r//32) + 4*(r%8) + (r%32)//8`; `inverse=` gives the inverse formula, `block=B` "
+                            "says the formula permutes within blocks of B; `table=[..]` repeats along the axis")
+    needs: ClassVar[str] = "a permutation on every sampled size; a table: n % len(table)"
 
     def __attrs_post_init__(self):
         if (self.src is None) == (self.table is None):
@@ -145,7 +149,7 @@ class Permute(Op):
         return along(t, d, self._at(self.formula(), out_var(d), t.shape[d]))
 
     def impl(self, t: TensorType):
-        return torch_impl.permute_axis, (check_dim(t, self.dim), IndexFormula(self.formula()))
+        return self.eager, (check_dim(t, self.dim), IndexFormula(self.formula()))
 
     def inverse(self, t: TensorType) -> Op:
         d = check_dim(t, self.dim)
@@ -166,6 +170,7 @@ class InversePermute(Op):
     block: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "inverse_permute"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.unpermute_axis)
     public: ClassVar[bool] = False
     facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True)
     summary: ClassVar[str] = "inverse of permute(src=...) without inverse=: out[src(r)] = in[r]"
@@ -178,7 +183,7 @@ class InversePermute(Op):
         raise OpTypeError("this permutation's inverse has no formula: give permute(..., inverse=FORMULA)")
 
     def impl(self, t: TensorType):
-        return torch_impl.unpermute_axis, (check_dim(t, self.dim), IndexFormula(self.src))
+        return self.eager, (check_dim(t, self.dim), IndexFormula(self.src))
 
     def inverse(self, t: TensorType) -> Op:
         return Permute(check_dim(t, self.dim), src=self.src, block=self.block)
@@ -193,10 +198,13 @@ class PermuteBits(Op):
     table: tuple[int, ...] = attrs.field(default=None, metadata={"kind": "table"})
 
     name: ClassVar[str] = "permute_bits"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.permute_bits)
     facts: ClassVar[Facts] = Facts(Category.SHAPE, bits=True)
     binder_args: ClassVar[tuple] = (BinderArg("word", {"kind": "int", "min": 8}),
                                     BinderArg("src", {"kind": "formula", "vars": (BIT,)}))
     summary: ClassVar[str] = "permute the bits of each little-endian word: out_bit[i] = in_bit[table[i]]"
+    notes: ClassVar[str] = "`word=` 8/16/32/64 bits, `src=` a formula of `i` instead of a table"
+    needs: ClassVar[str] = "bytes per word divide the last axis"
 
     def __attrs_post_init__(self):
         if len(self.table) not in (8, 16, 32, 64):
@@ -242,7 +250,7 @@ class PermuteBits(Op):
         return attrs.evolve(m, bit_level=True)
 
     def impl(self, t: TensorType):
-        return torch_impl.permute_bits, (self.table,)
+        return self.eager, (self.table,)
 
     def word_permutation(self) -> BitPermutation:
         return BitPermutation(self.word_bytes, self.table)

@@ -15,7 +15,7 @@ the same way. The inverse is the same pattern read right to left.
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import attrs
 
@@ -94,8 +94,11 @@ class Rearrange(Op):
     sizes: tuple[tuple[str, ex.Expr], ...] = attrs.field(default=(), metadata={"kind": "sizes"})
 
     name: ClassVar[str] = "rearrange"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.rearrange)
     facts: ClassVar[Facts] = Facts(Category.SHAPE)
     summary: ClassVar[str] = "reshape, reorder and regroup axes: \"... (a b) c -> ... b (a c)\", a=2"
+    notes: ClassVar[str] = "einops notation; `...` the leading axes"
+    needs: ClassVar[str] = "the named sizes divide"
 
     def args_str(self) -> str:
         # as a spec writes it: rearrange(t, "... (a b) c -> ...", a=2)
@@ -155,7 +158,7 @@ class Rearrange(Op):
 
     def impl(self, t: TensorType):
         split, perm, out = self._plan(t)
-        return torch_impl.rearrange, (split, perm, out)
+        return self.eager, (split, perm, out)
 
     def inverse(self, t: TensorType) -> Op:
         _, sizes, _, left, right = self._solve(t)

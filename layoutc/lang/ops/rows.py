@@ -26,7 +26,7 @@ FlashInfer sources: ``reorder_rows_for_gated_act_gemm`` (fused_moe/core.py),
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import attrs
 
@@ -67,15 +67,18 @@ class _RowOp(Op):
 @attrs.frozen
 class SwapHalves(_RowOp):
     name: ClassVar[str] = "swap_halves"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.swap_halves)
     search: ClassVar[tuple[dict, ...]] = ({},)  # what `layoutc infer` tries
     search_rank: ClassVar[int] = 0
     summary: ClassVar[str] = "[A; B] -> [B; A] along dim (w13 [w1; w3] -> [w3; w1])"
+    notes: ClassVar[str] = "`out[r] = in[(r + n/2) mod n]`"
+    needs: ClassVar[str] = "n % 2"
 
     def source_row(self, r, n):
         return ex.mod(r + ex.div(n, 2), n)
 
     def impl(self, t):
-        return torch_impl.swap_halves, (self.dim,)
+        return self.eager, (self.dim,)
 
     def inverse(self, t):
         return self
@@ -86,9 +89,12 @@ class InterleaveRows(_RowOp):
     group: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "interleave_rows"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.interleave_rows)
     search: ClassVar[tuple[dict, ...]] = tuple({"group": g} for g in (2, 4, 8, 16, 32, 64, 128, 256))  # what `layoutc infer` tries
     search_rank: ClassVar[int] = 3
     summary: ClassVar[str] = "[A; B] -> [A0, B0, A1, B1, ...] in groups of `group` rows"
+    notes: ClassVar[str] = "group=64: CuTeDSL"
+    needs: ClassVar[str] = "n % (2·group)"
 
     def multiple(self) -> int:
         return 2 * self.group
@@ -99,7 +105,7 @@ class InterleaveRows(_RowOp):
         return half * ex.div(n, 2) + ex.floordiv(r, 2 * g) * g + ex.mod(r, g)
 
     def impl(self, t):
-        return torch_impl.interleave_rows, (self.dim, self.group)
+        return self.eager, (self.dim, self.group)
 
     def inverse(self, t):
         return Deinterleave(self.dim, group=self.group)
@@ -110,15 +116,18 @@ class ReorderGatedRows(_RowOp):
     """FlashInfer ``reorder_rows_for_gated_act_gemm``: out[2i] = x[i], out[2i+1] = x[n/2 + i]."""
 
     name: ClassVar[str] = "reorder_gated_rows"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.interleave_rows)
     search: ClassVar[tuple[dict, ...]] = ({},)  # what `layoutc infer` tries
     search_rank: ClassVar[int] = 1
     summary: ClassVar[str] = "TRT-LLM gated-activation row order [A0, B0, A1, B1, ...]"
+    notes: ClassVar[str] = "FlashInfer `reorder_rows_for_gated_act_gemm`"
+    needs: ClassVar[str] = "n % 2"
 
     def source_row(self, r, n):
         return InterleaveRows(self.dim, group=1).source_row(r, n)
 
     def impl(self, t):
-        return torch_impl.interleave_rows, (self.dim, 1)
+        return self.eager, (self.dim, 1)
 
     def inverse(self, t):
         return Deinterleave(self.dim, group=1)
@@ -129,9 +138,11 @@ class Deinterleave(_RowOp):
     group: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "deinterleave"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.deinterleave_rows)
     search: ClassVar[tuple[dict, ...]] = tuple({"group": g} for g in (1, 2, 4, 8, 16, 32, 64, 128, 256))  # what `layoutc infer` tries
     search_rank: ClassVar[int] = 4
     summary: ClassVar[str] = "[A0, B0, A1, B1, ...] -> [A; B] (gpt-oss [g0, u0, g1, u1..] -> [g; u])"
+    needs: ClassVar[str] = "n % (2·group)"
 
     def multiple(self) -> int:
         return 2 * self.group
@@ -143,7 +154,7 @@ class Deinterleave(_RowOp):
         return ex.floordiv(j, g) * (2 * g) + ex.floordiv(r, half_n) * g + ex.mod(j, g)
 
     def impl(self, t):
-        return torch_impl.deinterleave_rows, (self.dim, self.group)
+        return self.eager, (self.dim, self.group)
 
     def inverse(self, t):
         return InterleaveRows(self.dim, group=self.group)
@@ -152,15 +163,17 @@ class Deinterleave(_RowOp):
 @attrs.frozen
 class SwapPairs(_RowOp):
     name: ClassVar[str] = "swap_pairs"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.swap_pairs)
     search: ClassVar[tuple[dict, ...]] = ({},)  # what `layoutc infer` tries
     search_rank: ClassVar[int] = 2
     summary: ClassVar[str] = "rows (2i, 2i+1) -> (2i+1, 2i): gpt-oss [g0, u0, ..] -> [u0, g0, ..]"
+    needs: ClassVar[str] = "n % 2"
 
     def source_row(self, r, n):
         return r + 1 - 2 * ex.mod(r, 2)
 
     def impl(self, t):
-        return torch_impl.swap_pairs, (self.dim,)
+        return self.eager, (self.dim,)
 
     def inverse(self, t):
         return self

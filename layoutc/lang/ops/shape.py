@@ -14,7 +14,7 @@ Sizes are in storage elements: for ``fp4x2`` weights a K padding of 128 values i
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import attrs
 
@@ -37,8 +37,11 @@ class Pad(Op):
     value: int = attrs.field(default=0, kw_only=True, metadata={"kind": "int", "min": 0})
 
     name: ClassVar[str] = "pad"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.pad)
     facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True)
     summary: ClassVar[str] = "zero-extend each of `parts` equal parts of dim to a multiple of `multiple`"
+    notes: ClassVar[str] = "`parts=2`: per-half padding of a gated w13; `value=` the fill"
+    needs: ClassVar[str] = "n % parts"
 
     def padded_part(self, t: TensorType, dim: int) -> ex.Expr:
         return ex.round_up(_part_size(t, dim, self.parts), self.multiple)
@@ -55,7 +58,7 @@ class Pad(Op):
         return pad_map(t.shape, d, self.padded_part(t, d), self.parts, self.value)
 
     def impl(self, t):
-        return torch_impl.pad, (self.dim, self.multiple, self.parts, self.value)
+        return self.eager, (self.dim, self.multiple, self.parts, self.value)
 
     def inverse(self, t):
         d = check_dim(t, self.dim)
@@ -69,8 +72,11 @@ class Crop(Op):
     parts: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "crop"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.crop)
     facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True)
     summary: ClassVar[str] = "keep the first `size` entries of each of `parts` equal parts of dim"
+    notes: ClassVar[str] = "the inverse of pad"
+    needs: ClassVar[str] = "n % parts; size at most a part"
 
     def infer(self, t: TensorType) -> Inferred:
         d = check_dim(t, self.dim)
@@ -95,7 +101,7 @@ class Crop(Op):
         return crop_map(t.shape, check_dim(t, self.dim), self.size, self.parts)
 
     def impl(self, t):
-        return torch_impl.crop, (self.dim, self.size, self.parts)
+        return self.eager, (self.dim, self.size, self.parts)
 
 
 @attrs.frozen
@@ -103,8 +109,10 @@ class Reshape(Op):
     shape: tuple[ex.Expr, ...] = attrs.field(metadata={"kind": "shape"})
 
     name: ClassVar[str] = "reshape"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.reshape)
     facts: ClassVar[Facts] = Facts(Category.SHAPE)
     summary: ClassVar[str] = "row-major reshape to a shape with the same number of elements"
+    needs: ClassVar[str] = "the same number of elements"
 
     def infer(self, t: TensorType) -> Inferred:
         new = "[" + ", ".join(ex.to_str(s) for s in self.shape) + "]"
@@ -129,7 +137,7 @@ class Reshape(Op):
         return reshape_map(t.shape, self.shape)
 
     def impl(self, t):
-        return torch_impl.reshape, (self.shape,)
+        return self.eager, (self.shape,)
 
     def inverse(self, t):
         return Reshape(t.shape)
@@ -141,6 +149,7 @@ class Transpose(Op):
     dim1: int = attrs.field(metadata={"kind": "dim"})
 
     name: ClassVar[str] = "transpose"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.transpose)
     facts: ClassVar[Facts] = Facts(Category.SHAPE)
     summary: ClassVar[str] = "swap two axes"
 
@@ -157,7 +166,7 @@ class Transpose(Op):
         return IndexMap(t.shape, self.infer(t).type.shape, tuple(src))
 
     def impl(self, t):
-        return torch_impl.transpose, (self.dim0, self.dim1)
+        return self.eager, (self.dim0, self.dim1)
 
     def inverse(self, t):
         return self
@@ -177,8 +186,11 @@ class Shard(Op):
     parts: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "shard"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.shard)
     facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True, slice=True)
     summary: ClassVar[str] = "tensor-parallel slice `rank` of `ranks` of each of `parts` equal parts of dim"
+    notes: ClassVar[str] = "`parts=2`: gate and up sliced separately; one rank of one is no step"
+    needs: ClassVar[str] = "n % (parts·ranks)"
 
     def __attrs_post_init__(self):
         if self.rank >= self.ranks:
@@ -211,7 +223,7 @@ class Shard(Op):
         return self if self.ranks == 1 else None
 
     def impl(self, t):
-        return torch_impl.shard, (self.dim, self.rank, self.ranks, self.parts)
+        return self.eager, (self.dim, self.rank, self.ranks, self.parts)
 
 
 @attrs.frozen
@@ -225,8 +237,11 @@ class BlockMajorK(Op):
     block: int = attrs.field(default=128, kw_only=True, metadata={"kind": "int", "min": 1})
 
     name: ClassVar[str] = "block_major_k"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.block_major_k)
     facts: ClassVar[Facts] = Facts(Category.SHAPE)
     summary: ClassVar[str] = "[.., R, K] -> [.., K/block, R, block] (convert_to_block_layout)"
+    notes: ClassVar[str] = "TRT-LLM block-major K"
+    needs: ClassVar[str] = "K % block"
 
     def infer(self, t: TensorType) -> Inferred:
         if t.rank < 2:
@@ -242,7 +257,7 @@ class BlockMajorK(Op):
         return IndexMap(t.shape, self.infer(t).type.shape, src)
 
     def impl(self, t):
-        return torch_impl.block_major_k, (self.block,)
+        return self.eager, (self.block,)
 
     def inverse(self, t):
         return UnblockMajorK()
@@ -253,8 +268,10 @@ class UnblockMajorK(Op):
     """Inverse of block_major_k: ``[.., K/b, R, b] -> [.., R, K]``."""
 
     name: ClassVar[str] = "unblock_major_k"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.unblock_major_k)
     facts: ClassVar[Facts] = Facts(Category.SHAPE)
     summary: ClassVar[str] = "[.., K/b, R, b] -> [.., R, K] (inverse of block_major_k)"
+    needs: ClassVar[str] = "a constant block"
 
     def infer(self, t: TensorType) -> Inferred:
         if t.rank < 3 or not isinstance(t.shape[-1], ex.Const):
@@ -270,7 +287,7 @@ class UnblockMajorK(Op):
         return IndexMap(t.shape, self.infer(t).type.shape, src)
 
     def impl(self, t):
-        return torch_impl.unblock_major_k, ()
+        return self.eager, ()
 
     def inverse(self, t):
         return BlockMajorK(block=int(ex.evaluate(t.shape[-1], {})))

@@ -21,7 +21,7 @@ Each undoes the other on the first's image (where the other bits were zero).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import attrs
 
@@ -39,8 +39,11 @@ class View(Op):
     to: ElemType = attrs.field(metadata={"kind": "dtype"})
 
     name: ClassVar[str] = "view"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.view_as)
     facts: ClassVar[Facts] = Facts(Category.VALUE)
     summary: ClassVar[str] = "relabel bits: each element as another type (of another width: along the last axis)"
+    notes: ClassVar[str] = "4 x `u8` <-> `i32` along the last axis"
+    needs: ClassVar[str] = "across widths: the last axis divides"
 
     @classmethod
     def specialize(cls, values: dict, t: TensorType) -> Op:
@@ -56,7 +59,7 @@ class View(Op):
         return identity(t.shape)
 
     def impl(self, t: TensorType):
-        return torch_impl.view_as, (self.to.torch_dtype,)
+        return self.eager, (self.to.torch_dtype,)
 
     def conversion(self) -> cv.Conversion:
         return cv.View(self.to)
@@ -73,6 +76,7 @@ class Reinterpret(Op):
     to: ElemType = attrs.field(metadata={"kind": "dtype"})
 
     name: ClassVar[str] = "reinterpret"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.view_width)
     public: ClassVar[bool] = False
     facts: ClassVar[Facts] = Facts(Category.SHAPE, bits=True)
     summary: ClassVar[str] = "view(t, TYPE) across widths: the last axis's bytes as other elements"
@@ -102,7 +106,7 @@ class Reinterpret(Op):
         return IndexMap(t.shape + (ex.Const(a),), out + (ex.Const(b),), src, bit_level=True)
 
     def impl(self, t: TensorType):
-        return torch_impl.view_width, (self.to.torch_dtype,)
+        return self.eager, (self.to.torch_dtype,)
 
     def inverse(self, t):
         return Reinterpret(t.elem)
@@ -115,8 +119,10 @@ class ExtractBits(Op):
     to: ElemType = attrs.field(kw_only=True, metadata={"kind": "dtype"})
 
     name: ClassVar[str] = "extract_bits"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.extract_bits)
     facts: ClassVar[Facts] = Facts(Category.VALUE)
     summary: ClassVar[str] = "bits [shift, shift+width) of each element as an unsigned integer (fp32 exponent -> e8m0)"
+    needs: ClassVar[str] = "shift + width within the element"
 
     def infer(self, t: TensorType) -> Inferred:
         if self.shift + self.width > t.elem.bits:
@@ -130,7 +136,7 @@ class ExtractBits(Op):
         return identity(t.shape)
 
     def impl(self, t: TensorType):
-        return torch_impl.extract_bits, (self.shift, self.width, self.to.torch_dtype)
+        return self.eager, (self.shift, self.width, self.to.torch_dtype)
 
     def conversion(self) -> cv.Conversion:
         return cv.ExtractBits(self.to, shift=self.shift, width=self.width)
@@ -146,8 +152,11 @@ class InsertBits(Op):
     to: ElemType = attrs.field(kw_only=True, metadata={"kind": "dtype"})
 
     name: ClassVar[str] = "insert_bits"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.insert_bits)
     facts: ClassVar[Facts] = Facts(Category.VALUE)
     summary: ClassVar[str] = "each element's low `width` bits at [shift, shift+width) of a zero element (e8m0 -> fp32)"
+    notes: ClassVar[str] = "the inverse of extract_bits"
+    needs: ClassVar[str] = "shift + width within the element"
 
     def infer(self, t: TensorType) -> Inferred:
         if self.shift + self.width > self.to.bits:
@@ -161,7 +170,7 @@ class InsertBits(Op):
         return identity(t.shape)
 
     def impl(self, t: TensorType):
-        return torch_impl.insert_bits, (self.shift, self.width, self.to.torch_dtype)
+        return self.eager, (self.shift, self.width, self.to.torch_dtype)
 
     def conversion(self) -> cv.Conversion:
         return cv.InsertBits(self.to, shift=self.shift, width=self.width)
@@ -175,8 +184,10 @@ class Cast(Op):
     to: ElemType = attrs.field(metadata={"kind": "dtype"})
 
     name: ClassVar[str] = "cast"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.cast)
     facts: ClassVar[Facts] = Facts(Category.VALUE)
     summary: ClassVar[str] = "convert each element's value to another type"
+    needs: ClassVar[str] = "numeric types"
 
     def infer(self, t: TensorType) -> Inferred:
         for side in (t.elem, self.to):
@@ -192,7 +203,7 @@ class Cast(Op):
         return identity(t.shape)
 
     def impl(self, t: TensorType):
-        return torch_impl.cast, (self.to.torch_dtype,)
+        return self.eager, (self.to.torch_dtype,)
 
     def conversion(self) -> cv.Conversion:
         return cv.Cast(self.to)

@@ -2,7 +2,8 @@
 
 The op below lives in this test module (its eager function too, which the generated converter
 copies like the built-in ones) and is registered for the test only. Everything else -- binding,
-the verifier, every lowering, the inverse, `layoutc ops` -- works from the class.
+the verifier, every lowering, the inverse, infer, explain, `layoutc ops`, the README's op table
+(`make docs`) and the names a dim may not take -- works from the class: no second list to edit.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ class ReverseRows(Op):
     dim: int = attrs.field(default=1, metadata={"kind": "dim"})
 
     name: ClassVar[str] = "reverse_rows"
+    eager: ClassVar = staticmethod(reverse_axis)
     facts: ClassVar[Facts] = Facts(Category.LOGICAL, on_axis=True)
     summary: ClassVar[str] = "reverse the order along dim"
+    needs: ClassVar[str] = "nothing"
 
     def infer(self, t: TensorType) -> Inferred:
         check_dim(t, self.dim)
@@ -92,3 +95,28 @@ def test_infer_and_explain_see_a_new_op_from_its_declarations(registered, monkey
     assert ReverseRows(1).parts == 1  # a declared fact with its default
     spec = layoutc.compile_source(SPEC, "reversed.lyt")
     assert "reverse_rows([w, s], dim=1)" in explain.as_text(explain.explain(spec, "w"))
+
+
+def test_the_docs_and_the_reserved_names_see_a_new_op(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from layoutc.front.names import identifier_problem
+    from layoutc.lang.ops import generated_names
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tools import make_docs
+
+    row = "| `reverse_rows(tensor, dim=1)` | reverse the order along dim | logical | nothing |"
+    assert row not in make_docs.op_table() and identifier_problem("reverse_axis", generated_names()) is None
+    readme = make_docs.README.read_text()
+    table = make_docs.MARKER.search(readme[readme.index("<!-- sample: ops -->"):]).group("body")
+    assert table == make_docs.op_table()  # the README holds the generated table (test_docs checks it too)
+    monkeypatch.setitem(REGISTRY, ReverseRows.name, ReverseRows)
+    monkeypatch.setitem(PUBLIC, ReverseRows.name, ReverseRows)
+    assert row in make_docs.op_table().splitlines()  # `make docs` writes the row: the README is stale now
+    assert make_docs.op_table() != table
+    # the converter copies reverse_axis under its name: a dim of that name would shadow it
+    assert "a name generated converters use" in identifier_problem("reverse_axis", generated_names())
+    with pytest.raises(layoutc.SpecError, match="'reverse_axis' cannot be a dim"):
+        layoutc.compile_source(SPEC.replace("dims E, N, K", "dims E, N, K, reverse_axis"), "r.lyt")

@@ -91,6 +91,7 @@ def run_eager(op, x, dims, t=None):
     """The op's eager function on ``x`` (``t``: the input type it is bound for, else read off ``x``)."""
     t = t or TensorType(ET[_ELEM_OF[x.dtype]], tuple(Const(n) for n in x.shape))
     fn, args = op.impl(t)
+    assert fn is type(op).eager, "impl calls the eager function the op declares (converters reserve its name)"
     return fn(x, *(eval_arg(a, dims) for a in args))
 
 

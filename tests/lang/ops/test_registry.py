@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 from pathlib import Path
@@ -26,9 +27,13 @@ def test_every_registered_op_declares_its_facts(name):
     assert owner is cls or owner not in REGISTRY.values(), (name, owner)
     assert owner is not Op and isinstance(cls.facts, Facts) and isinstance(cls.facts.category, Category)
     assert cls.summary and "\n" not in cls.summary
+    # the eager function, declared (its name is reserved in converters: lang.ops.generated_names)
+    assert callable(cls.eager) and cls.eager.__name__.isidentifier()
+    assert "\n" not in cls.notes + cls.needs  # cells of the README's op table
     if cls.facts.gate_up or cls.facts.slice:
         assert cls.facts.on_axis, "a gate/up or slice op acts along one axis"
-        assert "dim" in attrs.fields_dict(cls)
+    if cls.facts.on_axis:
+        assert attrs.fields_dict(cls)["dim"].default is not None, "an op along one axis names it (Op.axis)"
 
 
 def _op_classes_in_the_source() -> dict[str, type]:
@@ -59,3 +64,28 @@ def test_layoutc_ops_lists_every_public_op_with_its_facts():
         line = next((ln for ln in out.splitlines() if ln.strip().startswith(name + "(")), None)
         assert line is not None, name
         assert cls.facts.category.value in line, line
+
+
+def _defaults_on_ops(source: str, in_ops: bool) -> list[str]:
+    """Every ``getattr(<op>, "...", default)`` in ``source``, where <op> is an op (``s.op``, ``op``, or
+    ``self`` in an op module): a default hides an undeclared fact (``getattr(s.op, "parts", 1)``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
+                and len(node.args) == 3:
+            target = ast.unparse(node.args[0])
+            if target == "op" or target.endswith(".op") or (in_ops and target == "self"):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_declared_facts_are_read_never_guessed_with_a_default():
+    package, ops = Path(layoutc.__file__).parent, Path(layoutc.lang.ops.__file__).parent
+    found = [f"{path.relative_to(package)}:{line}" for path in sorted(package.rglob("*.py"))
+             for line in _defaults_on_ops(path.read_text(), path.parent == ops)]
+    assert found == []
+    # what the scan finds (the lines it found before the facts were read as declared)
+    assert _defaults_on_ops('x = getattr(pads[0].op, "parts", 1) == 1', False)
+    assert _defaults_on_ops('dim = getattr(self, "dim", None)', True)
+    assert not _defaults_on_ops('v = getattr(s.op, field.name)', False)  # a declared field, read by name
+    assert REGISTRY["swap_halves"](1).parts == 1 and REGISTRY["pad"](1, parts=2).parts == 2
