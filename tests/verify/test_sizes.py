@@ -33,7 +33,7 @@ def test_the_sizes_corpus_has_a_case_per_kind_of_condition():
     names = {p.stem for p in SIZES}
     assert {"eq_on_I_undoes_the_swap", "gt_on_H_desyncs_the_scales", "ge_on_E_desyncs_the_bias",
             "else_branch_of_le", "multiple_of_256_undoes_the_swap", "lt_between_two_dims",
-            "padding_boundary_of_round_up", "tp_size_8_only"} <= names
+            "padding_boundary_of_round_up", "tp_size_8_only", "else_branch_of_ne", "range_middle_branch"} <= names
 
 
 @pytest.mark.parametrize("path", SIZES, ids=lambda p: p.stem)
