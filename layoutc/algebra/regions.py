@@ -25,7 +25,14 @@ from typing import Iterable, Mapping, Sequence
 import attrs
 
 from . import expr as ex
+from .periods import nested, periods
 from ..limits import MAX_REPRESENTATIVE, MAX_VERIFY_ELEMENTS
+
+#: Residue classes of one dim verified one by one (modulo a constant it is divided by, or modulo the period
+#: that makes every floor of it affine); above this, four are (0, 1, the middle and the last).
+MAX_RESIDUE_CLASSES = 16
+#: Residue classes of several dims verified together (every combination) when their product is at most this.
+MAX_JOINT_CLASSES = 32
 
 _NEGATE = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
@@ -132,6 +139,50 @@ def moduli(exprs: Iterable[ex.Expr]) -> dict[str, set[int]]:
     return out
 
 
+def residue_moduli(exprs: Sequence[ex.Expr], dims: Sequence[str]) -> dict[str, set[int]]:
+    """Per dim, the moduli its residues are verified modulo: every constant it is divided by, and the period
+    that makes every (nested) floor of it affine (:mod:`layoutc.algebra.periods`)."""
+    out = moduli(exprs)
+    found, _ = periods(exprs, dims)
+    for d, p in found.items():
+        if p > 1:
+            out.setdefault(d, set()).add(p)
+    return out
+
+
+def _classes(period: int, m: int) -> tuple[int, int, list[int]]:
+    """``(step, g, picks)``: residues modulo ``step = lcm(period, m)`` among multiples of ``period`` are
+    ``r*g``; ``picks`` the ``r`` verified (all of them up to :data:`MAX_RESIDUE_CLASSES`)."""
+    step, g = math.lcm(period, m), math.gcd(period, m)
+    classes = m // g
+    picks = list(range(classes)) if classes <= MAX_RESIDUE_CLASSES else sorted({0, 1, classes // 2, classes - 1})
+    return step, g, picks
+
+
+def residue_gaps(dims: Sequence[str], constraints: Sequence[tuple[ex.Expr, int]],
+                 exprs: Sequence[ex.Expr]) -> list[str]:
+    """The sizes the representatives do not decide, in words: per dim with a nested floor whose residue classes
+    (modulo the period making it affine) are too many to verify one by one, the residues that were verified;
+    per dim some size expression is not quasi-affine in, that fact. Empty: every residue class is verified."""
+    exprs = list(exprs)
+    found, inexact = periods(exprs, dims)
+    out = []
+    for d in dims:
+        deep = nested(exprs, d)
+        if d in inexact:
+            out.append(f"{d}: a size expression is not quasi-affine in {d} (a floor of a comparison or a table)")
+            continue
+        if deep is None or found.get(d, 1) <= 1:
+            continue
+        p = _period(list(constraints), d)
+        step, g, picks = _classes(p, found[d])
+        if len(picks) < found[d] // g:
+            residues = ", ".join(str(r * g % step) for r in picks)
+            out.append(f"{d} = {residues} (mod {step}) only, {len(picks)} of its {found[d] // g} residue classes "
+                       f"({ex.to_str(deep, slash=True)} is affine within each class modulo {step}, not across them)")
+    return out
+
+
 def _period(constraints: Sequence[tuple[ex.Expr, int]], dim: str) -> int:
     from .instances import _period as period_of
 
@@ -216,10 +267,7 @@ def _dim_candidates(b: Bounds, period: int, edges: set[int], mods: set[int], per
         for v in (base - period, base, base + period, base + 2 * period):
             add(v)
     for m in sorted(mods):
-        step = math.lcm(period, m)
-        g = math.gcd(period, m)
-        classes = m // g
-        picks = range(classes) if classes <= 8 else sorted({0, 1, classes // 2, classes - 1})
+        step, g, picks = _classes(period, m)
         start = -(-first // step) * step
         for r in picks:
             add(start + r * g if r else start)
@@ -241,10 +289,11 @@ def representatives(program, region: Region, dims: Sequence[str], constraints: S
     constraints = list(dict.fromkeys(constraints))
     bounds, exact = _bounds(program, region, dims)
     edges = _edges(program.conditions)
-    mods = moduli(list(exprs))
+    mods = residue_moduli(list(exprs), dims)
     multi = [(v, m) for v, m in constraints if m > 1 and len(ex.free_vars(v)) > 1
              or (m > 1 and len(ex.free_vars(v)) == 1 and next(iter(ex.free_vars(v))) in bounds)]
-    candidates = []
+    candidates: list[list[int]] = []
+    class_reps: list[list[int]] = []
     for d in dims:
         b = bounds[d]
         p = _period(constraints, d)
@@ -258,6 +307,12 @@ def representatives(program, region: Region, dims: Sequence[str], constraints: S
         if not values:
             return [], "empty" if (exact or b.equal is not None) else "unfound"
         candidates.append(values)
+        # one value per residue class modulo the dim's largest modulus (its period when floors nest)
+        step = math.lcm(p, max(mods.get(d, {1})))
+        by_class: dict[int, int] = {}
+        for v in sorted(values):
+            by_class.setdefault(v % step, v)
+        class_reps.append(list(by_class.values()))
 
     def ok(env: dict) -> bool:
         try:
@@ -273,8 +328,13 @@ def representatives(program, region: Region, dims: Sequence[str], constraints: S
     # Every dim at its second smallest value first (findings are described there: the smallest can make
     # a transform the identity, a 32-row group interleave of 64 rows), then the smallest, one dim at a
     # time, the diagonals.
+    # Every combination of the dims' residue classes when there are few (a claim may fail only where two
+    # dims are both in some class), then the rest.
+    joint = (itertools.product(*class_reps) if 1 < math.prod(len(c) for c in class_reps) <= MAX_JOINT_CLASSES
+             and sum(len(c) > 1 for c in class_reps) > 1 else ())
     combos = itertools.chain(
         [tuple(base), tuple(small)],
+        joint,
         (tuple(v if a == axis else start[a] for a in range(len(dims))) for start in (base, small)
          for axis, vals in enumerate(candidates) for v in vals),
         (tuple(c[min(k, len(c) - 1)] for c in candidates) for k in range(max(len(c) for c in candidates))),

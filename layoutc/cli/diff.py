@@ -58,11 +58,28 @@ def _chains(spec: CompiledSpec) -> dict[str, Chain]:
     return {c.tensor: c for c in spec.compiled.variants[-1].chains}
 
 
-def _contract(spec: CompiledSpec, name: str) -> dict[str, str]:
+def _output_at(spec: CompiledSpec, name: str, env: Mapping[str, int] | None):
+    """The declaration of output ``name`` that holds at sizes ``env`` (an output may be declared once per size
+    branch: ``if K % 256 == 0 { output ... } else { output ... }``); the first one without ``env``."""
+    p = spec.program
+    if env is not None:
+        try:
+            holds = {c.label for c in p.conditions if c.holds(env)}
+        except (ZeroDivisionError, KeyError):
+            holds = set()
+        found = p.output_for(name, frozenset(p.optional_inputs) | holds)
+        if found is not None:
+            return found
+    return next((t for t in p.outputs if t.name == name), None)
+
+
+def _contract(spec: CompiledSpec, name: str, env: Mapping[str, int] | None = None) -> dict[str, str]:
+    """The declared contract of ``name``: its input and, at sizes ``env``, the output declaration that holds
+    there."""
     p = spec.program
     out = {}
-    for side, table in (("input", p.inputs), ("output", p.outputs)):
-        t = next((t for t in table if t.name == name), None)
+    for side, t in (("input", next((t for t in p.inputs if t.name == name), None)),
+                    ("output", _output_at(spec, name, env))):
         if t is None:
             continue
         shape = ", ".join(ex.to_str(d, slash=True) for d in t.shape)  # resolved: how it is written is no change
@@ -70,10 +87,16 @@ def _contract(spec: CompiledSpec, name: str) -> dict[str, str]:
         if t.rows is not None:
             out[f"{side} rows"] = str(t.rows)
         if t.packing is not None:
-            out[f"{side} packing"] = t.packing
+            out[f"{side} packing"] = t.packing_text
         if t.tie is not None:
             out[f"{side} tie"] = f"{t.tie.kind} {t.tie.weight}" + (f" block {t.tie.block}" if t.tie.block else "")
     return out
+
+
+def _contract_changes(old: CompiledSpec, new: CompiledSpec, name: str, env=None) -> list[str]:
+    ca, cb = _contract(old, name, env), _contract(new, name, env)
+    return [f"{key}: {ca.get(key, '-')} -> {cb.get(key, '-')}" for key in sorted(set(ca) | set(cb))
+            if ca.get(key) != cb.get(key)]
 
 
 def _samples(a: Chain, b: Chain, dims: tuple[str, ...]) -> list[dict]:
@@ -190,9 +213,7 @@ def _regions(old: CompiledSpec, new: CompiledSpec) -> list[tuple[Region, list[di
         labels.setdefault(c.label, c)
     both = _Both(tuple(labels.values()), old.program.assumptions + new.program.assumptions)
     dims = tuple(sorted(set(old.program.dims) | set(new.program.dims)))
-    known = [(ex.Var(x.dim), x.multiple) for x in both.assumptions]
-    for spec in (old, new):
-        known += [(k.value, k.multiple) for v in spec.compiled.variants for c in v.chains for k in c.constraints]
+    assumed = [(ex.Var(x.dim), x.multiple) for x in both.assumptions]
     exprs = [e for spec in (old, new) for c in spec.compiled.variants[-1].chains
              for shape in [c.source.shape] + [st.out_type.shape for st in c.steps] for e in shape]
     exprs += [e for c in both.conditions for e in (c.lhs, c.rhs)]
@@ -200,6 +221,15 @@ def _regions(old: CompiledSpec, new: CompiledSpec) -> list[tuple[Region, list[di
     truths = list(itertools.product((True, False), repeat=len(both.conditions)))[:MAX_REGIONS]
     for values in truths:
         region = Region(tuple((c.label, v) for c, v in zip(both.conditions, values)))
+        # The divisibility each spec needs in this region: its variant there (a branch's packing may need
+        # a multiple the other branch does not: those sizes are the other region's).
+        holds = {label for label, v in region.holds if v}
+        known = list(assumed)
+        for spec in (old, new):
+            key = frozenset(spec.program.optional_inputs) | {c.label for c in spec.program.conditions
+                                                              if c.label in holds}
+            known += [(k.value, k.multiple) for v in spec.compiled.variants if v.present == key
+                      for c in v.chains for k in c.constraints]
         try:
             reps, status = representatives(both, region, dims, known, exprs, per_dim=2, budget=12)
         except TooLarge:
@@ -223,9 +253,13 @@ def _compare_by_region(name: str, old: CompiledSpec, new: CompiledSpec,
                        regions: list[tuple[Region, list[dict]]]) -> TensorChange | None:
     """The change of one tensor in every region: one without a region where it is the same in all of them,
     else each region's change prefixed with the region (at I == 2944: ...)."""
-    ca, cb = _contract(old, name), _contract(new, name)  # the declared contract holds in every region
-    contract_details = [f"{key}: {ca.get(key, '-')} -> {cb.get(key, '-')}" for key in sorted(set(ca) | set(cb))
-                        if ca.get(key) != cb.get(key)]
+    # The declared contract in each region: the output declaration that holds there (one per size branch).
+    by_region = [(region, _contract_changes(old, new, name, envs[0] if envs else None))
+                 for region, envs in regions or [(Region(()), None)]]
+    if len({tuple(d) for _, d in by_region}) <= 1:
+        contract_details = by_region[0][1] if by_region else []
+    else:
+        contract_details = [f"at {region.describe()}: {d}" for region, ds in by_region for d in ds]
     per_region: list[tuple[Region, TensorChange | None]] = []
     for region, envs in regions or [(Region(()), None)]:
         if envs is None:

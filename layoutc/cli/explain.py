@@ -69,7 +69,7 @@ def tensor_report(spec: CompiledSpec, chain: Chain) -> dict[str, Any]:
         "input": f"{src.elem.name}{src.shape_str()}",
         "output": f"{dst.elem.name}{dst.shape_str()}" if dst else f"{out_type}",
         "role": src.role,
-        "packing": dst.packing if dst else None,
+        "packing": dst.packing_text if dst else None,
         "chain": _every_branch(spec, chain),
     }
     if src.tie is not None:
@@ -83,6 +83,13 @@ def tensor_report(spec: CompiledSpec, chain: Chain) -> dict[str, Any]:
     rows_in = declared_rows(p, src, "input")
     rows_out = declared_rows(p, dst, "output") if dst else None
     entry["rows"] = {"input": str(rows_in) if rows_in else None, "output": str(rows_out) if rows_out else None}
+    # An output declared once per size branch: every declaration with its condition, not only this region's.
+    declared = [o for o in p.outputs + p.conditional_outputs if o.name == chain.tensor]
+    if len(declared) > 1:
+        entry["outputs"] = [
+            {"line": o.pos.line, "when": _when(o), "rows": str(r) if (r := declared_rows(p, o, "output")) else None,
+             "packing": o.packing_text}
+            for o in sorted(declared, key=lambda o: o.pos.line)]
     entry["map"] = map_text(chain, dst.shape_text if dst else ())
     region = region_of(p, spec.compiled.variants[-1].present)
     if region.conditional:  # the map of one region: the one where every size condition holds
@@ -139,10 +146,16 @@ def as_text(r: dict[str, Any]) -> str:
             what = {"scales": f"scales of {tie.get('weight')}, block {tie.get('block')}",
                     "bias": f"bias of {tie.get('weight')}", "weight": "weight"}[tie["kind"]]
             lines.append(f"  role     {what} (tied with {', '.join(tie['partners'])})")
-        if t["rows"]["input"] or t["rows"]["output"]:
-            lines.append(f"  rows     {t['rows']['input']} -> {t['rows']['output']}")
-        if t["packing"]:
-            lines.append(f"  packing  {t['packing']}")
+        if t.get("outputs"):  # one declaration per size branch: each with its condition
+            for i, o in enumerate(t["outputs"]):
+                rows = f"rows {t['rows']['input']} -> {o['rows']}" if o["rows"] or t["rows"]["input"] else ""
+                what = "; ".join(x for x in (rows, f"packing {o['packing'] or 'none'}") if x)
+                lines.append(f"  {'output' if i == 0 else '':<8} {what}  [if {o['when']}] (line {o['line']})")
+        else:
+            if t["rows"]["input"] or t["rows"]["output"]:
+                lines.append(f"  rows     {t['rows']['input']} -> {t['rows']['output']}")
+            if t["packing"]:
+                lines.append(f"  packing  {t['packing']}")
         lines.append("  chain" + ("    (none: copied as is)" if not t["chain"] else ""))
         width = max((len(s["statement"]) for s in t["chain"]), default=0)
         for s in t["chain"]:
@@ -179,10 +192,16 @@ def as_markdown(r: dict[str, Any]) -> str:
         facts = []
         if "tie" in t:
             facts.append(f"Tied with {', '.join(c(x) for x in t['tie']['partners'])}")
-        if t["rows"]["input"] or t["rows"]["output"]:
-            facts.append(f"{'rows' if facts else 'Rows'} {c(str(t['rows']['input']))} -> {c(str(t['rows']['output']))}")
-        if t["packing"]:
-            facts.append(f"{'packing' if facts else 'Packing'} {c(str(t['packing']))}")
+        if t.get("outputs"):  # one declaration per size branch: each with its condition
+            facts += [f"{'when' if facts else 'When'} {c(o['when'])}: rows {c(str(t['rows']['input']))} -> "
+                      f"{c(str(o['rows']))}, packing {c(str(o['packing'] or 'none'))} (line {o['line']})"
+                      for o in t["outputs"]]
+        else:
+            if t["rows"]["input"] or t["rows"]["output"]:
+                facts.append(f"{'rows' if facts else 'Rows'} {c(str(t['rows']['input']))} -> "
+                             f"{c(str(t['rows']['output']))}")
+            if t["packing"]:
+                facts.append(f"{'packing' if facts else 'Packing'} {c(str(t['packing']))}")
         if facts:
             lines += ["; ".join(facts) + ".", ""]
         if t["chain"]:

@@ -86,6 +86,15 @@ class TensorSpec:
         """The declared kernel packing families (``packing trtllm + sf_128x4``)."""
         return tuple(self.packing.split("+")) if self.packing else ()
 
+    @property
+    def packing_text(self) -> str | None:
+        """The declared packing with its arguments, as a reviewer compares it (``trtllm(epilogue_tile=128)``)."""
+        if self.packing is None:
+            return None
+        args = [f"{k}={v if isinstance(v, int) else ex.to_str(v, slash=True)}" for f, k, v, _ in self.packing_args
+                if f in self.packings]
+        return self.packing + (f"({', '.join(args)})" if args else "")
+
 
 @attrs.frozen
 class Guard:

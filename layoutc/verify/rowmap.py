@@ -229,11 +229,22 @@ def declared_rows(program: Program, spec: TensorSpec | None, side: str) -> RowLa
     it declares none (scales and biases share their weight's rows)."""
     if spec is None:
         return None
-    table = {t.name: t for t in (program.inputs if side == "input" else program.outputs)}
+    if side == "output":
+        # An output may be declared once per size branch: ``spec`` is the declaration of one branch, and a
+        # tied tensor inherits the rows its weight declares in that same branch (not the first declaration).
+        if spec.rows is not None:
+            return spec.rows
+        tie = program.input(spec.name).tie if any(t.name == spec.name for t in program.inputs) else None
+        if tie is None:
+            return None
+        weight = (program.output_for(tie.weight, frozenset(g.key for g in spec.guards if g.present))
+                  or next((o for o in program.outputs if o.name == tie.weight), None))
+        return weight.rows if weight is not None else None
+    table = {t.name: t for t in program.inputs}
     own = table.get(spec.name)
     if own is not None and own.rows is not None:
         return own.rows
-    tie = program.input(spec.name).tie if any(t.name == spec.name for t in program.inputs) else None
+    tie = own.tie if own is not None else None
     if tie is not None and tie.weight in table:
         return table[tie.weight].rows
     return None

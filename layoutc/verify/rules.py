@@ -605,13 +605,20 @@ def _elements(variant: Variant):
     return size_of
 
 
-def region_dims(program: Program, variant: Variant) -> tuple[list[dict], str]:
-    """The representatives a variant's region is verified on (:func:`layoutc.algebra.regions.representatives`):
-    ``(sizes, status)``."""
+def region_inputs(program: Program, variant: Variant) -> tuple[list[tuple[ex.Expr, int]], list[ex.Expr]]:
+    """What a variant's representatives are drawn from: its divisibility rules, and the size expressions whose
+    floors and conditions cut the sizes (every shape along every chain, every size condition)."""
     known = [(k.value, k.multiple) for c in variant.chains for k in c.constraints]
     known += [(ex.Var(a.dim), a.multiple) for a in program.assumptions]
     exprs = [e for c in variant.chains for shape in [c.source.shape] + [s.out_type.shape for s in c.steps]
              for e in shape] + [e for c in program.conditions for e in (c.lhs, c.rhs)]
+    return known, exprs
+
+
+def region_dims(program: Program, variant: Variant) -> tuple[list[dict], str]:
+    """The representatives a variant's region is verified on (:func:`layoutc.algebra.regions.representatives`):
+    ``(sizes, status)``."""
+    known, exprs = region_inputs(program, variant)
     region = region_of(program, variant.present)
     return representatives(program, region, program.dims, known, exprs, size_of=_elements(variant))
 

@@ -286,6 +286,21 @@ def test_a_padded_layout_that_forgets_the_w2_shard_is_rejected(size):
     assert any("w2_weight: the transforms produce shape" in e for e in errors), errors
 
 
+# The three shard deletions README ("Mutation score") lists as once surviving in this layout: each is
+# rejected by check, naming the tensor whose shape the transforms no longer give.
+SHARD_DELETIONS = [("shard(w13_weight, dim=1, rank=tp_rank, ranks=tp_size)\n", "relu2", "w13_weight"),
+                   ("shard(w13_weight, dim=1, parts=2, rank=tp_rank, ranks=tp_size)\n", "silu", "w13_weight"),
+                   (W2_SHARD, "silu", "w2_weight")]
+
+
+@pytest.mark.parametrize("statement, activation, tensor", SHARD_DELETIONS, ids=["w13_relu2", "w13_gated", "w2"])
+def test_each_shard_deletion_of_the_padded_bf16_trtllm_layout_is_rejected(statement, activation, tensor):
+    assert BF16_TRTLLM.count(statement) == 1
+    bad = BF16_TRTLLM.replace(statement, "")
+    errors = _errors(bad, activation=activation, tp_size=2, tp_rank=0)
+    assert any(f"{tensor}: the transforms produce shape" in e for e in errors), errors
+
+
 def test_a_converter_checks_its_outputs_against_the_declared_shapes(monkeypatch):
     # the post-condition behind the compiler's shape comparison: a declaration that disagrees with
     # the transforms on the sizes of a call is named at convert time, not handed to the kernel

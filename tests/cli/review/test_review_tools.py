@@ -270,3 +270,67 @@ def test_explain_lists_every_branch_with_its_condition():
     assert whens["cast(w2_bias, f32)"] == "H <= 4096"
     text = render(report, "text")
     assert "[if H > 4096]" in text and "[if H <= 4096]" in text
+
+
+# -- outputs declared per size branch: every declaration is compared and shown -----------------
+
+LIBRARY = ROOT / "tests" / "library"
+SHUFFLE = (LIBRARY / "prims_ts_shuffle_bias.lyt").read_text()
+ELSE_ROWS = "} else {\n  output w13       : e4m3[E, 2*I, H]   rows interleave(w1, w3)\n"
+
+
+SMALL = """
+spec small
+dims E, I, H
+input w13 : e4m3[E, 2*I, H]   rows [w1; w3]
+reorder_gated_rows(w13, dim=1)
+if 2*I >= 32 {
+  interleave(w13, trtllm, epilogue_tile=128)
+  output w13 : e4m3[E, 2*I, H]   rows interleave(w1, w3) packing trtllm(epilogue_tile=128)
+} else {
+  output w13 : e4m3[E, 2*I, H]   rows interleave(w1, w3)
+}
+"""
+
+
+def test_a_change_confined_to_one_branchs_output_declaration_is_reported_with_its_region():
+    # The else branch's output declares other rows: nothing else changes (no statement, no map).
+    branch = SMALL.replace("rows interleave(w1, w3)\n}", "rows [w1; w3]\n}")
+    assert branch != SMALL
+    old, new = load_pair(SMALL, "old.lyt", branch, "new.lyt")
+    d = diff(old, new)
+    assert d.changed, "a change confined to one branch's output declaration must never be 'no layout change'"
+    by = {c.tensor: c for c in d.changes}
+    assert by["w13"].details == ("at 2*I < 32: output rows: interleave(w1, w3) -> [w1; w3]",)
+    # and the new spec's verdict reads that branch's declaration (not the first one's)
+    assert any("at 2*I < 32: w13: the kernel expects rows [w1; w3]" in f for f in d.findings)
+    from layoutc.cli.diff import as_markdown
+    assert "at 2\\*I \\< 32: output rows: interleave(w1, w3) -\\> \\[w1; w3\\]" in as_markdown(d)
+
+
+@pytest.mark.slow  # two specs with an optional bias, every region: about 2 s on the 2-core machine
+def test_a_packing_argument_changed_in_one_branch_is_reported_with_its_region():
+    old, new = load_pair(SHUFFLE, "old.lyt", SHUFFLE.replace("epilogue_tile=128", "epilogue_tile=64"), "new.lyt")
+    by = {c.tensor: c for c in diff(old, new).changes}
+    assert ("at 2*I >= 32: output packing: trtllm(epilogue_tile=128) -> trtllm(epilogue_tile=64)"
+            in by["w13"].details)
+    assert all(d.startswith("at 2*I >= 32: ") for d in by["w13"].details)  # the other branch is unchanged
+
+
+def test_check_reads_the_output_declaration_of_each_branch():
+    branch = SHUFFLE.replace(ELSE_ROWS, ELSE_ROWS.replace("rows interleave(w1, w3)", "rows [w1; w3]"))
+    with pytest.raises(layoutc.SpecError) as err:
+        layoutc.compile_source(branch, "branch.lyt")
+    assert "at 2*I < 32: w13: the kernel expects rows [w1; w3]" in str(err.value)
+    assert "branch.lyt:30:45" in str(err.value)  # the declaration of that branch
+
+
+def test_explain_shows_every_output_declaration_with_its_condition():
+    report = explain(layoutc.compile_source(SHUFFLE, "s.lyt"))
+    w13 = next(t for t in report["tensors"] if t["name"] == "w13")
+    assert [(o["when"], o["packing"], o["line"]) for o in w13["outputs"]] == [
+        ("2*I >= 32", "trtllm(epilogue_tile=128)", 27), ("2*I < 32", None, 30)]
+    text = render(report, "text")
+    assert "packing trtllm(epilogue_tile=128)  [if 2*I >= 32] (line 27)" in text
+    assert "packing none  [if 2*I < 32] (line 30)" in text
+    assert "when `2*I < 32`" in render(report, "markdown")
