@@ -16,6 +16,10 @@ Sources (github.com/vllm-project/vllm; our own code, the facts carry over):
   w2_qweight with size_k = rows * 8, size_n = columns; the scales with marlin_moe_permute_scales,
   size_k = intermediate_size_per_partition for w13 (sic) and w2_scales.shape[1] * group_size for w2.
 
+* vllm/model_executor/layers/quantization/utils/marlin_utils_fp4.py @ de5f26d5923e2b31dbb3d80efc45d5fd41f09946:
+  ``prepare_nvfp4_moe_layer_for_marlin`` (the NVFP4 MoE path of fused_moe/oracle/nvfp4.py),
+  ``nvfp4_marlin_process_scales``, ``nvfp4_marlin_process_global_scale``.
+
 Nothing here uses layoutc's compiler: the oracle must not share code with what it checks.
 """
 
@@ -162,4 +166,55 @@ def marlin_mxfp4(t: Tensors, params: Optional[Mapping[str, Any]] = None) -> dict
         if t.get(f"{name}_bias") is not None:
             b = t[f"{name}_bias"].to(torch.bfloat16)
             out[f"{name}_bias"] = torch.stack([marlin_permute_bias(b[i]) for i in range(e)])
+    return out
+
+
+def nvfp4_marlin_process_scales(s: torch.Tensor) -> torch.Tensor:
+    """nvfp4_marlin_process_scales: to half, each run of 4 reordered [0, 2, 1, 3], times 2**7, the int16
+    bits shifted left by one and the high byte of each kept (bytes 1::2, little-endian), viewed as E4M3."""
+    h = s.to(torch.half)
+    h = h.reshape(-1, 4)[:, [0, 2, 1, 3]].reshape(h.shape)
+    words = (h * 2**7).view(torch.int16) << 1
+    return words.view(torch.float8_e4m3fn).reshape(h.shape[0], -1)[:, 1::2].contiguous()
+
+
+def nvfp4_marlin_process_global_scale(g: torch.Tensor) -> torch.Tensor:
+    """nvfp4_marlin_process_global_scale: times 2**(exponent bias - 7), the bias 2**(e-1) - 2 for the
+    activation dtype's e exponent bits (bf16: 126, fp16: 14)."""
+    target = {torch.half: 5, torch.bfloat16: 8}[g.dtype]
+    return g * (2.0 ** (2 ** (target - 1) - 2 ** (2 - 1) - 7))
+
+
+def marlin_nvfp4(t: Tensors, params: Optional[Mapping[str, Any]] = None) -> dict:
+    """vLLM marlin_utils_fp4.py prepare_nvfp4_moe_layer_for_marlin (de5f26d5923e2b31dbb3d80efc45d5fd41f09946),
+    16-bit activations: per expert the FP4 bytes as int32, transposed, gptq_marlin_repack; the E4M3 scales
+    in the activation dtype, transposed, marlin_permute_scales(size_k=K, group_size=16),
+    nvfp4_marlin_process_scales; the per-expert global scales in the activation dtype through
+    nvfp4_marlin_process_global_scale. ``activation = relu2`` is the non-gated branch (w13 = w1 only)."""
+    params = params or {}
+    gated = params.get("activation", "silu") != "relu2"
+    dtype = {"bf16": torch.bfloat16, "f16": torch.half}[params.get("act_dtype", "bf16")]
+    rank, ranks = int(params.get("tp_rank", 0)), int(params.get("tp_size", 1))
+    t = {k: v for k, v in t.items() if v is not None}
+    if ranks > 1:   # FusedMoE _load_w13 / _load_w2: each half of w13 (w1 alone when non-gated), w2 along K
+        for k in ("w13_weight", "w13_weight_scale"):
+            halves = t[k].chunk(2, dim=1) if gated else (t[k],)
+            t[k] = torch.cat([h.chunk(ranks, dim=1)[rank] for h in halves], dim=1)
+        for k in ("w2_weight", "w2_weight_scale"):
+            t[k] = t[k].chunk(ranks, dim=2)[rank]
+    out: dict = {}
+    for name in ("w13", "w2"):
+        w = t[f"{name}_weight"]
+        e, n, kb = w.shape
+        k = kb * 2
+        words = w.contiguous().view(torch.uint8).view(torch.int32)               # [E, N, K/8]
+        out[f"{name}_weight"] = torch.stack([gptq_marlin_repack_expert(words[i].t().contiguous()) for i in range(e)])
+        s = t[f"{name}_weight_scale"].contiguous().view(torch.float8_e4m3fn).to(dtype)
+        # An E4M3 NaN's bits in the 16-bit type depend on the device's conversion (torch on the CPU:
+        # 0x7FC0 in bf16, 0x7F80 in fp16; vLLM runs this on the GPU): the reference takes the type's
+        # canonical NaN, so a NaN scale becomes the byte 0xFC (tests/backends/test_marlin_nvfp4.py).
+        s = torch.where(torch.isnan(s), torch.tensor(float("nan"), dtype=dtype), s)
+        out[f"{name}_weight_scale"] = torch.stack(
+            [nvfp4_marlin_process_scales(marlin_permute_scales(s[i].t(), k, n, 16)) for i in range(e)])
+        out[f"{name}_weight_scale_2"] = nvfp4_marlin_process_global_scale(t[f"{name}_weight_scale_2"].to(dtype))
     return out
