@@ -16,15 +16,19 @@ them on this path.
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
 
-import layoutc
-from layoutc.convert.synthckpt import synthetic_inputs
-from layoutc.equiv.compare import equivalent
-from layoutc.reference import marlin
-from layoutc.registry import DEFAULT, MARLIN_ENGINE_BACKENDS
-from tests.helpers import SPECS, assert_same_bits, bits
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel is built: the fused lowering on CPU tensors
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import layoutc  # noqa: E402
+from layoutc.convert.synthckpt import synthetic_inputs  # noqa: E402
+from layoutc.equiv.compare import equivalent  # noqa: E402
+from layoutc.reference import marlin  # noqa: E402
+from layoutc.registry import DEFAULT, MARLIN_ENGINE_BACKENDS  # noqa: E402
+from tests.helpers import SPECS, assert_same_bits, bits  # noqa: E402
 
 SPEC = SPECS / "marlin_nvfp4.lyt"
 DEEPSEEK_V3 = {"I": 2048, "H": 7168}
@@ -130,6 +134,17 @@ def test_global_scales_are_vllms_factor_for_each_activation_dtype(dtype, factor)
     got = spec.convert(x)["w13_weight_scale_2"]
     want = g.to(got.dtype) * factor
     assert torch.equal(got, want) and torch.equal(got, marlin.marlin_nvfp4(x, {"act_dtype": dtype})["w13_weight_scale_2"])
+
+
+@pytest.mark.slow  # the Triton kernels run by the interpreter: seconds
+@pytest.mark.parametrize("params", [{}, {"activation": "relu2", "act_dtype": "f16"}], ids=["silu-bf16", "relu2-f16"])
+@pytest.mark.parametrize("lowering", ["fused", "gather"])
+def test_every_lowering_equals_eager(params, lowering):
+    """The scaled cast and the bit field in the fused kernels (their Triton forms) and in the gather
+    lowering give the eager bytes, NaN and negative scales included."""
+    spec = layoutc.compile_file(SPEC, params)
+    x = synthetic_inputs(spec, {"E": 2, "I": 128, "H": 64}, seed=3)
+    assert_same_bits(spec.convert(x, lowering=lowering), spec.convert(x, lowering="eager"), lowering)
 
 
 @pytest.mark.slow  # `layoutc equiv`: sampled shapes per parameter set

@@ -124,8 +124,11 @@ class Cast(Conversion):
         if src.numeric and src.canonical.startswith(("float", "bfloat")) and to in CANONICAL_NAN \
                 and to != src.canonical:
             bits, nan = CANONICAL_NAN[to]
+            # An FP8 NaN is told by its bits: Triton's CPU interpreter reads E4M3's 0x7F as 480.
+            fp8_nan = {"float8_e4m3fn": "== 0x7F", "float8_e5m2": "> 0x7C"}.get(src.canonical)
+            is_nan = (f"({value}.to(tl.uint8, bitcast=True) & 0x7F) {fp8_nan}" if fp8_nan else f"{value} != {value}")
             return [
-                f"_nan = {value} != {value}",
+                f"_nan = {is_nan}",
                 f"{value} = {value}.to({dtype})",
                 f"{value} = tl.where(_nan, tl.full({value}.shape, {nan:#x}, {bits}).to({dtype}, bitcast=True), "
                 f"{value})",
