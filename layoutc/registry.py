@@ -109,6 +109,11 @@ DEFAULT = Registry({
     "marlin_gptq_int4_g64": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 64}),
     "marlin_gptq_int4_g32": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 32}),
     "marlin_mxfp4": SPECS / "marlin_mxfp4.lyt",
+    # Marlin NVFP4: one backend per activation (gated or relu2) and activation dtype (the global scales' type)
+    "marlin_nvfp4": (SPECS / "marlin_nvfp4.lyt", {"activation": "silu", "act_dtype": "bf16"}),
+    "marlin_nvfp4_f16": (SPECS / "marlin_nvfp4.lyt", {"activation": "silu", "act_dtype": "f16"}),
+    "marlin_nvfp4_relu2": (SPECS / "marlin_nvfp4.lyt", {"activation": "relu2", "act_dtype": "bf16"}),
+    "marlin_nvfp4_relu2_f16": (SPECS / "marlin_nvfp4.lyt", {"activation": "relu2", "act_dtype": "f16"}),
 })
 
 #: vLLM's MoE backend names (``<enum>.<member>``, ``@smXX`` where the layout depends on the GPU the
@@ -137,3 +142,10 @@ MARLIN_ENGINE_BACKENDS = {
 }
 # vLLM fused_moe/oracle/mxfp4.py: both Marlin members call prepare_moe_mxfp4_layer_for_marlin.
 MARLIN_ENGINE_BACKENDS.update({f"vllm:Mxfp4MoeBackend.{m}": "marlin_mxfp4" for m in ("MARLIN", "BATCHED_MARLIN")})
+# vLLM fused_moe/oracle/nvfp4.py: NvFp4MoeBackend.MARLIN calls prepare_nvfp4_moe_layer_for_marlin; the layout
+# depends on the activation (gated or not) and on params_dtype (the global scales' type and factor). SGLang's
+# copy of the function permutes the scales once more (an older kernel's order): not registered.
+MARLIN_ENGINE_BACKENDS.update({
+    f"vllm:NvFp4MoeBackend.MARLIN{act}@{dtype}": f"marlin_nvfp4{act.replace('@', '_')}{'' if dtype == 'bf16' else '_f16'}"
+    for act in ("", "@relu2") for dtype in ("bf16", "f16")
+})

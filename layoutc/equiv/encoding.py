@@ -55,6 +55,8 @@ def chain_mode(chain: Chain) -> str:
         conv = s.op.conversion()
         if isinstance(conv, cv.View):
             continue
+        if isinstance(conv, cv.Cast) and conv.exp:
+            return "opaque"  # a digit times 2**exp is another value: no digit survives
         if isinstance(conv, cv.Cast):
             mode = "values"
             continue

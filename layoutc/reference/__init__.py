@@ -39,6 +39,7 @@ ANCHORS: dict[str, Callable[..., dict]] = {
     # Marlin (issue 24): pure torch from vLLM's source, no kernels needed
     "marlin_gptq_int4": lambda t, params, k: marlin.marlin_gptq_int4(t, params),
     "marlin_mxfp4": lambda t, params, k: marlin.marlin_mxfp4(t, params),
+    "marlin_nvfp4": lambda t, params, k: marlin.marlin_nvfp4(t, params),
 }
 
 

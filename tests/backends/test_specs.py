@@ -134,7 +134,15 @@ def test_cutedsl_inverse_crops_the_padding():
         assert_same_bits(s.inverse(out), t)
 
 
+#: Shipped layouts that drop information, so no inverse exists: why, per spec.
+NOT_INVERTIBLE = {
+    # nvfp4_marlin_process_scales keeps bits 7..14 of each scale as a half: the sign is dropped (vLLM
+    # assumes scales >= 0), and the global scales are rounded to the activation dtype before scaling.
+    "marlin_nvfp4": "the scales' sign bit is dropped",
+}
+
+
 def test_every_shipped_spec_compiles_and_is_invertible():
     for path in sorted(SPECS.glob("*.lyt")):
         s = layoutc.compile_file(path)
-        assert s.invertible, path
+        assert s.invertible == (path.stem not in NOT_INVERTIBLE), path

@@ -44,7 +44,8 @@ def engine_shard(t: dict, dims: dict, rank: int, size: int, kind: str) -> dict:
     * ``k_major`` (GPTQ, [E, K/8, N] words and [E, K/group, N] scales): as ``contiguous`` with w13's
       rows on its last axis and w2's K on axis 1.
 
-    w2 and its scales are narrowed along K (``_load_w2``); ``w2_bias`` is kept whole."""
+    w2 and its scales are narrowed along K (``_load_w2``); ``w2_bias`` and per-expert global scales
+    ([E]: NVFP4's weight_scale_2) are kept whole."""
     i = dims["I"]
     start, end = rank * i // size, (rank + 1) * i // size
     n_w13 = i if kind == "single" else 2 * i
@@ -63,7 +64,9 @@ def engine_shard(t: dict, dims: dict, rank: int, size: int, kind: str) -> dict:
                 out[k] = cut(v, 1, start, end, i // v.shape[1])
         return out
     for k, v in t.items():
-        if k.startswith("w13"):
+        if v.dim() == 1:
+            out[k] = v  # one value per expert: whole on every rank
+        elif k.startswith("w13"):
             unit = n_w13 // v.shape[1]
             if kind == "interleaved":
                 out[k] = cut(v, 1, 2 * start, 2 * end, unit)
@@ -104,6 +107,8 @@ CASES = [
     ("vllm_cutlass_nvfp4", {"activation": "silu"}, "contiguous", {"E": 2, "I": 256, "H": 80}),
     ("vllm_cutlass_nvfp4", {"activation": "relu2"}, "single", {"E": 2, "I": 192, "H": 80}),
     ("marlin_mxfp4", {}, "contiguous", {"E": 2, "I": 256, "H": 64}),
+    ("marlin_nvfp4", {"activation": "silu", "act_dtype": "bf16"}, "contiguous", {"E": 2, "I": 256, "H": 64}),
+    ("marlin_nvfp4", {"activation": "relu2", "act_dtype": "f16"}, "single", {"E": 2, "I": 512, "H": 64}),
     ("marlin_gptq_int4", {"group_size": 128}, "k_major", {"E": 1, "I": 512, "H": 128}),
     ("marlin_gptq_int4", {"group_size": 64}, "k_major", {"E": 1, "I": 256, "H": 128}),
     ("marlin_gptq_int4", {"group_size": 32}, "k_major", {"E": 1, "I": 256, "H": 128}),
@@ -125,7 +130,7 @@ def test_every_shipped_spec_and_variant_is_covered():
 SLOW = {("flashinfer_cutlass_mxfp4_padded", 2), ("flashinfer_cutlass_mxfp4_padded", 4), ("flashinfer_trtllm_mxfp4", 4),
         ("flashinfer_trtllm_nvfp4", 2), ("flashinfer_trtllm_nvfp4", 4), ("aiter_mxfp4", 2), ("aiter_mxfp4", 4),
         ("triton_kernels_mxfp4_hopper", 4),
-        ("marlin_mxfp4", 2), ("marlin_mxfp4", 4)}
+        ("marlin_mxfp4", 2), ("marlin_mxfp4", 4), ("marlin_nvfp4", 2), ("marlin_nvfp4", 4)}
 
 
 def _tp_cases():
@@ -152,7 +157,7 @@ def test_shard_then_convert_is_the_engines_rank(name, params, kind, dims, size):
         outputs.append(got)
     # the ranks hold different data: a shard that ignored tp_rank would pass the checks above only by luck
     for k in outputs[0]:
-        if k != "w2_bias":
+        if k != "w2_bias" and outputs[0][k].dim() > 1:  # biases of w2 and per-expert global scales: whole
             assert not torch.equal(outputs[0][k].view(torch.uint8), outputs[1][k].view(torch.uint8)), k
 
 

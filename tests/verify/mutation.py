@@ -57,6 +57,9 @@ SPEC_CASES = {
                          [{"E": 2, "I": 256, "H": 256}, {"E": 1, "I": 512, "H": 128}]),
     "marlin_mxfp4": ([{"tp_size": n, "tp_rank": n - 1} for n in (1, 2)],
                      [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 192}]),
+    "marlin_nvfp4": ([{"activation": a, "act_dtype": d, "tp_size": n, "tp_rank": n - 1}
+                      for n in (1, 2) for a, d in (("silu", "bf16"), ("relu2", "f16"))],
+                     [{"E": 2, "I": 128, "H": 64}, {"E": 1, "I": 256, "H": 192}]),
 }
 
 

@@ -15,7 +15,7 @@ from typing import ClassVar, Sequence
 
 import attrs
 
-from ...algebra.dtypes import ElemType, widens_exactly
+from ...algebra.dtypes import ELEMENT_TYPES, ElemType, widens_exactly
 
 TRITON_DTYPES = {
     "uint8": "tl.uint8", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32", "float16": "tl.float16",
@@ -88,15 +88,28 @@ class View(Conversion):
 class Cast(Conversion):
     """The nearest value of the new type (round to nearest even, NaN to the canonical NaN)."""
 
+    #: then times 2**exp (exp >= 0, in the new type): exact unless it overflows to inf
+    exp: int = attrs.field(default=0, kw_only=True)
     kind: ClassVar[str] = "cast"
 
     def lossy(self, src: ElemType) -> bool:
-        return not exact_cast(src, self.to)
+        return not exact_cast(src, self.to) or self.exp != 0  # a scaled value can overflow
 
     def eager(self, var: str) -> str:
+        if self.exp:
+            return f"cast_scaled({var}, torch.{self.to.canonical}, {self.exp})"
         return f"cast({var}, torch.{self.to.canonical})"
 
     def kernel(self, value: str, src: ElemType) -> list[str]:
+        lines = self._round(value, src)
+        if self.exp:
+            # A value of the new type times 2**exp is exact in fp32 (inf past its range), so converting
+            # back rounds nothing, whatever the backend's rounding (Triton's CPU interpreter truncates).
+            lines.append(f"{value} = {value}.to(tl.float32) * {float(2 ** self.exp)!r}")
+            lines += self._round(value, ELEMENT_TYPES["f32"])  # NaN back to the canonical NaN
+        return lines
+
+    def _round(self, value: str, src: ElemType) -> list[str]:
         to = self.to.canonical
         dtype = TRITON_DTYPES[to]
         if src.canonical == "float32" and to == "bfloat16":
@@ -111,8 +124,11 @@ class Cast(Conversion):
         if src.numeric and src.canonical.startswith(("float", "bfloat")) and to in CANONICAL_NAN \
                 and to != src.canonical:
             bits, nan = CANONICAL_NAN[to]
+            # An FP8 NaN is told by its bits: Triton's CPU interpreter reads E4M3's 0x7F as 480.
+            fp8_nan = {"float8_e4m3fn": "== 0x7F", "float8_e5m2": "> 0x7C"}.get(src.canonical)
+            is_nan = (f"({value}.to(tl.uint8, bitcast=True) & 0x7F) {fp8_nan}" if fp8_nan else f"{value} != {value}")
             return [
-                f"_nan = {value} != {value}",
+                f"_nan = {is_nan}",
                 f"{value} = {value}.to({dtype})",
                 f"{value} = tl.where(_nan, tl.full({value}.shape, {nan:#x}, {bits}).to({dtype}, bitcast=True), "
                 f"{value})",

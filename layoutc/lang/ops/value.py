@@ -179,14 +179,23 @@ class InsertBits(Op):
         return ExtractBits(shift=self.shift, width=self.width, to=t.elem)
 
 
+#: Types ``cast(..., exp=k)`` may scale into: the product of one of their values and 2**k (k >= 0) is
+#: exact in fp32, so every lowering computes it there and gets the same bits (or inf on overflow).
+SCALABLE = ("bf16", "f16", "f32")
+
+
 @attrs.frozen
 class Cast(Op):
+    """``cast(t, T)``: each value rounded to T. ``cast(t, T, exp=k)``: then multiplied by 2**k in T
+    (vLLM's Marlin NVFP4 scales: ``x.to(half) * 2**7``), exact unless it overflows to inf."""
+
     to: ElemType = attrs.field(metadata={"kind": "dtype"})
+    exp: int = attrs.field(default=0, kw_only=True, metadata={"kind": "int", "min": 0})
 
     name: ClassVar[str] = "cast"
     eager: ClassVar[Callable] = staticmethod(torch_impl.cast)
     facts: ClassVar[Facts] = Facts(Category.VALUE)
-    summary: ClassVar[str] = "convert each element's value to another type"
+    summary: ClassVar[str] = "convert each element's value to another type (exp=k: then times 2**k)"
     needs: ClassVar[str] = "numeric types"
 
     def infer(self, t: TensorType) -> Inferred:
@@ -197,24 +206,36 @@ class Cast(Op):
                     f"({side.doc})",
                     hint=f"to relabel the bytes use view(..., {self.to.name})",
                 )
+        if self.exp and self.to.name not in SCALABLE:
+            raise OpTypeError(f"cast(..., {self.to.name}, exp={self.exp}): scaling by a power of two is offered into "
+                              f"{', '.join(SCALABLE)} only")
+        if self.exp > 127:
+            raise OpTypeError(f"cast(..., exp={self.exp}): 2**{self.exp} is not a finite fp32 value")
         return Inferred(attrs.evolve(t, elem=self.to))
 
     def index_map(self, t: TensorType) -> IndexMap:
         return identity(t.shape)
 
     def impl(self, t: TensorType):
+        if self.exp:
+            return torch_impl.cast_scaled, (self.to.torch_dtype, self.exp)
         return self.eager, (self.to.torch_dtype,)
 
     def conversion(self) -> cv.Conversion:
-        return cv.Cast(self.to)
+        return cv.Cast(self.to, exp=self.exp)
 
     def inverse(self, t):
         # Exact on the image of the forward cast when it widens or when the values
         # were representable in the narrower type (e.g. bf16 biases stored as fp32).
-        return Cast(t.elem)
+        # A scaled cast rounds before it scales: no single cast undoes it.
+        return Cast(t.elem) if not self.exp else None
 
     def is_exact(self, t: TensorType) -> bool:
-        return exact_cast(t.elem, self.to)
+        return exact_cast(t.elem, self.to) and not self.exp
+
+    def args_str(self) -> str:
+        # exp=0 is the plain cast: said only when set (messages and listings of every other spec unchanged)
+        return f"to={self.to.name}" + (f", exp={self.exp}" if self.exp else "")
 
 
 OPS = (View, Reinterpret, Cast, ExtractBits, InsertBits)

@@ -184,14 +184,35 @@ NAIVE_CASTS = {
 }
 
 
+#: (exponent bits, mantissa bits) of the types a scaled cast writes
+FLOAT_FIELDS = {"bf16": (8, 7), "f16": (5, 10), "f32": (8, 23)}
+
+
+def naive_scale_bits(v: int, to: str, exp: int) -> int:
+    """Bits of the value with bits ``v`` (type ``to``) times 2**exp: its exponent field plus exp, all ones
+    (inf) past the largest; zeros and NaN unchanged. Normal values only (the cases' inputs)."""
+    e_bits, m_bits = FLOAT_FIELDS[to]
+    field = (v >> m_bits) & ((1 << e_bits) - 1)
+    if field == 0 or field == (1 << e_bits) - 1:
+        assert v & ((1 << (e_bits + m_bits)) - 1) == 0 or field, "subnormal input: not covered here"
+        return v
+    field += exp
+    sign = v & (1 << (e_bits + m_bits))
+    if field >= (1 << e_bits) - 1:
+        return sign | (((1 << e_bits) - 1) << m_bits)
+    return sign | (field << m_bits) | (v & ((1 << m_bits) - 1))
+
+
 def naive_cast(op, t, x, dims):
     conv = NAIVE_CASTS.get((t.elem.name, op.to.name))
     if conv is None:
         return None
     fn, width = conv
     mask = (1 << (8 * x.element_size())) - 1
-    vals = [_signed(fn(v & mask), width) for v in bits(x).reshape(-1).tolist()]
-    return torch.tensor(vals, dtype={16: torch.int16, 32: torch.int32}[width]).reshape(x.shape)
+    vals = [fn(v & mask) for v in bits(x).reshape(-1).tolist()]
+    if op.exp:
+        vals = [naive_scale_bits(v, op.to.name, op.exp) for v in vals]
+    return torch.tensor([_signed(v, width) for v in vals], dtype={16: torch.int16, 32: torch.int32}[width]).reshape(x.shape)
 
 
 def _pattern_sides(pattern):
@@ -413,6 +434,10 @@ CASES = [
     (value.Cast(ET["f32"]), TT("bf16", 6, 5), {}),
     (value.Cast(ET["f32"]), TT("f16", 6, 5), {}),
     (value.Cast(ET["e4m3"]), TT("f32", 2, 8), {}),
+    # scaled casts (vLLM's Marlin NVFP4 scales and global scales): rounded, then times 2**exp
+    (value.Cast(ET["f16"], exp=7), TT("e4m3", 4, 9), {}),
+    (value.Cast(ET["bf16"], exp=119), TT("f32", 3, 8), {}),
+    (value.Cast(ET["f16"], exp=7), TT("f32", 3, 8), {}),
 ]
 
 
@@ -464,6 +489,8 @@ def test_map_eager_and_naive_agree(case):
         assert_bits_equal(gathered, x, "identity map")
         if isinstance(op, (value.View, value.Cast)):
             relabel = gathered.view(op.to.torch_dtype) if isinstance(op, value.View) else gathered.to(op.to.torch_dtype)
+            if isinstance(op, value.Cast) and op.exp:
+                relabel = relabel * 2.0**op.exp  # rounded first, then scaled (exact below the largest value)
             assert_bits_equal(relabel, eager, "map vs eager")
     elif op.bit_level and eager.element_size() != x.element_size():  # a view across widths
         assert_bits_equal(gathered.view(eager.dtype), eager, "index map vs eager")
