@@ -47,8 +47,9 @@ def main() -> int:
     ap.add_argument("--before", type=Path, help="a checkout whose layoutc check is timed too, spec by spec")
     args = ap.parse_args()
     specs = [p.resolve() for p in args.specs] or sorted((ROOT / "specs").glob("*.lyt"))
-    print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}" + (f", before: {args.before}" if args.before else ""))
+    now = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+    print(f"{now}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.1f}" + (f", before: {args.before}" if args.before else ""))
     print(f"{'spec':40}" + (f" {'before s':>8} {'cpu s':>6}" if args.before else "") + f" {'check s':>8} {'cpu s':>6}"
           + ("" if args.no_probe else f" {'probe s':>8} {'cpu s':>6}"))
     worst = [0.0, 0.0]
@@ -65,8 +66,9 @@ def main() -> int:
             line += f" {pwall:8.1f} {pcpu:6.1f}" + ("" if prc == 0 else f" (exit {prc})")
             worst[1] = max(worst[1], pcpu)
         print(line, flush=True)
+    probe = "" if args.no_probe else f", probe {worst[1]:.1f} (target {PROBE_TARGET_S:.0f})"
     print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; slowest CPU s: check {worst[0]:.1f} "
-          f"(target {CHECK_TARGET_S:.0f})" + ("" if args.no_probe else f", probe {worst[1]:.1f} (target {PROBE_TARGET_S:.0f})"))
+          f"(target {CHECK_TARGET_S:.0f})" + probe)
     return 0
 
 
