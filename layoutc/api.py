@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .lower import codegen
+from .lower import codegen, memo
 from .front import progress
 from .lower import registry
 from .lang.compiler import Compiled, build
@@ -171,6 +171,7 @@ def clear_cache() -> None:
     with _CACHE_LOCK:
         _CACHE.clear()
     _parsed.cache_clear()
+    memo.clear()  # code written per distinct chain
 
 
 def _compile(program: Program, check_versions: bool, verify_spec: bool) -> CompiledSpec:

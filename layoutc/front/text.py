@@ -37,6 +37,8 @@ def comment(text: str) -> str:
     """A one-line comment body for generated code: whitespace runs collapsed, anything that is not a
     printable character escaped, so no text from a spec or a file name can end the comment."""
     flat = " ".join(text.split())
+    if flat.isprintable():
+        return flat
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in flat)
 
 

@@ -126,6 +126,8 @@ class Chain:
     constraints: tuple[Constraint, ...]
     # Family applications that gave this tensor no step (a family's ``if`` on sizes): applied all the same.
     empty_packings: tuple[PackingTag, ...] = ()
+    # signature(), once: code generation asks for it thousands of times in a spec with many variants.
+    _signature: tuple | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
     @property
     def in_type(self) -> TensorType:
@@ -146,7 +148,10 @@ class Chain:
     def signature(self) -> tuple:
         """Equal for chains that convert the same tensor the same way (shared across variants).
         The tensor is part of it: a weight and its bias can take the very same statements."""
-        return (self.tensor,) + tuple((repr(s.op), s.statement.pos if s.statement else None) for s in self.steps)
+        if self._signature is None:
+            object.__setattr__(self, "_signature", (self.tensor,) + tuple(
+                (repr(s.op), s.statement.pos if s.statement else None) for s in self.steps))
+        return self._signature
 
     def packings(self) -> tuple[str, ...]:
         """The kernel families whose packing the chain applies, in order."""

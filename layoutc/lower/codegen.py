@@ -46,7 +46,7 @@ def text_literal(text: str) -> str:
     (readable multi-line code and docs: no backslash, and no character of the chosen quote), else
     ``repr(text)``. Either way nothing in ``text`` can end the literal: text from a spec or a file
     name is data, never code."""
-    if all(c.isprintable() or c == "\n" for c in text) and "\\" not in text:
+    if text.replace("\n", "").isprintable() and "\\" not in text:  # every character printable or a line break
         for quote in ('"', "'"):
             if quote not in text:
                 return quote * 3 + text + quote * 3
@@ -316,10 +316,11 @@ def _emit_direction(
     return body
 
 
-def _lowered(compiled: Compiled) -> tuple[list[str], dict[tuple, tuple[str, list[str]]], dict[frozenset, list[tuple[str, str]]]]:
-    """What the registered lowerings write for the convert chains: module-level source, the pass
-    table of each chain signature (its name and the lowerings in it), the layer functions of each
-    variant."""
+def _lowered(compiled: Compiled) -> tuple[list[list[str]], dict[tuple, tuple[str, list[str]]],
+                                           dict[frozenset, list[tuple[str, str]]]]:
+    """What the registered lowerings write for the convert chains: module-level source (in parts of whole
+    statements, :func:`pywrap.wrap_parts`), the pass table of each chain signature (its name and the
+    lowerings in it), the layer functions of each variant."""
     p = compiled.program
     ctx = registry.EmitContext(p.dims, p.short_filename)
     passes: dict[tuple, list[tuple[str, str]]] = {}
@@ -340,15 +341,15 @@ def _lowered(compiled: Compiled) -> tuple[list[str], dict[tuple, tuple[str, list
     lines = ["_LOWERINGS = (  # name, devices, devices auto picks it for, module it needs, CPU switch, wrong-device text",
              *(f"    {lw.table_entry()!r}," for lw in registry.lowerings()), ")",
              "LOWERINGS = tuple(entry[0] for entry in _LOWERINGS)", ""]
-    kernel_text = "\n\n".join(sorted(ctx.kernels.values(), key=lambda k: "def _k_layer_" in k))  # bodies first
-    kernel_text = pywrap.wrap(kernel_text)  # lines of at most 120 characters, the same kernels
+    kernels = sorted(ctx.kernels.values(), key=lambda k: "def _k_layer_" in k)  # bodies first
+    kernel_text = pywrap.wrap_parts(kernels, "\n\n")  # lines of at most 120 characters, the same kernels
     lines += [
         f"_TRITON_FILE = {f'<layoutc triton kernels of {p.name}>'!r}",
         f"_TRITON_SOURCE = {text_literal(chr(10) + kernel_text) if kernel_text else repr('')}",
         "",
     ]
-    for source in ctx.defs.values():
-        lines += ["", source]
+    parts = [lines] + [["", source] for source in ctx.defs.values()]
+    lines = []
     tables: dict[tuple, tuple[str, list[str]]] = {}
     for sig, fns in passes.items():
         name = f"_PASS_{ctx.tag(first_chain[sig])}"
@@ -356,8 +357,8 @@ def _lowered(compiled: Compiled) -> tuple[list[str], dict[tuple, tuple[str, list
         lines.append(f"{name} = {{{', '.join(f'{lw!r}: {fn}' for lw, fn in fns)}}}")
     entries = [f"    ({lw!r}, frozenset({sorted(present)!r})): {fn},"
                for present, fns in layers.items() for lw, fn, _ in fns]
-    lines += ["", "_LAYERS = {", *entries, "}"]
-    return lines, tables, {k: [(fn, names) for _, fn, names in v] for k, v in layers.items()}
+    parts.append(lines + ["", "_LAYERS = {", *entries, "}"])
+    return parts, tables, {k: [(fn, names) for _, fn, names in v] for k, v in layers.items()}
 
 
 def generate(compiled: Compiled) -> str:
@@ -427,15 +428,18 @@ def generate(compiled: Compiled) -> str:
     ]
     # The copied run time (the same in every converter) comes last, in one marked section: a reviewer
     # reads the layout first. Nothing above runs it at import.
-    runtime = ["", "", "# " + "=" * 98, "# RUNTIME: copied from layoutc, the same in every converter (checks, dims, launch, guard).",
-               "# Nothing below depends on the spec; the spec's own code is above.", "# " + "=" * 98]
+    # Parts of whole statements (pywrap.wrap_parts): the copied run time and the lowerings' functions recur
+    # across specs, variants and parameter combinations, and are wrapped once.
+    runtime = [["", "", "# " + "=" * 98,
+                "# RUNTIME: copied from layoutc, the same in every converter (checks, dims, launch, guard).",
+                "# Nothing below depends on the spec; the spec's own code is above.", "# " + "=" * 98]]
     for module in RUNTIME_MODULES:
         title = f"# -- {module.__name__} (copied whole) "
-        runtime += ["", title + "-" * max(3, 99 - len(title)), "", module_text(module)]
-    runtime += ["", "# -- primitives (eager implementations of layoutc.lang.ops) " + "-" * 44, ""]
+        runtime[-1] += ["", title + "-" * max(3, 99 - len(title)), ""]
+        runtime.append([module_text(module)])
+    runtime[-1] += ["", "# -- primitives (eager implementations of layoutc.lang.ops) " + "-" * 44, ""]
     for chunk in _impl_closure(f for lw in registry.lowerings() if lw.copies for f in lw.copies(chains)):
-        runtime.append("")
-        runtime.append(chunk)
+        runtime.append(["", chunk])
     lowered, passes, layers = _lowered(compiled)
     lines += [
         "",
@@ -444,8 +448,9 @@ def generate(compiled: Compiled) -> str:
         "# tensor it takes) or per tensor (a table from lowering name to a function of one tensor).",
         "# The Triton kernels are compiled on first use; each carries the statements it fuses and its map.",
         "",
-        *lowered,
     ]
+    parts = [lines, *lowered]
+    lines = []
     lines += [
         "",
         "# -- shapes and sizes " + "-" * 79,
@@ -479,8 +484,10 @@ def generate(compiled: Compiled) -> str:
             "def inverse(tensors, dims=None):",
             f"    raise NotImplementedError({p.name + ': some transform has no inverse, so this layout cannot be undone'!r})",
         ]
-    lines += ["", "", *PUBLIC_FUNCTIONS, *runtime]
-    return pywrap.wrap("\n".join(lines).rstrip() + "\n")
+    parts += [lines + ["", ""], PUBLIC_FUNCTIONS, *runtime]
+    texts = ["\n".join(part) for part in parts]
+    texts[-1] = texts[-1].rstrip() + "\n"  # the module's end (the last part is code, never blank)
+    return pywrap.wrap_parts(texts)
 
 
 PUBLIC_FUNCTIONS = [

@@ -5,6 +5,8 @@ Python continues a line by itself), the continuation aligned with the bracket it
 comment that does not fit goes on its own line above. Nothing inside a string literal or a comment
 is broken. :func:`wrap` checks that the module parses to the same tree before and after, so a
 wrapped converter runs exactly the code it ran before: only the layout of the text changes.
+:func:`wrap_parts` wraps a module given as parts (whole top-level statements) one part at a time, each
+part once per process (the copied run time, a layer kernel shared by a spec's variants).
 """
 
 from __future__ import annotations
@@ -13,8 +15,13 @@ import ast
 import io
 import textwrap
 import tokenize
+from typing import Sequence
+
+from . import memo
 
 WIDTH = 120
+#: Parts up to this many characters are kept once wrapped (larger ones, rare, are wrapped every time).
+KEEP_CHARS = 65536
 
 
 def _scan(line: str, depth: int = 0) -> tuple[list[tuple[int, int]], int | None]:
@@ -92,3 +99,22 @@ def wrap(source: str, width: int = WIDTH) -> str:
     if ast.dump(ast.parse(wrapped)) != ast.dump(ast.parse(source)):
         raise AssertionError("wrapping generated code changed its syntax tree")
     return wrapped
+
+
+def wrap_parts(parts: Sequence[str], sep: str = "\n", width: int = WIDTH) -> str:
+    """``wrap(sep.join(parts))``, but each part wrapped and checked on its own, and kept by its text
+    (:mod:`layoutc.lower.memo`). Each part must be whole top-level statements, comments or blank lines: it
+    starts at column 0 outside any bracket or string, and parses alone. Lines are wrapped one at a time
+    and a module's tree is its statements' trees in order, so the parts wrapped and joined are the bytes
+    of the whole wrapped, and the parts' checks are the whole's."""
+    if sep.strip("\n"):
+        raise ValueError("parts are joined by line breaks only")
+    return sep.join(_wrap_part(part, width) for part in parts)
+
+
+def _wrap_part(part: str, width: int) -> str:
+    if max(map(len, part.split("\n"))) <= width:
+        return part  # no line to break: wrap() gives the same text back
+    if len(part) > KEEP_CHARS:
+        return wrap(part, width)
+    return memo.get("wrap", (part, width), lambda: wrap(part, width))

@@ -19,7 +19,8 @@ from typing import Callable, Iterable
 import attrs
 
 from ..lang.compiler import Chain, Variant
-from . import eager, triton_emit, torch_emit
+from . import eager, memo, triton_emit, torch_emit
+from .maptext import map_text
 from .plan import Plan, plan
 
 
@@ -35,12 +36,42 @@ class EmitContext:
         self.layers: dict[tuple, str] = {}
         self._plans: dict[tuple, Plan] = {}
         self._tags: dict[tuple, str] = {}
+        self._keys: dict[tuple, tuple] = {}
+        self._headers: dict[tuple, str] = {}
 
     def plan(self, chain: Chain) -> Plan:
         key = chain.signature()
         if key not in self._plans:
-            self._plans[key] = plan(chain)
+            self._plans[key] = memo.get("plan", self.key(chain), lambda: plan(chain))
         return self._plans[key]
+
+    def key(self, chain: Chain) -> tuple:
+        """The chain's content (:func:`layoutc.lower.memo.chain_key`): what its plan and code are kept by."""
+        key = chain.signature()
+        if key not in self._keys:
+            self._keys[key] = memo.chain_key(chain)
+        return self._keys[key]
+
+    def header(self, chain: Chain, walk: bool = True) -> str:
+        """:func:`triton_emit.header` of the chain: once per signature in this module (the statements it
+        cites are the signature's), its map text once per distinct chain."""
+        key = (chain.signature(), tuple(s.tag is not None for s in chain.steps), walk)
+        if key not in self._headers:
+            shape_text = chain.target.shape_text if chain.target is not None else ()
+            p = self.plan(chain)
+            mapped = memo.get("map", (self.key(chain), shape_text), lambda: map_text(chain, shape_text, planned=p))
+            self._headers[key] = "\n".join(triton_emit.header(chain, p, self.filename, walk=walk, mapped=mapped))
+        return self._headers[key]
+
+    def body(self, chain: Chain, name: str) -> str:
+        """:func:`triton_emit.body` of the chain's plan (once per distinct chain, name and dims)."""
+        return memo.get("body", (self.key(chain), name, self.dims),
+                        lambda: triton_emit.body(self.plan(chain), name, self.dims))
+
+    def gather(self, chain: Chain, name: str) -> str:
+        """:func:`torch_emit.gather_function` of the chain's plan (once per distinct chain, name and dims)."""
+        return memo.get("gather", (self.key(chain), name, self.dims),
+                        lambda: torch_emit.gather_function(self.plan(chain), name, self.dims))
 
     def tag(self, chain: Chain) -> str:
         """A short identifier for the chain, unique in the module: ``w13_weight_0``."""
@@ -148,8 +179,7 @@ def _fused_layer(ctx: EmitContext, variant: Variant) -> tuple[str, tuple[str, ..
         if not p.one_pass:
             continue
         tag = ctx.tag(c)
-        name = ctx.kernel(f"_b_{tag}", "\n".join(triton_emit.header(c, p, ctx.filename))
-                          + "\n" + triton_emit.body(p, f"_b_{tag}", ctx.dims))
+        name = ctx.kernel(f"_b_{tag}", ctx.header(c) + "\n" + ctx.body(c, f"_b_{tag}"))
         entries.append((c.tensor, p))
         bodies.append(name)
         chains.append(tag)
@@ -173,8 +203,8 @@ def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
     name = f"_gather_{ctx.tag(chain)}"
     if p.pattern == "words" and p.access == "quads":
         ctx.define("_bit_tables", torch_emit.bit_tables_source())
-    cite = "\n".join(triton_emit.header(chain, p, ctx.filename, walk=False))  # the spec lines it computes
-    return ctx.define(name, cite + "\n" + torch_emit.gather_function(p, name, ctx.dims))
+    cite = ctx.header(chain, walk=False)  # the spec lines it computes
+    return ctx.define(name, cite + "\n" + ctx.gather(chain, name))
 
 
 def _compiled_chain(ctx: EmitContext, chain: Chain) -> str | None:

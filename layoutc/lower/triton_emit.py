@@ -55,9 +55,10 @@ _LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_o", "_K", "mask", "pi
 # the header: statements and map
 
 
-def header(chain: Chain, p: Plan, filename: str, walk: bool = True) -> list[str]:
+def header(chain: Chain, p: Plan, filename: str, walk: bool = True, mapped: str | None = None) -> list[str]:
     """Comment lines above a body (or a CPU gather: ``walk=False`` leaves out the kernel's walk): what
-    it converts, the statements it fuses (file:line), the composed map."""
+    it converts, the statements it fuses (file:line), the composed map (``mapped``: its text, where the
+    caller has it: :func:`layoutc.lower.maptext.map_text` of the chain)."""
     src, out = chain.source, chain.target
     how = {"copy": "copied", "affine": "one strided copy", "gather": "gathered",
            "words": "bits permuted within 32-bit words"}[p.pattern]
@@ -79,7 +80,9 @@ def header(chain: Chain, p: Plan, filename: str, walk: bool = True) -> list[str]
         lines.append(f"  {where}{text}" + (f"  [{', '.join(ops)}]" if ops else ""))
     if not chain.steps:
         lines.append("  (no statements: copied as is)")
-    text = map_text(chain, out.shape_text if out is not None else (), planned=p).split("\n")
+    if mapped is None:
+        mapped = map_text(chain, out.shape_text if out is not None else (), planned=p)
+    text = mapped.split("\n")
     lines.append("map: " + text[0])
     return [x for line in lines for x in wrap_comment(comment(line))] + \
         [x for line in text[1:] for x in wrap_comment(comment(line), "#      ")]

@@ -81,10 +81,7 @@ class Verifier:
         """The source's axis map, once per distinct chain and relevant sizes: variants (and, for the static
         source, the parameter combinations ``check`` compiles) share chains, so the work grows with the
         distinct chains a spec makes, not with the product of its options."""
-        ident = self._ident.get(id(chain))
-        if ident is None or ident[0] is not chain:
-            ident = self._ident[id(chain)] = (chain, _chain_key(chain), _relevant(chain))
-        _, sig, relevant = ident
+        _, sig, relevant = self._identify(chain)
         key = (sig, rows, tuple(sorted((d, v) for d, v in dims.items() if d in relevant)))
         static = isinstance(self.source, StaticSource)
         cache = _STATIC_AXES if static else self._axes
@@ -94,6 +91,13 @@ class Verifier:
                 cache.clear()
             cache[key] = self.source.axis(chain, dims, rows)
         return cache[key]
+
+    def _identify(self, chain: Chain) -> tuple:
+        """(chain, :func:`_chain_key`, the dims its maps depend on), once per chain object in this run."""
+        ident = self._ident.get(id(chain))
+        if ident is None or ident[0] is not chain:
+            ident = self._ident[id(chain)] = (chain, _chain_key(chain), _relevant(chain))
+        return ident
 
     @property
     def diags(self) -> list[Diagnostic]:
@@ -357,7 +361,7 @@ class Verifier:
             return
         ra = row_axis(chain.source)
         slices = [s for s in chain.steps if s.op.facts.slice and s.op.axis(s.in_type) == ra]
-        key = (_chain_key(chain), str(src_layout), str(dst_layout), tuple(map(repr, samples)))
+        key = (self._identify(chain)[1], str(src_layout), str(dst_layout), tuple(map(repr, samples)))
         if key in self._contracts_ok:
             return  # the same chain and orders on the same sizes in another variant: already proved
         before = len(self.diags)
@@ -458,7 +462,7 @@ class Verifier:
 
     def region_samples(self, variant: Variant) -> tuple[list[dict], str]:
         if isinstance(self.source, StaticSource):
-            key = (region_of(self.program, variant.present), frozenset(_chain_key(c) for c in variant.chains))
+            key = (region_of(self.program, variant.present), frozenset(self._identify(c)[1] for c in variant.chains))
             if key not in self._regions:
                 self._regions[key] = region_dims(self.program, variant)
             return self._regions[key]

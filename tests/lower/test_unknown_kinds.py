@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import layoutc  # noqa: E402
 from layoutc.equiv import encoding as equiv, probe  # noqa: E402
 from layoutc.lower import plan as planner  # noqa: E402
-from layoutc.lower import torch_emit, triton_emit  # noqa: E402
+from layoutc.lower import memo, torch_emit, triton_emit  # noqa: E402
 from layoutc.lang.ops import conversion as cv  # noqa: E402
 from layoutc.lang.ops import value  # noqa: E402
 
@@ -36,8 +36,12 @@ def _chain(text: str = TEXT):
 
 @pytest.fixture
 def negating_cast(monkeypatch):
-    """``cast`` declaring the unknown conversion (as a new value op that forgot its lowering would)."""
+    """``cast`` declaring the unknown conversion (as a new value op that forgot its lowering would). Plans
+    kept by chain content (layoutc.lower.memo) were made with the op's own code: forgotten before and after."""
+    memo.clear()
     monkeypatch.setattr(value.Cast, "conversion", lambda self: Negate(self.to))
+    yield
+    memo.clear()
 
 
 def test_a_plan_refuses_an_unknown_conversion_kind(monkeypatch):
