@@ -10,6 +10,7 @@ alternation so both see the same load:
 * ``warm ms``: median of ``convert(x)`` (``lowering='auto'``, the default; everything a call does,
   the output fingerprint included) after one untimed call;
 * ``ratio``: warm / clone;
+* ``no-fp ms`` / ``ratio``: the same with ``fingerprint=False`` (no pass hashing the outputs for the guard);
 * ``first s``: a fresh Python process that has imported torch and loaded the inputs imports the
   generated converter module (written by that tree's ``layoutc``) and calls ``convert`` once: the
   time from the import to the result (module import, plans, tables, the call);
@@ -92,7 +93,9 @@ def worker(tree: str, spec_path: str, shape: dict, reps: int) -> dict:
         first_s = float(run.stdout.split()[-1])
     clone = _median_ms(lambda: {k: v.clone() for k, v in x.items()}, reps)
     warm = _median_ms(lambda: spec.convert(x), reps)
+    bare = _median_ms(lambda: spec.convert(x, fingerprint=False), reps)
     return {"spec": spec.name, "mb": nbytes / 1e6, "clone_ms": clone, "warm_ms": warm, "ratio": warm / clone,
+            "nofp_ms": bare, "nofp_ratio": bare / clone,
             "first_s": first_s, "sha": _digest(spec.convert(x)), "threads": torch.get_num_threads()}
 
 
@@ -122,7 +125,7 @@ def main() -> None:
           f"machine: {platform.machine()}, {os.cpu_count()} cpus; load average at start: {os.getloadavg()}")
     print(f"shape: {shape}; trees: {trees}")
     rows = []
-    print(f"{'spec':34} {'tree':4} {'MB':>6} {'clone ms':>9} {'warm ms':>9} {'ratio':>7} {'first s':>8}  sha")
+    print(f"{'spec':34} {'tree':4} {'MB':>6} {'clone ms':>9} {'warm ms':>9} {'ratio':>7} {'no-fp ms':>9} {'ratio':>7} {'first s':>8}  sha")
     for path in specs(args.specs):
         for label, tree in trees:
             run = subprocess.run([sys.executable, __file__, "--worker", tree, str(path), "--shape", args.shape,
@@ -134,7 +137,7 @@ def main() -> None:
             r = json.loads(run.stdout.strip().splitlines()[-1]) | {"tree": label, "load": os.getloadavg()[0]}
             rows.append(r)
             print(f"{r['spec']:34} {label:4} {r['mb']:6.1f} {r['clone_ms']:9.2f} {r['warm_ms']:9.2f} "
-                  f"{r['ratio']:7.1f} {r['first_s']:8.2f}  {r['sha']}", flush=True)
+                  f"{r['ratio']:7.1f} {r['nofp_ms']:9.2f} {r['nofp_ratio']:7.1f} {r['first_s']:8.2f}  {r['sha']}", flush=True)
     print(f"load average at end: {os.getloadavg()}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -11,12 +11,14 @@ tensor (one loop, no index tensor in memory; compiling costs seconds per shape).
 
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 from ..algebra import expr as ex
 from ..lang.ops.conversion import known
 from .plan import Access, Pattern, Plan, affine_strides, linear, unknown
 from .terms import collect_and_name
+from . import runs as runs_module
 
 #: The line after the coordinates are bound: where the named terms of the coordinates go.
 TERMS = "#<terms>"
@@ -83,11 +85,28 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
                   f"    part = {name}_coarse if whole else {name}_part"]
         eager_part = "part"
         part += ["", "", f"def {name}_coarse({args}, start, stop):"] + _named(lambda t: coarse_part(p, dims, t), dims)
+    runs = p.pattern == "gather" and isinstance(p.map.fill, ex.Const)
+    if runs:  # the map evaluated once per shape, cut into runs (layoutc.lower.runs); the parts stay the fallback
+        m = p.map  # expert e of the output reads expert e of the input alone, alike for all: evaluate expert 0
+        alike = (rank >= 2 and m.src[0] == ex.Var("o0") and p.in_shape[0] == p.out_shape[0]
+                 and not any("o0" in ex.free_vars(e) for e in (*m.src[1:], m.valid, m.fill)))
+        stride = f", x.numel() // max(1, {sizes[0]})" if alike else ""
+        part += ["", "", f"def {name}_index({args}, start, stop):"] + _named(lambda t: _index_body(p, sizes, t), dims)
+        choose += [
+            "    # CPU path, chosen per shape from the map's values (layoutc.lower.runs): a strided view, a table of",
+            "    # runs, or (None) the element gather below",
+            f"    runs = None if compiled else _run_plan(({name!r}, {', '.join(dims)}, str(x.device)), {name}_index, "
+            f"({args},), ({', '.join(sizes)},), x.element_size(){stride})",
+        ]
+        flat = (f"x.contiguous().view(torch.{BIT_VIEWS[p.in_elem.bits]}).reshape(-1)" if bitwise
+                else "x.contiguous().reshape(-1)")
     drive = [
         f"def {name}(x, d, compiled=False):",
         *bind,
         *choose,
-        "    if compiled:",
+        *([f"    if runs is not None:",
+           f"        y = _run_gather({flat}, runs, ({', '.join(sizes)},), {p.map.fill.value!r})",
+           "    elif compiled:"] if runs else ["    if compiled:"]),
         f"        y = _compiled({name}_part)({args}, 0, {sizes[0]})",
         f"    elif {per} * {sizes[0]} <= 1 << 24:  # one part: its result is the output, no copy",
         f"        y = {eager_part}({args}, 0, {sizes[0]})",
@@ -141,6 +160,26 @@ def _part_body(p: Plan, sizes: Sequence[str], bitwise: bool, t) -> list[str]:
             part.append("    v = flat[torch.where(ok, src, 0)]")
             part.append(f"    return torch.where(ok, v, torch.as_tensor({t(m.fill)}, dtype=v.dtype))")
     return part
+
+
+def _index_body(p: Plan, sizes: Sequence[str], t) -> list[str]:
+    """The lines of ``name_index``: the source address of each output element over [start, stop), as
+    in ``name_part``, and -1 where the map gives the fill (:mod:`layoutc.lower.runs` cuts them into runs)."""
+    m = p.map
+    part = ["    _dev = x.device"] + _coordinates(sizes)
+    part.append(f"    src = ({t(linear(m.src, p.in_shape))}) + zero")
+    if not m.is_total():
+        part.append(f"    ok = ({t(m.valid)}) & (zero == 0)")
+        part.append("    src = torch.where(ok, src, -1)")
+    return part + ["    return src"]
+
+
+def runs_source() -> str:
+    """Module-level helpers of the run path: :mod:`layoutc.lower.runs` without its docstring and import."""
+    text = inspect.getsource(runs_module)
+    head = "\nimport torch\n"
+    return "# layoutc.lower.runs (copied whole): per-shape run tables of gather maps\n" + \
+        text[text.index(head) + len(head):].strip() + "\n"
 
 
 def _coordinates(sizes: Sequence) -> list[str]:
