@@ -151,7 +151,7 @@ def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
     name = f"_gather_{ctx.tag(chain)}"
     if p.pattern == "words" and p.access == "quads":
         ctx.define("_bit_tables", torch_emit.bit_tables_source())
-    if p.pattern == "gather":
+    if p.pattern == "gather" or p.access == "quads":
         ctx.define("_run_plan", torch_emit.runs_source())
     cite = "\n".join(triton_emit.header(chain, p, ctx.filename, walk=False))  # the spec lines it computes
     return ctx.define(name, cite + "\n" + torch_emit.gather_function(p, name, ctx.dims))

@@ -144,3 +144,13 @@ def _run_gather(flat, plan, shape, fill):
     if bad is not None:
         out.index_fill_(0, bad, fill)
     return out.view(shape)
+
+
+def _run_cached(key, fn, args):
+    """``fn(*args)``, computed once per ``key`` (a shape's index tables, at most the output's size)."""
+    got = _RUN_PLANS.get(key)
+    if got is None:
+        if len(_RUN_PLANS) >= _RUN_PLANS_MAX:
+            _RUN_PLANS.clear()
+        got = _RUN_PLANS[key] = fn(*args)
+    return got

@@ -78,7 +78,10 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
         choose = [f"    whole = {cond}  # the dims the quads part was checked for",
                   f"    part = {name}_quads if whole else {name}_part"]
         eager_part = "part"
-        part += ["", "", f"def {name}_quads({args}, start, stop):"] + _named(lambda t: quads_part(p, dims, t), dims)
+        part += ["", "", f"def {name}_quads({args}, start, stop):"] + _named(lambda t: quads_part(p, dims, t, name), dims)
+        if p.quads.row_stride is None:  # the per-quad index: evaluated once per shape (layoutc.lower.runs)
+            part += ["", "", f"def {name}_quad_index({args}, start, stop):"] + _named(
+                lambda t: quad_index_body(p, t), dims)
     elif bitwise and p.coarse > 1 and rank >= 2:
         r = p.coarse
         choose = [f"    whole = x.shape[-1] % {r} == 0 and ({sizes[-1]}) % {r} == 0  # the shapes _coarsen checked",
@@ -196,7 +199,31 @@ def _coordinates(sizes: Sequence) -> list[str]:
     return lines + ["    " + TERMS]
 
 
-def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch) -> list[str]:
+def quad_index_body(p: Plan, t=ex.to_torch) -> list[str]:
+    """The body of ``name_quad_index(x, dims..., start, stop)``: per quad, the index of each source word
+    (0 where it is not read) and, per source word that may be padding, whether it is read."""
+    q = p.quads
+    qshape = [ex.to_python(s) for s in p.word_shape[:-1]] + [ex.to_python(ex.div(p.word_shape[-1], 4))]
+    lines = ["    _dev = x.device"] + _coordinates(qshape)
+    index, oks = [], []
+    for b, (base, valid) in enumerate(zip(q.bases, q.valid)):
+        if valid == ex.TRUE:
+            index.append(f"(({t(base)}) + zero) // 4")
+        else:  # padding: read word 0 there, zeroed by the caller (its address may be past the input)
+            lines.append(f"    ok{b} = ({t(valid)}) & (zero == 0)")
+            index.append(f"torch.where(ok{b}, ({t(base)}) + zero, 0) // 4")
+            oks.append(f"ok{b}")
+    lines.append("    index = torch.stack([" + ", ".join(index) + "], dim=-1)  # quad, source word b")
+    lines.append("    index = index.to(torch.int32) if index.numel() and int(index.max()) < 2**31 else index")
+    if not oks:
+        return lines + ["    return index, None"]
+    every = ", ".join(f"ok{b}" if valid != ex.TRUE else "zero == 0" for b, valid in enumerate(q.valid))
+    lines.append(f"    unread = ~torch.stack([{every}], dim=-1)  # the words not read: zero")
+    lines.append("    return index, (unread if bool(unread.any()) else None)")
+    return lines
+
+
+def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch, name: str = "") -> list[str]:
     """The body of ``name(x, dims..., start, stop)``: the words of a quads plan (as int32) by whole-word moves.
 
     The per-byte part reads each byte through an int64 index and permutes bits with seventeen
@@ -227,6 +254,16 @@ def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch) -> list[str]:
         lines.append(f"    s = runs[rows.reshape(-1)].view(rows.shape[:-2] + (4, {qshape[-1]}))  # row, b, quad")
         lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
         lines.append("    w = s.view(torch.uint8).unflatten(-1, (-1, 4)).movedim(-3, -1).contiguous()")
+    elif name:  # the index of every quad's source words, once per shape: one gather of words per call
+        lines.append(f"    index, unread = _run_cached(({name!r}, {', '.join(dims)}, start, stop, str(_dev)), "
+                     f"{name}_quad_index, (x, {', '.join(dims)}, start, stop))")
+        del lines[-(rank + 2):-1]  # no coordinates: the cached index holds them
+        lines.append("    s = src_words.index_select(0, index.reshape(-1)).view(index.shape)")
+        if any(valid != ex.TRUE for valid in q.valid):
+            lines.append("    if unread is not None:")
+            lines.append("        s.masked_fill_(unread, 0)")
+        lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
+        lines.append("    w = s.view(torch.uint8).unflatten(-1, (4, 4)).transpose(-1, -2).contiguous()")
     else:
         index = []
         for b, (base, valid) in enumerate(zip(q.bases, q.valid)):
