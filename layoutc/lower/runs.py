@@ -18,6 +18,10 @@ transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device
   word) and an ``index_fill_`` of the fill runs;
 * else ``None``: the caller runs the element gather, as before.
 
+Tables are remembered per process up to ``_RUN_BYTES_MAX`` bytes in all (a shape past it uses its
+plan once, then the element gather): converting a checkpoint of many large layers does not grow
+memory by a table per shape without bound.
+
 The functions here are copied whole into generated converters (torch and builtins only);
 ``tests/lower/test_runs.py`` holds every path to the element gather bit for bit.
 """
@@ -25,7 +29,9 @@ The functions here are copied whole into generated converters (torch and builtin
 import torch
 
 _RUN_PLANS = {}  # (converter function, dims, device) -> ("view", ...), ("table", ...) or None
-_RUN_PLANS_MAX = 64  # shapes remembered per process (each table is at most its output's size)
+_RUN_PLANS_MAX = 64  # shapes remembered per process (each table is at most its output's size) ...
+_RUN_BYTES_MAX = 256 << 20  # ... and the bytes of their tables: past this, tables are made per call
+_RUN_BYTES = [0]
 _RUN_WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -79,8 +85,9 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
     the map reads output expert e from input expert e alone, the same way for every e (the planner
     checked it on the map's expressions); then the addresses of expert 0 are evaluated and the
     others are theirs plus e * expert_stride."""
-    if key in _RUN_PLANS:
-        return _RUN_PLANS[key]
+    got = _RUN_PLANS.get(key, False)  # never False: a plan or None (get: another thread may clear)
+    if got is not False:
+        return got
     experts = shape[0]
     if expert_stride is not None:
         shape = (min(1, experts),) + tuple(shape[1:])
@@ -116,10 +123,22 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
             aligned = bool((safe % g == 0).all())
             table = (safe // g if aligned else safe).to(torch.int64 if wide else torch.int32)
             plan = ("table", g, table, fill if fill.numel() else None, aligned)
+    if not _run_keep(key, plan, [] if plan is None or plan[0] == "view" else [plan[2], plan[3]]):
+        _RUN_PLANS[key] = None  # no room for its table: this call uses it, later ones the element gather
+    return plan
+
+
+def _run_keep(key, value, tensors):
+    # Remember ``value`` unless its tensors would take the cache past its bytes; False: not kept.
+    size = sum(t.numel() * t.element_size() for t in tensors if t is not None)
     if len(_RUN_PLANS) >= _RUN_PLANS_MAX:
         _RUN_PLANS.clear()
-    _RUN_PLANS[key] = plan
-    return plan
+        _RUN_BYTES[0] = 0
+    if _RUN_BYTES[0] + size > _RUN_BYTES_MAX:
+        return False
+    _RUN_BYTES[0] += size
+    _RUN_PLANS[key] = value
+    return True
 
 
 def _run_gather(flat, plan, shape, fill):
@@ -150,7 +169,6 @@ def _run_cached(key, fn, args):
     """``fn(*args)``, computed once per ``key`` (a shape's index tables, at most the output's size)."""
     got = _RUN_PLANS.get(key)
     if got is None:
-        if len(_RUN_PLANS) >= _RUN_PLANS_MAX:
-            _RUN_PLANS.clear()
-        got = _RUN_PLANS[key] = fn(*args)
+        got = fn(*args)
+        _run_keep(key, got, [t for t in got if isinstance(t, torch.Tensor)])
     return got

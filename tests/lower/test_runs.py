@@ -104,6 +104,21 @@ def test_runs_that_start_anywhere_and_unaligned_inputs():
     assert torch.equal(y, _element_gather(x, words_of(0, 40), 0))
 
 
+def test_tables_past_the_byte_budget_are_used_once_then_the_element_gather():
+    h = _helpers()
+    h["_RUN_BYTES_MAX"] = 100  # bytes: less than the table below
+    h["_RUN_BYTES"][0] = 0
+    x = torch.arange(64, dtype=torch.int64)
+
+    def index_of(start, stop):  # rows of 2 swapped in pairs: a table of 32 runs, 128 bytes in int32
+        o0, o1 = torch.meshgrid(torch.arange(start, stop), torch.arange(2), indexing="ij")
+        return 2 * (o0 ^ 1) + o1
+
+    plan, y = _run(h, index_of, (32, 2), x)
+    assert plan[0] == "table" and torch.equal(y, _element_gather(x, index_of(0, 32), 0))
+    assert h["_RUN_PLANS"][("t",)] is None and h["_RUN_BYTES"][0] == 0  # remembered as: the element gather
+
+
 def test_the_affine_check_reads_every_value():
     h = _helpers()
     starts = torch.arange(64, dtype=torch.int64).view(4, 16).t().reshape(-1)  # a transpose: two digits
