@@ -181,7 +181,7 @@ def runs_source() -> str:
     """Module-level helpers of the run path: :mod:`layoutc.lower.runs` without its docstring and import."""
     text = inspect.getsource(runs_module)
     head = "\nimport torch\n"
-    return "# layoutc.lower.runs (copied whole): per-shape run tables of gather maps\n" + \
+    return "# run plans of gather maps, per shape: the code of layoutc.lower.runs\n" + \
         text[text.index(head) + len(head):].strip() + "\n"
 
 
