@@ -147,7 +147,18 @@ def _run_gather(flat, plan, shape, fill):
     if plan[0] == "view":
         _, sizes, strides, offset = plan
         out = torch.empty(shape, dtype=flat.dtype, device=flat.device)
-        out.view(sizes).copy_(flat.as_strided(sizes, strides, flat.storage_offset() + offset))
+        src, base = flat, flat.storage_offset() + offset
+        for word, dtype in sorted(_RUN_WORDS.items(), reverse=True):  # the copy over the widest words that fit
+            k = word // flat.element_size()
+            if (k > 1 and word % flat.element_size() == 0 and sizes[-1] % k == 0 and base % k == 0
+                    and flat.storage_offset() % k == 0 and all(st % k == 0 for st in strides[:-1])):
+                n = flat.numel()
+                src, out_w = flat[: n - n % k].view(dtype), out.view(-1).view(dtype)
+                sizes_w = tuple(sizes[:-1]) + (sizes[-1] // k,)
+                strides_w = tuple(st // k for st in strides[:-1]) + (1,)
+                out_w.view(sizes_w).copy_(src.as_strided(sizes_w, strides_w, base // k))
+                return out
+        out.view(sizes).copy_(src.as_strided(sizes, strides, base))
         return out
     _, g, table, bad, aligned = plan
     out = torch.empty((table.numel(), g), dtype=flat.dtype, device=flat.device)

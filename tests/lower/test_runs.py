@@ -56,6 +56,20 @@ def test_a_transpose_is_a_strided_view():
     assert plan[0] == "view" and torch.equal(y, full)
 
 
+def test_a_view_of_runs_of_whole_words_copies_words_and_any_offset_copies_bytes():
+    h = _helpers()
+    base = torch.randint(0, 256, (1 + 4 * 3 * 16,), dtype=torch.uint8)
+
+    def index_of(start, stop):  # [4, 3, 16] -> [3, 4, 16]: 16-byte runs, tiles transposed
+        o0, o1, o2 = torch.meshgrid(torch.arange(start, stop), torch.arange(4), torch.arange(16), indexing="ij")
+        return o1 * 48 + o0 * 16 + o2
+
+    for x in (base[:-1], base[1:]):  # aligned (int64 words), one byte in (bytes)
+        plan, y = _run(h, index_of, (3, 4, 16), x)
+        assert plan[0] == "view" and plan[1][-1] == 16
+        assert torch.equal(y, _element_gather(x, index_of(0, 3), 0))
+
+
 def test_a_swap_of_halves_with_padding_is_a_table_of_rows():
     h = _helpers()
     e, rows, cols, pad = 2, 6, 8, 2  # [e, 2*3 rows, 8] -> rows (r + 3) % 6, two fill rows at the end
