@@ -24,7 +24,7 @@ from . import runs as runs_module
 TERMS = "#<terms>"
 #: Names the parts bind themselves (a named term takes none of them).
 _LOCALS = {"x", "d", "y", "w", "r", "v", "s", "ok", "src", "flat", "zero", "byte", "step", "start", "stop", "per",
-           "index", "rows", "runs", "words", "halves", "low", "high", "out", "store", "_dev"}
+           "index", "rows", "runs", "words", "halves", "low", "high", "out", "store", "_dev", "unread"}
 
 
 def _named(emit, dims) -> list[str]:
