@@ -125,7 +125,8 @@ def main() -> None:
           f"machine: {platform.machine()}, {os.cpu_count()} cpus; load average at start: {os.getloadavg()}")
     print(f"shape: {shape}; trees: {trees}")
     rows = []
-    print(f"{'spec':34} {'tree':4} {'MB':>6} {'clone ms':>9} {'warm ms':>9} {'ratio':>7} {'no-fp ms':>9} {'ratio':>7} {'first s':>8}  sha")
+    print(f"{'spec':34} {'tree':4} {'MB':>6} {'clone ms':>9} {'warm ms':>9} {'ratio':>7} {'no-fp ms':>9} "
+          f"{'ratio':>7} {'first s':>8}  sha")
     for path in specs(args.specs):
         for label, tree in trees:
             run = subprocess.run([sys.executable, __file__, "--worker", tree, str(path), "--shape", args.shape,
@@ -137,7 +138,8 @@ def main() -> None:
             r = json.loads(run.stdout.strip().splitlines()[-1]) | {"tree": label, "load": os.getloadavg()[0]}
             rows.append(r)
             print(f"{r['spec']:34} {label:4} {r['mb']:6.1f} {r['clone_ms']:9.2f} {r['warm_ms']:9.2f} "
-                  f"{r['ratio']:7.1f} {r['nofp_ms']:9.2f} {r['nofp_ratio']:7.1f} {r['first_s']:8.2f}  {r['sha']}", flush=True)
+                  f"{r['ratio']:7.1f} {r['nofp_ms']:9.2f} {r['nofp_ratio']:7.1f} {r['first_s']:8.2f}  {r['sha']}",
+                  flush=True)
     print(f"load average at end: {os.getloadavg()}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

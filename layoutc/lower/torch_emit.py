@@ -78,7 +78,8 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
         choose = [f"    whole = {cond}  # the dims the quads part was checked for",
                   f"    part = {name}_quads if whole else {name}_part"]
         eager_part = "part"
-        part += ["", "", f"def {name}_quads({args}, start, stop):"] + _named(lambda t: quads_part(p, dims, t, name), dims)
+        part += ["", "", f"def {name}_quads({args}, start, stop):"] + _named(
+            lambda t: quads_part(p, dims, t, name), dims)
         if p.quads.row_stride is None:  # the per-quad index: evaluated once per shape (layoutc.lower.runs)
             part += ["", "", f"def {name}_quad_index({args}, start, stop):"] + _named(
                 lambda t: quad_index_body(p, t), dims)
@@ -280,7 +281,7 @@ def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch, name: str = "") -> l
         lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
         lines.append("    w = s.view(torch.uint8).unflatten(-1, (4, 4)).transpose(-1, -2).contiguous()")
     lines.append(f"    low, high = _bit_tables({tuple(p.table)!r}, _dev)")
-    lines.append("    if _dev.type == 'cpu':  # uint16 widens in one pass per half, no mask (not every device converts it)")
+    lines.append("    if _dev.type == 'cpu':  # uint16 widens in one pass, no mask (not every device converts it)")
     lines.append("        halves = w.view(torch.uint16).view(-1, 2)  # little-endian: low half first")
     lines.append("        r = low.index_select(0, halves[:, 0].to(torch.int32))")
     lines.append("        r |= high.index_select(0, halves[:, 1].to(torch.int32))")

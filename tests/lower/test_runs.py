@@ -172,5 +172,5 @@ def test_every_shipped_spec_gather_equals_eager(name):
         if tried == 3:
             break
     assert tried, f"{name}: no sampled dims accepted"
-    if "else _run_plan((" in spec.source:  # some chain has a gather plan: its run plan was computed (and taken, or None: fallback)
+    if "else _run_plan((" in spec.source:  # a gather plan: its run plan was computed (taken, or None: fallback)
         assert spec.module._RUN_PLANS, name
