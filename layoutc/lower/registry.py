@@ -203,6 +203,8 @@ def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
     name = f"_gather_{ctx.tag(chain)}"
     if p.pattern == "words" and p.access == "quads":
         ctx.define("_bit_tables", torch_emit.bit_tables_source())
+    if p.pattern == "gather" or p.access == "quads":
+        ctx.define("_run_plan", torch_emit.runs_source())
     cite = ctx.header(chain, walk=False)  # the spec lines it computes
     return ctx.define(name, cite + "\n" + ctx.gather(chain, name))
 

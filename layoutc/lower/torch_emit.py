@@ -11,18 +11,20 @@ tensor (one loop, no index tensor in memory; compiling costs seconds per shape).
 
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 from ..algebra import expr as ex
 from ..lang.ops.conversion import known
 from .plan import Access, Pattern, Plan, affine_strides, linear, unknown
 from .terms import collect_and_name
+from . import runs as runs_module
 
 #: The line after the coordinates are bound: where the named terms of the coordinates go.
 TERMS = "#<terms>"
 #: Names the parts bind themselves (a named term takes none of them).
 _LOCALS = {"x", "d", "y", "w", "r", "v", "s", "ok", "src", "flat", "zero", "byte", "step", "start", "stop", "per",
-           "index", "rows", "runs", "words", "halves", "low", "high", "out", "store", "_dev"}
+           "index", "rows", "runs", "words", "halves", "low", "high", "out", "store", "_dev", "unread"}
 
 
 def _named(emit, dims) -> list[str]:
@@ -76,18 +78,39 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
         choose = [f"    whole = {cond}  # the dims the quads part was checked for",
                   f"    part = {name}_quads if whole else {name}_part"]
         eager_part = "part"
-        part += ["", "", f"def {name}_quads({args}, start, stop):"] + _named(lambda t: quads_part(p, dims, t), dims)
+        part += ["", "", f"def {name}_quads({args}, start, stop):"] + _named(
+            lambda t: quads_part(p, dims, t, name), dims)
+        if p.quads.row_stride is None:  # the per-quad index: evaluated once per shape (layoutc.lower.runs)
+            part += ["", "", f"def {name}_quad_index({args}, start, stop):"] + _named(
+                lambda t: quad_index_body(p, t), dims)
     elif bitwise and p.coarse > 1 and rank >= 2:
         r = p.coarse
         choose = [f"    whole = x.shape[-1] % {r} == 0 and ({sizes[-1]}) % {r} == 0  # the shapes _coarsen checked",
                   f"    part = {name}_coarse if whole else {name}_part"]
         eager_part = "part"
         part += ["", "", f"def {name}_coarse({args}, start, stop):"] + _named(lambda t: coarse_part(p, dims, t), dims)
+    runs = p.pattern == "gather" and isinstance(p.map.fill, ex.Const)
+    if runs:  # the map evaluated once per shape, cut into runs (layoutc.lower.runs); the parts stay the fallback
+        m = p.map  # expert e of the output reads expert e of the input alone, alike for all: evaluate expert 0
+        alike = (rank >= 2 and m.src[0] == ex.Var("o0") and p.in_shape[0] == p.out_shape[0]
+                 and not any("o0" in ex.free_vars(e) for e in (*m.src[1:], m.valid, m.fill)))
+        stride = f", x.numel() // max(1, {sizes[0]})" if alike else ""
+        part += ["", "", f"def {name}_index({args}, start, stop):"] + _named(lambda t: _index_body(p, sizes, t), dims)
+        choose += [
+            "    # CPU path, chosen per shape from the map's values (layoutc.lower.runs): a strided view, a table of",
+            "    # runs, or (None) the element gather below",
+            f"    runs = None if compiled else _run_plan(({name!r}, {', '.join(dims)}, str(x.device)), {name}_index, "
+            f"({args},), ({', '.join(sizes)},), x.element_size(){stride})",
+        ]
+        flat = (f"x.contiguous().view(torch.{BIT_VIEWS[p.in_elem.bits]}).reshape(-1)" if bitwise
+                else "x.contiguous().reshape(-1)")
     drive = [
         f"def {name}(x, d, compiled=False):",
         *bind,
         *choose,
-        "    if compiled:",
+        *([f"    if runs is not None:",
+           f"        y = _run_gather({flat}, runs, ({', '.join(sizes)},), {p.map.fill.value!r})",
+           "    elif compiled:"] if runs else ["    if compiled:"]),
         f"        y = _compiled({name}_part)({args}, 0, {sizes[0]})",
         f"    elif {per} * {sizes[0]} <= 1 << 24:  # one part: its result is the output, no copy",
         f"        y = {eager_part}({args}, 0, {sizes[0]})",
@@ -143,6 +166,26 @@ def _part_body(p: Plan, sizes: Sequence[str], bitwise: bool, t) -> list[str]:
     return part
 
 
+def _index_body(p: Plan, sizes: Sequence[str], t) -> list[str]:
+    """The lines of ``name_index``: the source address of each output element over [start, stop), as
+    in ``name_part``, and -1 where the map gives the fill (:mod:`layoutc.lower.runs` cuts them into runs)."""
+    m = p.map
+    part = ["    _dev = x.device"] + _coordinates(sizes)
+    part.append(f"    src = ({t(linear(m.src, p.in_shape))}) + zero")
+    if not m.is_total():
+        part.append(f"    ok = ({t(m.valid)}) & (zero == 0)")
+        part.append("    src = torch.where(ok, src, -1)")
+    return part + ["    return src"]
+
+
+def runs_source() -> str:
+    """Module-level helpers of the run path: :mod:`layoutc.lower.runs` without its docstring and import."""
+    text = inspect.getsource(runs_module)
+    head = "\nimport torch\n"
+    return "# run plans of gather maps, per shape: the code of layoutc.lower.runs\n" + \
+        text[text.index(head) + len(head):].strip() + "\n"
+
+
 def _coordinates(sizes: Sequence) -> list[str]:
     """Lines binding the output coordinates of a part: ``o0`` over experts [start, stop), ``o1``..
     over their whole axes, each shaped to broadcast along its own axis, and ``zero`` of the full
@@ -157,7 +200,31 @@ def _coordinates(sizes: Sequence) -> list[str]:
     return lines + ["    " + TERMS]
 
 
-def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch) -> list[str]:
+def quad_index_body(p: Plan, t=ex.to_torch) -> list[str]:
+    """The body of ``name_quad_index(x, dims..., start, stop)``: per quad, the index of each source word
+    (0 where it is not read) and, per source word that may be padding, whether it is read."""
+    q = p.quads
+    qshape = [ex.to_python(s) for s in p.word_shape[:-1]] + [ex.to_python(ex.div(p.word_shape[-1], 4))]
+    lines = ["    _dev = x.device"] + _coordinates(qshape)
+    index, oks = [], []
+    for b, (base, valid) in enumerate(zip(q.bases, q.valid)):
+        if valid == ex.TRUE:
+            index.append(f"(({t(base)}) + zero) // 4")
+        else:  # padding: read word 0 there, zeroed by the caller (its address may be past the input)
+            lines.append(f"    ok{b} = ({t(valid)}) & (zero == 0)")
+            index.append(f"torch.where(ok{b}, ({t(base)}) + zero, 0) // 4")
+            oks.append(f"ok{b}")
+    lines.append("    index = torch.stack([" + ", ".join(index) + "], dim=-1)  # quad, source word b")
+    lines.append("    index = index.to(torch.int32) if index.numel() and int(index.max()) < 2**31 else index")
+    if not oks:
+        return lines + ["    return index, None"]
+    every = ", ".join(f"ok{b}" if valid != ex.TRUE else "zero == 0" for b, valid in enumerate(q.valid))
+    lines.append(f"    unread = ~torch.stack([{every}], dim=-1)  # the words not read: zero")
+    lines.append("    return index, (unread if bool(unread.any()) else None)")
+    return lines
+
+
+def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch, name: str = "") -> list[str]:
     """The body of ``name(x, dims..., start, stop)``: the words of a quads plan (as int32) by whole-word moves.
 
     The per-byte part reads each byte through an int64 index and permutes bits with seventeen
@@ -188,6 +255,16 @@ def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch) -> list[str]:
         lines.append(f"    s = runs[rows.reshape(-1)].view(rows.shape[:-2] + (4, {qshape[-1]}))  # row, b, quad")
         lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
         lines.append("    w = s.view(torch.uint8).unflatten(-1, (-1, 4)).movedim(-3, -1).contiguous()")
+    elif name:  # the index of every quad's source words, once per shape: one gather of words per call
+        lines.append(f"    index, unread = _run_cached(({name!r}, {', '.join(dims)}, start, stop, str(_dev)), "
+                     f"{name}_quad_index, (x, {', '.join(dims)}, start, stop))")
+        del lines[-(rank + 2):-1]  # no coordinates: the cached index holds them
+        lines.append("    s = src_words.index_select(0, index.reshape(-1)).view(index.shape)")
+        if any(valid != ex.TRUE for valid in q.valid):
+            lines.append("    if unread is not None:")
+            lines.append("        s.masked_fill_(unread, 0)")
+        lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
+        lines.append("    w = s.view(torch.uint8).unflatten(-1, (4, 4)).transpose(-1, -2).contiguous()")
     else:
         index = []
         for b, (base, valid) in enumerate(zip(q.bases, q.valid)):
@@ -203,11 +280,16 @@ def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch) -> list[str]:
                 lines.append(f"    s[..., {b}] = torch.where(ok{b}, s[..., {b}], 0)")
         lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
         lines.append("    w = s.view(torch.uint8).unflatten(-1, (4, 4)).transpose(-1, -2).contiguous()")
-    lines.append("    halves = w.view(torch.int16).to(torch.int32).view(-1, 2)  # little-endian: low half first")
-    lines.append("    halves &= 0xFFFF  # int16, not uint16: every device converts it")
     lines.append(f"    low, high = _bit_tables({tuple(p.table)!r}, _dev)")
-    lines.append("    r = low.index_select(0, halves[:, 0])")
-    lines.append("    r |= high.index_select(0, halves[:, 1])")
+    lines.append("    if _dev.type == 'cpu':  # uint16 widens in one pass, no mask (not every device converts it)")
+    lines.append("        halves = w.view(torch.uint16).view(-1, 2)  # little-endian: low half first")
+    lines.append("        r = low.index_select(0, halves[:, 0].to(torch.int32))")
+    lines.append("        r |= high.index_select(0, halves[:, 1].to(torch.int32))")
+    lines.append("    else:")
+    lines.append("        halves = w.view(torch.int16).to(torch.int32).view(-1, 2)  # little-endian: low half first")
+    lines.append("        halves &= 0xFFFF  # int16, not uint16: every device converts it")
+    lines.append("        r = low.index_select(0, halves[:, 0])")
+    lines.append("        r |= high.index_select(0, halves[:, 1])")
     out = ", ".join(["stop - start"] + qshape[1:-1] + [f"4 * ({qshape[-1]})"])
     lines.append(f"    return r.view({out})")
     return lines

@@ -1,0 +1,149 @@
+"""Every shipped spec on the CPU: a warm call and the first call of a fresh process against a clone (issue 25).
+
+    python benchmarks/cpu_speed.py [--old DIR] [--specs a,b] [--shape E=8,I=1024,H=2048] [--reps 7] [--json F]
+
+For each spec (``specs/*.lyt``, the flashinfer_* first) and each tree (``--old DIR``: another
+checkout's root, e.g. ``git archive 0d8fa64 layoutc | tar -x -C DIR``; then this checkout), in
+alternation so both see the same load:
+
+* ``clone ms``: median of a ``clone()`` of every input (the floor: each byte read and written once);
+* ``warm ms``: median of ``convert(x)`` (``lowering='auto'``, the default; everything a call does,
+  the output fingerprint included) after one untimed call;
+* ``ratio``: warm / clone;
+* ``no-fp ms`` / ``ratio``: the same with ``fingerprint=False`` (no pass hashing the outputs for the guard);
+* ``first s``: a fresh Python process that has imported torch and loaded the inputs imports the
+  generated converter module (written by that tree's ``layoutc``) and calls ``convert`` once: the
+  time from the import to the result (module import, plans, tables, the call);
+* ``sha``: sha256 of the outputs' bytes (old and new must agree).
+
+Each (tree, spec) runs in its own process. Not a test: timings depend on the machine and on what
+else runs on it (say which, with the load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FIRST_CALL = r"""
+import sys, time, importlib.util, torch
+x = torch.load(sys.argv[2])
+t0 = time.perf_counter()
+spec = importlib.util.spec_from_file_location("converter_under_test", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+out = mod.convert(x)
+print(time.perf_counter() - t0)
+"""
+
+
+def _median_ms(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _digest(out: dict) -> str:
+    import torch
+
+    h = hashlib.sha256()
+    for k in sorted(out):
+        t = out[k].contiguous()
+        h.update(k.encode())
+        h.update(t.view(torch.uint8).reshape(-1).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def worker(tree: str, spec_path: str, shape: dict, reps: int) -> dict:
+    """One spec under one tree's layoutc, in this (fresh) process."""
+    sys.path.insert(0, tree)
+    import torch
+    import layoutc
+    from layoutc.convert.synthckpt import synthetic_inputs
+
+    assert Path(layoutc.__file__).resolve().is_relative_to(Path(tree).resolve()), layoutc.__file__
+    spec = layoutc.compile_file(spec_path)
+    x = synthetic_inputs(spec, shape, seed=0)
+    nbytes = sum(t.numel() * t.element_size() for t in x.values())
+    with tempfile.TemporaryDirectory() as tmp:
+        module = Path(tmp) / "converter.py"
+        spec.write(module)
+        inputs = Path(tmp) / "inputs.pt"
+        torch.save(x, inputs)
+        run = subprocess.run([sys.executable, "-c", FIRST_CALL, str(module), str(inputs)], capture_output=True,
+                             text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        if run.returncode:
+            raise RuntimeError(run.stderr)
+        first_s = float(run.stdout.split()[-1])
+    clone = _median_ms(lambda: {k: v.clone() for k, v in x.items()}, reps)
+    warm = _median_ms(lambda: spec.convert(x), reps)
+    bare = _median_ms(lambda: spec.convert(x, fingerprint=False), reps)
+    return {"spec": spec.name, "mb": nbytes / 1e6, "clone_ms": clone, "warm_ms": warm, "ratio": warm / clone,
+            "nofp_ms": bare, "nofp_ratio": bare / clone,
+            "first_s": first_s, "sha": _digest(spec.convert(x)), "threads": torch.get_num_threads()}
+
+
+def specs(names: str | None) -> list[Path]:
+    found = sorted((ROOT / "specs").glob("*.lyt"), key=lambda p: (not p.stem.startswith("flashinfer_"), p.stem))
+    if names:
+        want = set(names.split(","))
+        found = [p for p in found if p.stem in want]
+    return found
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old", help="root of another checkout, timed in alternation with this one")
+    ap.add_argument("--specs", help="comma-separated spec names (default: every shipped spec)")
+    ap.add_argument("--shape", default="E=8,I=1024,H=2048")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--json", help="write the rows here too")
+    ap.add_argument("--worker", nargs=2, metavar=("TREE", "SPEC"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    shape = {k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(","))}
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], args.worker[1], shape, args.reps)))
+        return
+    trees = ([("old", str(Path(args.old).resolve()))] if args.old else []) + [("new", str(ROOT))]
+    print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; "
+          f"machine: {platform.machine()}, {os.cpu_count()} cpus; load average at start: {os.getloadavg()}")
+    print(f"shape: {shape}; trees: {trees}")
+    rows = []
+    print(f"{'spec':34} {'tree':4} {'MB':>6} {'clone ms':>9} {'warm ms':>9} {'ratio':>7} {'no-fp ms':>9} "
+          f"{'ratio':>7} {'first s':>8}  sha")
+    for path in specs(args.specs):
+        for label, tree in trees:
+            run = subprocess.run([sys.executable, __file__, "--worker", tree, str(path), "--shape", args.shape,
+                                  "--reps", str(args.reps)], capture_output=True, text=True,
+                                 env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+            if run.returncode:
+                print(f"{path.stem:34} {label:4} FAILED: {run.stderr.strip().splitlines()[-1:]}")
+                continue
+            r = json.loads(run.stdout.strip().splitlines()[-1]) | {"tree": label, "load": os.getloadavg()[0]}
+            rows.append(r)
+            print(f"{r['spec']:34} {label:4} {r['mb']:6.1f} {r['clone_ms']:9.2f} {r['warm_ms']:9.2f} "
+                  f"{r['ratio']:7.1f} {r['nofp_ms']:9.2f} {r['nofp_ratio']:7.1f} {r['first_s']:8.2f}  {r['sha']}",
+                  flush=True)
+    print(f"load average at end: {os.getloadavg()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

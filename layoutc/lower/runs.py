@@ -1,0 +1,185 @@
+"""Run tables: a gather plan's map, evaluated once per shape, cut into runs of consecutive elements.
+
+The ``gather`` lowering's element path evaluates the map's index expressions on every call (tens
+of int64 passes over the output) and then gathers one element per index. Most maps of the shipped
+specs move whole runs: rows (row swaps and shuffles, padding), 128-byte blocks (FP8 block
+transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device, once:
+
+* the map's source address of every output element is computed (``index``: the plan's own
+  expressions, -1 where the output is the fill) and the longest run length ``g`` is found that
+  divides the last axis such that every aligned run of ``g`` output elements reads ``g``
+  consecutive input elements (or is fill throughout): the facts come from the map's values,
+  checked on every element, not from op names;
+* if the runs' start addresses are a mixed-radix affine function of the run number (a strided
+  view: transposes, tile permutations, swaps of whole halves), the plan is that view and a call is
+  one strided ``copy_``, no table;
+* else, if a table of run starts (int32 where the addresses fit) is no larger than the output, a
+  call is one ``index_select`` of runs (as words of 2, 4 or 8 bytes where a run is one aligned
+  word) and an ``index_fill_`` of the fill runs;
+* else ``None``: the caller runs the element gather, as before.
+
+Tables are remembered per process up to ``_RUN_BYTES_MAX`` bytes in all (a shape past it uses its
+plan once, then the element gather): converting a checkpoint of many large layers does not grow
+memory by a table per shape without bound.
+
+The functions here are copied whole into generated converters (torch and builtins only);
+``tests/lower/test_runs.py`` holds every path to the element gather bit for bit.
+"""
+
+import torch
+
+_RUN_PLANS = {}  # (converter function, dims, device) -> ("view", ...), ("table", ...) or None
+_RUN_PLANS_MAX = 64  # shapes remembered per process (each table is at most its output's size) ...
+_RUN_BYTES_MAX = 256 << 20  # ... and the bytes of their tables: past this, tables are made per call
+_RUN_BYTES = [0]
+_RUN_WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _run_gcd(a, b):
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def _run_refine(starts, have, want):
+    # Starts of runs of ``have`` elements (contiguous, or -1: fill) as starts of runs of ``want``
+    # (a divisor of ``have``): run k*have + j*want starts j*want after run k.
+    if have == want:
+        return starts
+    ahead = torch.arange(0, have, want, dtype=starts.dtype, device=starts.device)
+    fine = starts.unsqueeze(-1) + ahead
+    return torch.where(starts.unsqueeze(-1) < 0, -1, fine).reshape(starts.shape[0], -1)
+
+
+def _run_affine(starts):
+    # (sizes, strides, offset) when starts[f] = offset + sum(digit_k * stride_k) over the digits of
+    # f in the mixed radix ``sizes`` (row-major), every value checked; else None.
+    flat = starts.reshape(-1)
+    n = flat.numel()
+    if n == 0 or bool((flat < 0).any()):
+        return None
+    sizes, strides = [], []
+    while flat.numel() > 1 and len(sizes) < 12:
+        n = flat.numel()
+        step = int(flat[1] - flat[0])
+        if step < 0:
+            return None  # torch views have no negative strides
+        diff = flat[1:] - flat[:-1] != step
+        bad = diff.nonzero()
+        r = n if bad.numel() == 0 else int(bad[0]) + 1  # the first run of equal steps
+        if n % r:
+            return None
+        rows = flat.view(n // r, r)
+        if not bool((rows == rows[:, :1] + step * torch.arange(r, dtype=flat.dtype, device=flat.device)).all()):
+            return None
+        sizes.insert(0, r)
+        strides.insert(0, step)
+        flat = rows[:, 0].contiguous()
+    if flat.numel() > 1:
+        return None
+    return sizes, strides, int(flat[0])
+
+
+def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
+    """The gather plan of one shape (cached by ``key``): see the module's docstring. ``expert_stride``:
+    the map reads output expert e from input expert e alone, the same way for every e (the planner
+    checked it on the map's expressions); then the addresses of expert 0 are evaluated and the
+    others are theirs plus e * expert_stride."""
+    got = _RUN_PLANS.get(key, False)  # never False: a plan or None (get: another thread may clear)
+    if got is not False:
+        return got
+    experts = shape[0]
+    if expert_stride is not None:
+        shape = (min(1, experts),) + tuple(shape[1:])
+    n0, last = shape[0], shape[-1]
+    per = 1
+    for s in shape[1:]:
+        per *= s
+    plan = None
+    if n0 * per and last:
+        step = max(1, (1 << 22) // per)  # parts of about 4M elements bound the temporaries
+        g, parts = last, []
+        for start in range(0, n0, step):
+            a = index(*args, start, min(n0, start + step)).reshape(-1, last)
+            head, tail = a[:, :-1], a[:, 1:]
+            joined = ((tail == head + 1) & (head >= 0)) | ((tail < 0) & (head < 0))
+            for c in (~joined.all(0)).nonzero().flatten().tolist():  # a run ends after column c
+                g = _run_gcd(g, c + 1)
+            parts.append((a[:, ::g].contiguous(), g))
+        starts = torch.cat([_run_refine(s, have, g) for s, have in parts]).reshape(-1)
+        affine = _run_affine(starts)
+        if expert_stride is not None:  # every expert's runs: expert 0's, moved
+            ahead = torch.arange(experts, dtype=starts.dtype) * expert_stride
+            starts = torch.where(starts < 0, -1, starts + ahead.unsqueeze(-1)).reshape(-1)
+            if affine is not None:
+                affine = ([experts] + list(affine[0]), [expert_stride] + list(affine[1]), affine[2])
+        runs = starts.numel()
+        wide = int(starts.max()) >= 2**31 - g
+        if affine is not None:
+            plan = ("view", tuple(affine[0]) + (g,), tuple(affine[1]) + (1,), affine[2])
+        elif runs * (8 if wide else 4) <= runs * g * itemsize:  # the table is no larger than the output
+            fill = (starts < 0).nonzero().flatten()
+            safe = torch.where(starts < 0, 0, starts)
+            aligned = bool((safe % g == 0).all())
+            table = (safe // g if aligned else safe).to(torch.int64 if wide else torch.int32)
+            plan = ("table", g, table, fill if fill.numel() else None, aligned)
+    if not _run_keep(key, plan, [] if plan is None or plan[0] == "view" else [plan[2], plan[3]]):
+        _RUN_PLANS[key] = None  # no room for its table: this call uses it, later ones the element gather
+    return plan
+
+
+def _run_keep(key, value, tensors):
+    # Remember ``value`` unless its tensors would take the cache past its bytes; False: not kept.
+    size = sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    if len(_RUN_PLANS) >= _RUN_PLANS_MAX:
+        _RUN_PLANS.clear()
+        _RUN_BYTES[0] = 0
+    if _RUN_BYTES[0] + size > _RUN_BYTES_MAX:
+        return False
+    _RUN_BYTES[0] += size
+    _RUN_PLANS[key] = value
+    return True
+
+
+def _run_gather(flat, plan, shape, fill):
+    """The output of ``shape`` from ``flat`` (the input's elements, contiguous) by a plan of
+    :func:`_run_plan` (not None)."""
+    if plan[0] == "view":
+        _, sizes, strides, offset = plan
+        out = torch.empty(shape, dtype=flat.dtype, device=flat.device)
+        src, base = flat, flat.storage_offset() + offset
+        for word, dtype in sorted(_RUN_WORDS.items(), reverse=True):  # the copy over the widest words that fit
+            k = word // flat.element_size()
+            if (k > 1 and word % flat.element_size() == 0 and sizes[-1] % k == 0 and base % k == 0
+                    and flat.storage_offset() % k == 0 and all(st % k == 0 for st in strides[:-1])):
+                n = flat.numel()
+                src, out_w = flat[: n - n % k].view(dtype), out.view(-1).view(dtype)
+                sizes_w = tuple(sizes[:-1]) + (sizes[-1] // k,)
+                strides_w = tuple(st // k for st in strides[:-1]) + (1,)
+                out_w.view(sizes_w).copy_(src.as_strided(sizes_w, strides_w, base // k))
+                return out
+        out.view(sizes).copy_(src.as_strided(sizes, strides, base))
+        return out
+    _, g, table, bad, aligned = plan
+    out = torch.empty((table.numel(), g), dtype=flat.dtype, device=flat.device)
+    word = _RUN_WORDS.get(g * flat.element_size())
+    n = flat.numel()
+    if aligned and word is not None and (flat.storage_offset() * flat.element_size()) % (g * flat.element_size()) == 0:
+        # a run is one aligned word: a 1-D gather of words
+        torch.index_select(flat[: n - n % g].view(word), 0, table, out=out.view(word).view(-1))
+    elif aligned:
+        torch.index_select(flat[: n - n % g].view(-1, g), 0, table, out=out)
+    else:  # runs start anywhere: rows of an overlapping view, one per element
+        torch.index_select(flat.as_strided((n - g + 1, g), (1, 1), flat.storage_offset()), 0, table, out=out)
+    if bad is not None:
+        out.index_fill_(0, bad, fill)
+    return out.view(shape)
+
+
+def _run_cached(key, fn, args):
+    """``fn(*args)``, computed once per ``key`` (a shape's index tables, at most the output's size)."""
+    got = _RUN_PLANS.get(key)
+    if got is None:
+        got = fn(*args)
+        _run_keep(key, got, [t for t in got if isinstance(t, torch.Tensor)])
+    return got

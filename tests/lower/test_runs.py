@@ -1,0 +1,176 @@
+"""The CPU gather's run plans (layoutc.lower.runs) equal the element gather bit for bit.
+
+Per shape, a gather plan's map is evaluated once and cut into runs; a call is then one strided
+copy (the run starts are a mixed-radix affine function: a view) or one ``index_select`` of runs
+(a table no larger than the output), else the element gather runs as before. The unit tests
+drive the helpers with maps of known structure (a transpose, a swap of halves with padding, a
+byte shuffle that needs the fallback, unaligned inputs); the property test holds every shipped
+spec's generated ``gather`` lowering to the eager reference at small random (seeded) dims and
+checks that the run path was taken.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import layoutc
+from layoutc.convert.synthckpt import synthetic_inputs
+from layoutc.lower import runs, torch_emit
+from tests.helpers import SPECS, assert_same_bits
+from tests.helpers import spec as _spec
+
+
+def _helpers() -> dict:
+    namespace = {"torch": torch}
+    exec(torch_emit.runs_source(), namespace)  # the text generated converters carry
+    return namespace
+
+
+def _element_gather(flat: torch.Tensor, index: torch.Tensor, fill) -> torch.Tensor:
+    ok = index >= 0
+    return torch.where(ok, flat[torch.where(ok, index, 0)], torch.as_tensor(fill, dtype=flat.dtype))
+
+
+def _run(h, index_of, shape, flat, fill=0, stride=None):
+    h["_RUN_PLANS"].clear()
+    plan = h["_run_plan"](("t",), lambda start, stop: index_of(start, stop), (), shape, flat.element_size(), stride)
+    return plan, (None if plan is None else h["_run_gather"](flat, plan, shape, fill))
+
+
+def test_a_transpose_is_a_strided_view():
+    h = _helpers()
+    x = torch.arange(3 * 4 * 6, dtype=torch.int32)  # [3, 4, 6] -> [3, 6, 4]
+    full = x.view(3, 4, 6).transpose(1, 2).contiguous()
+
+    def index_of(start, stop):
+        o0, o1, o2 = torch.meshgrid(torch.arange(start, stop), torch.arange(6), torch.arange(4), indexing="ij")
+        return o0 * 24 + o2 * 6 + o1
+
+    plan, y = _run(h, index_of, (3, 6, 4), x)
+    assert plan[0] == "view"
+    assert torch.equal(y, full)
+    plan, y = _run(h, lambda s, e: index_of(0, 1), (3, 6, 4), x, stride=24)  # expert 0, then moved
+    assert plan[0] == "view" and torch.equal(y, full)
+
+
+def test_a_view_of_runs_of_whole_words_copies_words_and_any_offset_copies_bytes():
+    h = _helpers()
+    base = torch.randint(0, 256, (1 + 4 * 3 * 16,), dtype=torch.uint8)
+
+    def index_of(start, stop):  # [4, 3, 16] -> [3, 4, 16]: 16-byte runs, tiles transposed
+        o0, o1, o2 = torch.meshgrid(torch.arange(start, stop), torch.arange(4), torch.arange(16), indexing="ij")
+        return o1 * 48 + o0 * 16 + o2
+
+    for x in (base[:-1], base[1:]):  # aligned (int64 words), one byte in (bytes)
+        plan, y = _run(h, index_of, (3, 4, 16), x)
+        assert plan[0] == "view" and plan[1][-1] == 16
+        assert torch.equal(y, _element_gather(x, index_of(0, 3), 0))
+
+
+def test_a_swap_of_halves_with_padding_is_a_table_of_rows():
+    h = _helpers()
+    e, rows, cols, pad = 2, 6, 8, 2  # [e, 2*3 rows, 8] -> rows (r + 3) % 6, two fill rows at the end
+    x = torch.randint(-2**31, 2**31 - 1, (e * rows * cols,), dtype=torch.int64).to(torch.int32)
+
+    def index_of(start, stop):
+        o0, o1, o2 = torch.meshgrid(torch.arange(start, stop), torch.arange(rows + pad), torch.arange(cols),
+                                    indexing="ij")
+        src = o0 * rows * cols + ((o1 + 3) % rows) * cols + o2
+        return torch.where(o1 < rows, src, -1)
+
+    plan, y = _run(h, index_of, (e, rows + pad, cols), x, fill=7)
+    assert plan[0] == "table" and plan[1] == cols and plan[3] is not None
+    assert torch.equal(y, _element_gather(x, index_of(0, e), 7))
+
+
+def test_a_byte_shuffle_falls_back_to_the_element_gather():
+    h = _helpers()
+    g = torch.Generator().manual_seed(0)
+    perm = torch.randperm(4096, generator=g)
+    x = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=g)
+    plan, _ = _run(h, lambda start, stop: perm.view(64, 64)[start:stop], (64, 64), x)
+    assert plan is None  # one int32 index per byte would be four times the output
+
+
+def test_runs_that_start_anywhere_and_unaligned_inputs():
+    h = _helpers()
+    base = torch.randint(0, 256, (1 + 10 * 16,), dtype=torch.uint8)
+    x = base[1:]  # one byte into its storage: no aligned word view
+    assert x.storage_offset() == 1
+
+    def index_of(start, stop):  # rows of 8 bytes from odd offsets 3 + 16 * r, reversed row order
+        o0, o1 = torch.meshgrid(torch.arange(start, stop), torch.arange(8), indexing="ij")
+        return 3 + 16 * (9 - o0) + o1
+
+    plan, y = _run(h, index_of, (10, 8), x)
+    assert plan[0] == "table" and not plan[4]  # not aligned: rows of an overlapping view
+    assert torch.equal(y, _element_gather(x, index_of(0, 10), 0))
+
+    def words_of(start, stop):  # 4-byte words, aligned to 4 in the tensor, shuffled
+        o0, o1 = torch.meshgrid(torch.arange(start, stop), torch.arange(4), indexing="ij")
+        return 4 * ((o0 * 7) % 40) + o1
+
+    plan, y = _run(h, words_of, (40, 4), x)
+    assert plan[0] == "table" and plan[4]
+    assert torch.equal(y, _element_gather(x, words_of(0, 40), 0))
+
+
+def test_tables_past_the_byte_budget_are_used_once_then_the_element_gather():
+    h = _helpers()
+    h["_RUN_BYTES_MAX"] = 100  # bytes: less than the table below
+    h["_RUN_BYTES"][0] = 0
+    x = torch.arange(64, dtype=torch.int64)
+
+    def index_of(start, stop):  # rows of 2 swapped in pairs: a table of 32 runs, 128 bytes in int32
+        o0, o1 = torch.meshgrid(torch.arange(start, stop), torch.arange(2), indexing="ij")
+        return 2 * (o0 ^ 1) + o1
+
+    plan, y = _run(h, index_of, (32, 2), x)
+    assert plan[0] == "table" and torch.equal(y, _element_gather(x, index_of(0, 32), 0))
+    assert h["_RUN_PLANS"][("t",)] is None and h["_RUN_BYTES"][0] == 0  # remembered as: the element gather
+
+
+def test_the_affine_check_reads_every_value():
+    h = _helpers()
+    starts = torch.arange(64, dtype=torch.int64).view(4, 16).t().reshape(-1)  # a transpose: two digits
+    assert h["_run_affine"](starts) == ([16, 4], [1, 16], 0)
+    broken = starts.clone()
+    broken[37] += 1
+    assert h["_run_affine"](broken) is None
+    assert h["_run_affine"](torch.tensor([5, 3, 1])) is None  # a negative stride is no view
+
+
+def test_the_copied_text_is_the_module():
+    assert "def _run_plan(" in torch_emit.runs_source() and '"""Run tables' not in torch_emit.runs_source()
+    assert runs._run_gcd(12, 18) == 6
+
+
+SHIPPED = sorted(p.stem for p in SPECS.glob("*.lyt"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_spec_gather_equals_eager(name):
+    spec = _spec(name)
+    rng = random.Random(name)  # deterministic per spec
+    tried = 0
+    sizes = (32, 64, 96, 128, 160, 256, 384)  # some specs need multiples of 128
+    for _ in range(24):
+        dims = {"E": rng.randint(1, 3), "I": rng.choice(sizes), "H": rng.choice(sizes)}
+        dims = {k: v for k, v in dims.items() if k in spec.program.dims}
+        try:
+            x = synthetic_inputs(spec, dims, seed=rng.randint(0, 2**16))
+            want = spec.convert(x, lowering="eager")
+        except layoutc.LayoutError:
+            continue  # dims this spec refuses
+        got = spec.convert(x, lowering="gather")
+        assert_same_bits(got, want, f"{name} {dims}")
+        tried += 1
+        if tried == 3:
+            break
+    assert tried, f"{name}: no sampled dims accepted"
+    if "else _run_plan((" in spec.source:  # a gather plan: its run plan was computed (taken, or None: fallback)
+        assert spec.module._RUN_PLANS, name
