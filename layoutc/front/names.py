@@ -33,7 +33,7 @@ CODEGEN = frozenset("""
     pid offs mask rows cols live inside j s p0 p1 BLOCK WIDE BR BC x_ptr y_ptr n_rows n_cols bc br
     t record tensor convert inverse guard provenance
     LayoutError SPEC_NAME SPEC_SHA256 PARAMS REQUIRES DIMS INVERTIBLE CHUNK_DIM INPUTS OUTPUTS
-    cast_scaled words halves high low runs src_words index whole unread
+    words halves high low runs src_words index whole unread
 """.split())
 
 #: Numbered locals: index-map coordinates o0, o1, ... and the kernels' byte and word temporaries.

@@ -231,7 +231,7 @@ def test_demo_bad_shape_option(runner):
 def test_ops(runner):
     result = runner.invoke(main, ["ops"])
     assert result.exit_code == 0
-    for op in ("swap_halves(tensor, dim=1)", "interleave_rows(tensor, dim=1, group=1)", "cast(tensor, to)",
+    for op in ("swap_halves(tensor, dim=1)", "interleave_rows(tensor, dim=1, group=1)", "cast(tensor, to, exp=0)",
                "view(tensor, to)", "interleave(tensor, family", "permute_bits(tensor, table=none, word=none, src=none)",
                "sm90_mixed  ", "packs weight, scale", "trtllm(epilogue_tile=128)", "packs weight, scale, bias"):
         assert op in result.stdout, op

@@ -97,7 +97,7 @@ class Cast(Conversion):
 
     def eager(self, var: str) -> str:
         if self.exp:
-            return f"cast_scaled({var}, torch.{self.to.canonical}, {self.exp})"
+            return f"cast({var}, torch.{self.to.canonical}, {self.exp})"
         return f"cast({var}, torch.{self.to.canonical})"
 
     def kernel(self, value: str, src: ElemType) -> list[str]:

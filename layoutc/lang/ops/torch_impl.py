@@ -162,16 +162,14 @@ def view_width(x, dtype):
     return x.contiguous().view(dtype)
 
 
-def cast_scaled(x, dtype, exp):
-    # cast, then times 2**exp in the new type (vLLM's Marlin NVFP4 scales: x.to(half) * 2**7). A value
-    # of the new type times 2**exp (0 <= exp <= 127) is exact in fp32, or inf: one result on every device.
-    return cast(cast(x, dtype).to(torch.float32) * float(2 ** exp), dtype)
-
-
-def cast(x, dtype):
+def cast(x, dtype, exp=0):
     # Convert values: round to nearest even; every NaN becomes the target type's canonical quiet NaN
     # (torch's own conversion is device-dependent there: f32 -> bf16 gives 0xFFFF on the CPU).
     y = x.to(dtype)
     if x.is_floating_point() and y.is_floating_point() and x.dtype != dtype:
         y = torch.where(torch.isnan(x), torch.tensor(float("nan"), dtype=dtype, device=x.device), y)
+    if exp:
+        # then times 2**exp in the new type (vLLM's Marlin NVFP4 scales: x.to(half) * 2**7). A value of
+        # the new type times 2**exp (0 <= exp <= 127) is exact in fp32, or inf: one result on every device.
+        y = cast(y.to(torch.float32) * float(2 ** exp), dtype)
     return y

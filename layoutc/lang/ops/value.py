@@ -217,9 +217,7 @@ class Cast(Op):
         return identity(t.shape)
 
     def impl(self, t: TensorType):
-        if self.exp:
-            return torch_impl.cast_scaled, (self.to.torch_dtype, self.exp)
-        return self.eager, (self.to.torch_dtype,)
+        return self.eager, (self.to.torch_dtype, self.exp) if self.exp else (self.to.torch_dtype,)
 
     def conversion(self) -> cv.Conversion:
         return cv.Cast(self.to, exp=self.exp)
