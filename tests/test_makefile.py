@@ -61,3 +61,15 @@ def test_run_and_test_install_sets(tmp_path):
     _age(venv / ".layoutc-slow", 50)
     changed = _plan(tmp_path, "test-slow")
     assert "pip install -q -e ." in changed and '-e ".[dev]"' in changed and '-e ".[dev,flashinfer]"' in changed
+
+
+def test_the_slow_list_names_tests_that_exist():
+    """Every line of tests/slow_tests.txt (marked slow by tests/conftest.py) names a test function that
+    exists: a renamed or deleted test would otherwise leave a line that silently matches nothing."""
+    from tests.conftest import _slow_list
+
+    for line in sorted(_slow_list()):
+        path, *names = line.split("[", 1)[0].split("::")
+        assert (ROOT / path).is_file(), f"tests/slow_tests.txt: no file {path}"
+        source = (ROOT / path).read_text()
+        assert names and f"def {names[-1]}(" in source, f"tests/slow_tests.txt: no test {line}"
