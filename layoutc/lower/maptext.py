@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..algebra import expr as ex
 from ..lang.compiler import Chain
 from ..algebra.indexmap import IndexMap
-from .plan import Plan, plan, tidy_map
+from .plan import Plan, Words, plan, tidy_map
 
 ROLE_NAMES = {3: ["e", "r", "k"], 2: ["e", "r"], 1: ["r"]}
 
@@ -98,7 +98,7 @@ def factor(exprs: list[ex.Expr], line, coords: set[str], width: int = MAP_WIDTH)
 
 
 def render_words(p: Plan) -> str | None:
-    if p.pattern != "words":
+    if not isinstance(p, Words):
         return None
     names = coordinate_names(len(p.word_shape))[:-1] + ["w"]
     ren = {f"o{k}": n for k, n in enumerate(names)}

@@ -20,7 +20,7 @@ import attrs
 
 from ..lang.compiler import Chain, Variant
 from . import eager, triton_emit, torch_emit
-from .plan import Plan, plan
+from .plan import Plan, Words, plan
 
 
 class EmitContext:
@@ -171,7 +171,7 @@ def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
     if not p.one_pass or not chain.steps:
         return None
     name = f"_gather_{ctx.tag(chain)}"
-    if p.pattern == "words" and p.access == "quads":
+    if isinstance(p, Words) and p.quads is not None:
         ctx.define("_bit_tables", torch_emit.bit_tables_source())
     cite = "\n".join(triton_emit.header(chain, p, ctx.filename, walk=False))  # the spec lines it computes
     return ctx.define(name, cite + "\n" + torch_emit.gather_function(p, name, ctx.dims))

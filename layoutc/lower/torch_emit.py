@@ -15,7 +15,7 @@ from typing import Sequence
 
 from ..algebra import expr as ex
 from ..lang.ops.conversion import known
-from .plan import Access, Pattern, Plan, affine_strides, linear, unknown
+from .plan import Affine, Copy, Gather, Plan, Rows, Words, affine_strides, linear, unknown
 from .terms import collect_and_name
 
 #: The line after the coordinates are bound: where the named terms of the coordinates go.
@@ -39,14 +39,12 @@ def conversions(p: Plan, var: str, indent: str) -> list[str]:
 
 def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
     """Source of ``def name(x, d, compiled=False) -> Tensor`` computing ``p`` with torch ops."""
-    if p.pattern not in (Pattern.COPY, Pattern.AFFINE, Pattern.GATHER, Pattern.WORDS):
-        raise unknown("torch gather", p.pattern)
-    if p.access not in (Access.ELEMENTS, Access.ROWS, Access.WORDS, Access.QUADS):
-        raise unknown("torch gather", p.access)
+    if not isinstance(p, (Copy, Affine, Gather, Rows, Words)):
+        raise unknown("torch gather", p)
     bind = [f"    {d} = d[{d!r}]" for d in dims]
-    if p.pattern in ("copy", "affine"):
+    if isinstance(p, (Copy, Affine)):
         lines = [f"def {name}(x, d, compiled=False):", *bind]
-        if p.pattern == "copy":
+        if isinstance(p, Copy):
             lines.append("    y = x.clone()" if not p.conversions else "    y = x")
         else:
             strides, offset = affine_strides(p.map)
@@ -58,18 +56,18 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
         lines.append("    return y.contiguous()")
         return "\n".join(lines) + "\n"
     args = ", ".join(["x"] + list(dims))
-    shape = p.word_shape if p.pattern == "words" else p.out_shape
+    shape = p.word_shape if isinstance(p, Words) else p.out_shape
     rank = len(shape)
     sizes = [ex.to_python(s) for s in shape]
-    bitwise = p.pattern == "gather" and not p.conversions
+    bitwise = isinstance(p, (Gather, Rows)) and not p.conversions
     part = [f"def {name}_part({args}, start, stop):"] + _named(lambda t: _part_body(p, sizes, bitwise, t), dims)
-    if p.pattern == "words":
+    if isinstance(p, Words):
         store = "torch.int32"
     else:
         store = f"torch.{BIT_VIEWS[p.in_elem.bits]}" if bitwise else f"torch.{p.in_elem.canonical}"
     per = " * ".join(f"({s})" for s in sizes[1:]) or "1"
     eager_part, choose = f"{name}_part", []
-    if p.pattern == "words" and p.access == "quads" and p.quads is not None and rank >= 2:  # rank 1: chunks split quads
+    if isinstance(p, Words) and p.quads is not None and rank >= 2:  # rank 1: chunks split quads
         # torch.compile keeps the plain part (it fuses that one itself); the quads part holds for
         # the dims the plan checked it on, the plain part for any
         cond = " and ".join(f"{d} % {p.quads.multiple} == 0" for d in p.quads.guard_dims) or "True"
@@ -77,7 +75,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
                   f"    part = {name}_quads if whole else {name}_part"]
         eager_part = "part"
         part += ["", "", f"def {name}_quads({args}, start, stop):"] + _named(lambda t: quads_part(p, dims, t), dims)
-    elif bitwise and p.coarse > 1 and rank >= 2:
+    elif isinstance(p, Gather) and bitwise and p.coarse > 1 and rank >= 2:
         r = p.coarse
         choose = [f"    whole = x.shape[-1] % {r} == 0 and ({sizes[-1]}) % {r} == 0  # the shapes _coarsen checked",
                   f"    part = {name}_coarse if whole else {name}_part"]
@@ -98,7 +96,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
         f"            stop = min(start + step, {sizes[0]})",
         f"            y[start:stop] = {eager_part}({args}, start, stop)",
     ]
-    if p.pattern == "words":
+    if isinstance(p, Words):
         out = ", ".join(ex.to_python(s) for s in p.out_shape)
         drive.append(f"    return y.view(torch.uint8).reshape({out})")
     else:
@@ -110,7 +108,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
     return "\n".join(part) + "\n\n\n" + "\n".join(drive) + "\n"
 
 
-def _part_body(p: Plan, sizes: Sequence[str], bitwise: bool, t) -> list[str]:
+def _part_body(p: Gather | Rows | Words, sizes: Sequence[str], bitwise: bool, t) -> list[str]:
     """The lines of ``name_part``: the output coordinates over [start, stop), each source address
     from the plan's map, one gather (``t`` prints an index expression)."""
     part = ["    _dev = x.device"]
@@ -120,7 +118,7 @@ def _part_body(p: Plan, sizes: Sequence[str], bitwise: bool, t) -> list[str]:
     else:
         part.append("    flat = x.contiguous().reshape(-1)")
     part += _coordinates(sizes)
-    if p.pattern == "words":
+    if isinstance(p, Words):
         for b, (coords, valid) in enumerate(zip(p.word_sources, p.word_valid)):
             addr = f"({t(linear(coords, p.in_shape))}) + zero"
             if valid == ex.TRUE:
@@ -157,7 +155,7 @@ def _coordinates(sizes: Sequence) -> list[str]:
     return lines + ["    " + TERMS]
 
 
-def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch) -> list[str]:
+def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch) -> list[str]:
     """The body of ``name(x, dims..., start, stop)``: the words of a quads plan (as int32) by whole-word moves.
 
     The per-byte part reads each byte through an int64 index and permutes bits with seventeen
@@ -213,7 +211,7 @@ def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch) -> list[str]:
     return lines
 
 
-def coarse_part(p: Plan, dims: Sequence[str], t=ex.to_torch) -> list[str]:
+def coarse_part(p: Gather, dims: Sequence[str], t=ex.to_torch) -> list[str]:
     """The body of ``name(x, dims..., start, stop)``: a gather plan whose map moves runs of ``p.coarse``
     elements, one index and one load per run (a wider integer), instead of one per element."""
     wide = BIT_VIEWS[p.in_elem.bits * p.coarse]

@@ -21,7 +21,7 @@ from ..lang.compiler import Chain
 from ..front.text import comment
 from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
-from .plan import Access, Pattern, Plan, Quads, linear, swar_terms, unknown
+from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, swar_terms, unknown
 from .terms import collect_and_name
 from .torch_emit import BIT_VIEWS
 
@@ -59,10 +59,11 @@ def header(chain: Chain, p: Plan, filename: str, walk: bool = True) -> list[str]
     """Comment lines above a body (or a CPU gather: ``walk=False`` leaves out the kernel's walk): what
     it converts, the statements it fuses (file:line), the composed map."""
     src, out = chain.source, chain.target
-    how = {"copy": "copied", "affine": "one strided copy", "gather": "gathered",
-           "words": "bits permuted within 32-bit words"}[p.pattern]
-    lane = f"{COPY_BYTES // (32 * NUM_WARPS)} bytes per lane" if p.pattern == "copy" and not p.conversions \
-        else "one element per lane"
+    how = {Copy: "copied", Affine: "one strided copy", Gather: "gathered", Rows: "gathered",
+           Words: "bits permuted within 32-bit words"}.get(type(p))
+    if how is None:
+        raise unknown("Triton header", p)
+    lane = f"{COPY_BYTES // (32 * NUM_WARPS)} bytes per lane" if _plain_copy(p) else "one element per lane"
     walks = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else lane,
              "rows": "2-D tiles of rows", "words": "one word per lane", "quads": "four words per lane"}
     lines = [f"{chain.tensor}: {src.elem.name}{src.shape_str()} -> "
@@ -136,9 +137,14 @@ def _conversions(p: Plan, value: str) -> list[str]:
     return lines
 
 
+def _plain_copy(p: Plan) -> bool:
+    """A copy without value conversions (the device's own copy may move it)."""
+    return isinstance(p, Copy) and not p.conversions
+
+
 def elements_block(p: Plan) -> int:
     """Elements per program of the elements walk: COPY_BYTES of a plain copy, else BLOCK_ELEMENTS."""
-    if p.pattern == "copy" and not p.conversions:
+    if _plain_copy(p):
         return max(1, COPY_BYTES // max(1, p.in_elem.bits // 8))
     return BLOCK_ELEMENTS
 
@@ -158,9 +164,9 @@ def _load(target: str, addr: str, valid: str | None, other: str, suffix: str = "
     return lines + [f"{target} = tl.load(x_ptr + {addr}, mask={mask}{other}){suffix}"]
 
 
-def _elements(p: Plan, t=t) -> list[str]:
+def _elements(p: Copy | Affine | Gather, t=t) -> list[str]:
     """One output element per lane (a plain copy: a run of them), its source address from the composed map."""
-    m = p.map
+    m = None if isinstance(p, Copy) else p.map
     total = ex.mul(*p.out_shape) if p.out_shape else ex.Const(1)
     body = _lanes(p, elements_block(p)) + [f"mask = offs < ({t(total)})"] + unravel("offs", p.out_shape, t)
     if m is None:  # a copy
@@ -174,7 +180,7 @@ def _elements(p: Plan, t=t) -> list[str]:
     return body
 
 
-def _coarse(p: Plan, t=t) -> list[str]:
+def _coarse(p: Gather, t=t) -> list[str]:
     """The elements walk over words of ``coarse`` elements (x and y viewed as wider integers)."""
     shape = p.out_shape[:-1] + (ex.div(p.out_shape[-1], p.coarse),)
     body = _lanes(p, BLOCK_ELEMENTS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape, t)
@@ -190,7 +196,7 @@ def rows_word(p: Plan) -> int:
     """Elements per 32-bit word the rows walk may move at once (1: element by element): rows of
     narrow elements with no value conversion and a zero fill move as whole words when the call's
     row lengths (and the padding bound) are multiples of it; the launcher checks."""
-    if p.access != "rows" or p.conversions or p.in_elem.bits >= 32 or p.map.fill != ex.Const(0):
+    if not isinstance(p, Rows) or p.conversions or p.in_elem.bits >= 32 or p.map.fill != ex.Const(0):
         return 1
     return 32 // p.in_elem.bits
 
@@ -203,7 +209,7 @@ def _per_word(e: ex.Expr, w: int | str) -> ex.Expr:
     return ex.div(e, w) if isinstance(w, int) else ex.floordiv(e, ex.Var(w))
 
 
-def _rows(p: Plan, w: int | str = 1, t=t) -> list[str]:
+def _rows(p: Rows, w: int | str = 1, t=t) -> list[str]:
     """2-D tiles: rows found through the composed map, each copied along its contiguous last axis
     (``w`` elements per word: the last axis counted in words; ROW_WORD: the body's constexpr)."""
     m = p.map
@@ -234,7 +240,7 @@ def _rows(p: Plan, w: int | str = 1, t=t) -> list[str]:
     ]
 
 
-def _words(p: Plan, t=t) -> list[str]:
+def _words(p: Words, t=t) -> list[str]:
     """One output word per lane: its four source bytes, the bits permuted."""
     body = _lanes(p, BLOCK_WORDS) + [f"mask = offs < ({t(ex.mul(*p.word_shape))})"] + unravel("offs", p.word_shape, t)
     body.append("w = tl.zeros([" + str(BLOCK_WORDS) + "], dtype=tl.uint32)")
@@ -247,7 +253,7 @@ def _words(p: Plan, t=t) -> list[str]:
     return body
 
 
-def _quads(p: Plan, t=t, q: Quads | None = None) -> list[str]:
+def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
     """Four output words per lane: four whole source words (two 8-byte loads when they pair up), the
     bits permuted on the source words (swar_terms), a 4x4 byte transpose, one 16-byte store. Quads of
     words ``spread`` > 1 apart (Plan.spread_quads) are regrouped in the program before the store, so
@@ -326,7 +332,7 @@ def _transpose4x4(v0, v1, v2, v3, _ASM: tl.constexpr):
 
 def uses_transpose(p: Plan) -> bool:
     """Whether the body of ``p`` calls ``_transpose4x4`` (TRANSPOSE is then part of the kernels)."""
-    return p.access == "quads" or (p.access == "words" and p.spread_quads is not None)
+    return isinstance(p, Words) and (p.quads is not None or p.spread_quads is not None)
 
 
 def body(p: Plan, name: str, dims: Sequence[str]) -> str:
@@ -336,8 +342,6 @@ def body(p: Plan, name: str, dims: Sequence[str]) -> str:
     allows inline PTX."""
     params = ", ".join(["x_ptr", "y_ptr", "pid"] + [f"{d}: tl.constexpr" for d in dims])
     flags = "WIDE: tl.constexpr, _ALT: tl.constexpr, _T: tl.constexpr, _ASM: tl.constexpr"
-    if p.pattern not in (Pattern.COPY, Pattern.AFFINE, Pattern.GATHER, Pattern.WORDS):
-        raise unknown("Triton", p.pattern)
     taken = set(dims) | _LOCALS
 
     def named(walk) -> list[str]:  # the walk's index terms named once (layoutc.lower.terms)
@@ -346,23 +350,23 @@ def body(p: Plan, name: str, dims: Sequence[str]) -> str:
     def alternative(first, second) -> list[str]:
         return ["if _ALT:", *("    " + x for x in named(first)), "else:", *("    " + x for x in named(second))]
 
-    if p.access == "quads":
+    if isinstance(p, Words) and p.quads is not None:
         lines = alternative(lambda t: _quads(p, t), lambda t: _words(p, t))
-    elif p.access == "words" and p.spread_quads is not None:
+    elif isinstance(p, Words) and p.spread_quads is not None:
         lines = alternative(lambda t: _quads(p, t, p.spread_quads), lambda t: _words(p, t))
-    elif p.access == "words":
+    elif isinstance(p, Words):
         lines = named(lambda t: _words(p, t))
-    elif p.access == "rows" and rows_word(p) > 1:  # one body: the word width is a constexpr
+    elif isinstance(p, Rows) and rows_word(p) > 1:  # one body: the word width is a constexpr
         lines = [f"{ROW_WORD}: tl.constexpr = {rows_word(p)} if _ALT else 1  # elements per word",
                  *named(lambda t: _rows(p, ROW_WORD, t))]
-    elif p.access == "rows":
+    elif isinstance(p, Rows):
         lines = named(lambda t: _rows(p, 1, t))
-    elif p.access != Access.ELEMENTS:
-        raise unknown("Triton", p.access)
-    elif p.coarse > 1:
+    elif isinstance(p, Gather) and p.coarse > 1:
         lines = alternative(lambda t: _coarse(p, t), lambda t: _elements(p, t))
-    else:
+    elif isinstance(p, (Copy, Affine, Gather)):
         lines = named(lambda t: _elements(p, t))
+    else:
+        raise unknown("Triton", p)
     return ("@triton.jit\n" + f"def {name}({params},\n{' ' * (len(name) + 5)}{flags}):\n"
             + "\n".join("    " + x for x in lines) + "\n")
 
@@ -416,7 +420,7 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
             lines += [f"    _alt = {cond}", "    if _alt:", *(f"        {x}" for x in first), "    else:",
                       *(f"        {x}" for x in second)]
             alt = "_alt"
-        if p.pattern == "copy" and not p.conversions:  # a plain copy: large ones by the device's own copy
+        if _plain_copy(p):  # a plain copy: large ones by the device's own copy
             lines += ["    if _copy_apart(x):", "        ys.copy_(xs)", "        n = 0", f"        _apart.append({i})"]
         lines += [
             "    _args += [xs, ys]",
@@ -447,9 +451,27 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
     def walk(xv: str, yv: str, count: str, tile: str = "1") -> list[str]:
         return [f"xs, ys, _t = {_view(xv, 'x')}, {_view(yv, 'y')}, {tile}", f"n = {count}"]
 
-    words = walk("uint8", "int32", f"-(-({ex.to_python(ex.mul(*p.word_shape))}) // {BLOCK_WORDS})") \
-        if p.pattern == "words" else []
-    q = p.quads if p.access == "quads" else p.spread_quads if p.access == "words" else None
+    if isinstance(p, Words):
+        return _word_walks(p, walk)
+    same = "same" if p.conversions else BIT_VIEWS[p.in_elem.bits]
+    if isinstance(p, Rows):
+        return _row_walks(p, same)
+    if not isinstance(p, (Copy, Affine, Gather)):
+        raise unknown("Triton launcher", p)
+    total = ex.to_python(ex.mul(*p.out_shape)) if p.out_shape else "1"
+    plain = walk(same, same, f"-(-({total}) // {elements_block(p)})")
+    if p.coarse > 1:
+        wide = BIT_VIEWS[p.in_elem.bits * p.coarse]
+        coarse = walk(wide, wide, f"-(-({total}) // {p.coarse * BLOCK_ELEMENTS})")
+        return [(f"x.shape[-1] % {p.coarse} == 0 and y.shape[-1] % {p.coarse} == 0  # whole words", coarse),
+                (None, plain)]
+    return [(None, plain)]
+
+
+def _word_walks(p: Words, walk) -> list[tuple[str | None, list[str]]]:
+    """The quads walk (where the plan has one) and the words walk."""
+    words = walk("uint8", "int32", f"-(-({ex.to_python(ex.mul(*p.word_shape))}) // {BLOCK_WORDS})")
+    q = p.quads if p.quads is not None else p.spread_quads
     if q is not None:
         shape = p.word_shape[:-1] + (ex.div(p.word_shape[-1], 4),)
         cond = " and ".join(f"{d} % {q.multiple} == 0" for d in q.guard_dims) or "True"
@@ -460,30 +482,21 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
         quads = walk("int64" if q.pairs else "int32", "int32",
                      f"-(-({ex.to_python(ex.mul(*shape))}) // {BLOCK_QUADS})")
         return [(cond + "  # the dims the quads walk was checked for", quads), (None, words)]
-    if p.access == "words":
-        return [(None, words)]
-    same = "same" if p.conversions else BIT_VIEWS[p.in_elem.bits]
-    if p.access == "rows":
-        lead = ex.to_python(ex.mul(*p.out_shape[:-1])) if p.out_shape[:-1] else "1"
+    return [(None, words)]
 
-        def rows(view: str, w: int) -> list[str]:
-            cols = f"({ex.to_python(p.out_shape[-1])}) // {w}" if w > 1 else ex.to_python(p.out_shape[-1])
-            tile = f"_row_tile({cols}, {ROW_TILE_COLS})"
-            return [f"_t = {tile}", f"xs, ys = {_view(view, 'x')}, {_view(view, 'y')}",
-                    f"n = -(-({lead}) // ({ROW_TILE_ELEMENTS} // _t)) * -(-({cols}) // _t)"]
-        w = rows_word(p)
-        if w == 1:
-            return [(None, rows(same, 1))]
-        bound = f" and ({ex.to_python(p.col_bound)}) % {w} == 0" if p.col_bound is not None else ""
-        return [(f"x.shape[-1] % {w} == 0 and y.shape[-1] % {w} == 0{bound}  # whole words", rows("int32", w)),
-                (None, rows(same, 1))]
-    if p.access != Access.ELEMENTS:
-        raise unknown("Triton launcher", p.access)
-    total = ex.to_python(ex.mul(*p.out_shape)) if p.out_shape else "1"
-    plain = walk(same, same, f"-(-({total}) // {elements_block(p)})")
-    if p.coarse > 1:
-        wide = BIT_VIEWS[p.in_elem.bits * p.coarse]
-        coarse = walk(wide, wide, f"-(-({total}) // {p.coarse * BLOCK_ELEMENTS})")
-        return [(f"x.shape[-1] % {p.coarse} == 0 and y.shape[-1] % {p.coarse} == 0  # whole words", coarse),
-                (None, plain)]
-    return [(None, plain)]
+
+def _row_walks(p: Rows, same: str) -> list[tuple[str | None, list[str]]]:
+    """The rows walk by whole words (where the call's shapes allow) and element by element."""
+    lead = ex.to_python(ex.mul(*p.out_shape[:-1])) if p.out_shape[:-1] else "1"
+
+    def rows(view: str, w: int) -> list[str]:
+        cols = f"({ex.to_python(p.out_shape[-1])}) // {w}" if w > 1 else ex.to_python(p.out_shape[-1])
+        tile = f"_row_tile({cols}, {ROW_TILE_COLS})"
+        return [f"_t = {tile}", f"xs, ys = {_view(view, 'x')}, {_view(view, 'y')}",
+                f"n = -(-({lead}) // ({ROW_TILE_ELEMENTS} // _t)) * -(-({cols}) // _t)"]
+    w = rows_word(p)
+    if w == 1:
+        return [(None, rows(same, 1))]
+    bound = f" and ({ex.to_python(p.col_bound)}) % {w} == 0" if p.col_bound is not None else ""
+    return [(f"x.shape[-1] % {w} == 0 and y.shape[-1] % {w} == 0{bound}  # whole words", rows("int32", w)),
+            (None, rows(same, 1))]
