@@ -149,7 +149,7 @@ def _fused_layer(ctx: EmitContext, variant: Variant) -> tuple[str, tuple[str, ..
             continue
         tag = ctx.tag(c)
         name = ctx.kernel(f"_b_{tag}", "\n".join(triton_emit.header(c, p, ctx.filename))
-                          + "\n" + triton_emit.body(p, f"_b_{tag}", ctx.dims))
+                          + "\n" + triton_emit.body(p, f"_b_{tag}", ctx.dims, triton_emit.header_terms(c, p)))
         entries.append((c.tensor, p))
         bodies.append(name)
         chains.append(tag)
@@ -174,7 +174,8 @@ def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
     if isinstance(p, Words) and p.quads is not None:
         ctx.define("_bit_tables", torch_emit.bit_tables_source())
     cite = "\n".join(triton_emit.header(chain, p, ctx.filename, walk=False))  # the spec lines it computes
-    return ctx.define(name, cite + "\n" + torch_emit.gather_function(p, name, ctx.dims))
+    return ctx.define(name, cite + "\n" + torch_emit.gather_function(p, name, ctx.dims,
+                                                                     triton_emit.header_terms(chain, p)))
 
 
 def _compiled_chain(ctx: EmitContext, chain: Chain) -> str | None:

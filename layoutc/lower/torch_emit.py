@@ -16,7 +16,7 @@ from typing import Sequence
 from ..algebra import expr as ex
 from ..lang.ops.conversion import known
 from .plan import Affine, Copy, Gather, Plan, Rows, Words, affine_strides, linear, unknown
-from .terms import collect_and_name
+from .terms import collect_and_name, is_size
 
 #: The line after the coordinates are bound: where the named terms of the coordinates go.
 TERMS = "#<terms>"
@@ -25,9 +25,11 @@ _LOCALS = {"x", "d", "y", "w", "r", "v", "s", "ok", "src", "flat", "zero", "byte
            "index", "rows", "runs", "words", "halves", "low", "high", "out", "store", "_dev"}
 
 
-def _named(emit, dims) -> list[str]:
-    """``emit(t)``'s lines with its index terms named once (:mod:`layoutc.lower.terms`)."""
-    return collect_and_name(emit, set(dims) | _LOCALS, ex.to_torch, TERMS, indent="    ")
+def _named(emit, dims, given=()) -> list[str]:
+    """``emit(t)``'s lines with its index terms named once (:mod:`layoutc.lower.terms`), the ``given``
+    ones (the header's) under their names wherever the lines hold them."""
+    return collect_and_name(emit, set(dims) | _LOCALS | {n for n, _ in given}, ex.to_torch, TERMS, indent="    ",
+                            given=given)
 
 BIT_VIEWS = {8: "uint8", 16: "int16", 32: "int32", 64: "int64"}
 
@@ -37,8 +39,11 @@ def conversions(p: Plan, var: str, indent: str) -> list[str]:
     return [f"{indent}{var} = {known(conv).eager(var)}" for conv in p.conversions]
 
 
-def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
-    """Source of ``def name(x, d, compiled=False) -> Tensor`` computing ``p`` with torch ops."""
+def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.Expr]] = ()) -> str:
+    """Source of ``def name(x, d, compiled=False) -> Tensor`` computing ``p`` with torch ops; ``terms``:
+    the header's named terms (:func:`layoutc.lower.triton_emit.header_terms`), bound under the header's
+    names in the part that walks the map's own coordinates (the quads and coarse parts walk other
+    grids: only the sizes are theirs too)."""
     if not isinstance(p, (Copy, Affine, Gather, Rows, Words)):
         raise unknown("torch gather", p)
     bind = [f"    {d} = d[{d!r}]" for d in dims]
@@ -60,13 +65,14 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
     rank = len(shape)
     sizes = [ex.to_python(s) for s in shape]
     bitwise = isinstance(p, (Gather, Rows)) and not p.conversions
-    part = [f"def {name}_part({args}, start, stop):"] + _named(lambda t: _part_body(p, sizes, bitwise, t), dims)
+    part = [f"def {name}_part({args}, start, stop):"] + _named(lambda t: _part_body(p, sizes, bitwise, t), dims, terms)
     if isinstance(p, Words):
         store = "torch.int32"
     else:
         store = f"torch.{BIT_VIEWS[p.in_elem.bits]}" if bitwise else f"torch.{p.in_elem.canonical}"
     per = " * ".join(f"({s})" for s in sizes[1:]) or "1"
     eager_part, choose = f"{name}_part", []
+    own = tuple((n, d) for n, d in terms if is_size(d))  # what the other grids share with the header
     if isinstance(p, Words) and p.quads is not None and rank >= 2:  # rank 1: chunks split quads
         # torch.compile keeps the plain part (it fuses that one itself); the quads part holds for
         # the dims the plan checked it on, the plain part for any
@@ -74,13 +80,15 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
         choose = [f"    whole = {cond}  # the dims the quads part was checked for",
                   f"    part = {name}_quads if whole else {name}_part"]
         eager_part = "part"
-        part += ["", "", f"def {name}_quads({args}, start, stop):"] + _named(lambda t: quads_part(p, dims, t), dims)
+        part += ["", "", f"def {name}_quads({args}, start, stop):",
+                 *_named(lambda t: quads_part(p, dims, t), dims, own)]
     elif isinstance(p, Gather) and bitwise and p.coarse > 1 and rank >= 2:
         r = p.coarse
         choose = [f"    whole = x.shape[-1] % {r} == 0 and ({sizes[-1]}) % {r} == 0  # the shapes _coarsen checked",
                   f"    part = {name}_coarse if whole else {name}_part"]
         eager_part = "part"
-        part += ["", "", f"def {name}_coarse({args}, start, stop):"] + _named(lambda t: coarse_part(p, dims, t), dims)
+        part += ["", "", f"def {name}_coarse({args}, start, stop):",
+                 *_named(lambda t: coarse_part(p, dims, t), dims, own)]
     drive = [
         f"def {name}(x, d, compiled=False):",
         *bind,

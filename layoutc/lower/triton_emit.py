@@ -19,10 +19,11 @@ from typing import Sequence
 from ..algebra import expr as ex
 from ..lang.compiler import Chain
 from ..front.text import comment
+from . import maptext
 from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
 from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, swar_terms, unknown
-from .terms import collect_and_name
+from .terms import collect_and_name, is_size
 from .torch_emit import BIT_VIEWS
 
 # Work per program (lanes x elements per lane), with NUM_WARPS warps per program.
@@ -47,8 +48,9 @@ def t(e: ex.Expr) -> str:
 #: The line a walk puts after binding the output coordinates: where their named terms go.
 TERMS = "#<terms>"
 #: Names a body binds itself (a named term takes none of them).
-_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_o", "_K", "mask", "pid", "rows", "cols", "live",
-           "inside", "_T", "_ALT", "_ASM", "_b", "_c", "_f", "_nan", "_nct", "_read"}
+#: None is ``_`` and one letter: those are the header's terms (maptext.TERM_PREFIX).
+_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_out", "_KW", "mask", "pid", "rows", "cols", "live",
+           "inside", "_TILE", "_ALT", "_ASM", "_bits", "_half", "_field", "_nan", "_nct", "_read"}
 
 
 # ---------------------------------------------------------------------------
@@ -84,6 +86,12 @@ def header(chain: Chain, p: Plan, filename: str, walk: bool = True) -> list[str]
     lines.append("map: " + text[0])
     return [x for line in lines for x in wrap_comment(comment(line))] + \
         [x for line in text[1:] for x in wrap_comment(comment(line), "#      ")]
+
+
+def header_terms(chain: Chain, p: Plan) -> tuple[tuple[str, ex.Expr], ...]:
+    """The terms the header's map names, for :func:`body` to bind under the same names."""
+    out = chain.target
+    return maptext.header_terms(chain, out.shape_text if out is not None else (), planned=p)
 
 
 def wrap_comment(text: str, first: str = "# ", width: int = 120) -> list[str]:
@@ -202,7 +210,7 @@ def rows_word(p: Plan) -> int:
 
 
 #: The rows walk's elements per word, a constexpr of the body: rows_word(p) when _ALT, else 1.
-ROW_WORD = "_K"
+ROW_WORD = "_KW"
 
 
 def _per_word(e: ex.Expr, w: int | str) -> ex.Expr:
@@ -217,13 +225,13 @@ def _rows(p: Rows, w: int | str = 1, t=t) -> list[str]:
     kout, kin = _per_word(p.out_shape[-1], w), _per_word(p.in_shape[-1], w)
     n_rows = t(ex.mul(*lead)) if lead else "1"
     return [
-        f"_nct = ({t(kout)} + _T - 1) // _T",
-        f"rows = tl.arange(0, {ROW_TILE_ELEMENTS} // _T)",
-        "cols = (pid % _nct) * _T + tl.arange(0, _T)",
+        f"_nct = ({t(kout)} + _TILE - 1) // _TILE",
+        f"rows = tl.arange(0, {ROW_TILE_ELEMENTS} // _TILE)",
+        "cols = (pid % _nct) * _TILE + tl.arange(0, _TILE)",
         "if WIDE:",
-        f"    rows = rows.to(tl.int64) + (pid // _nct).to(tl.int64) * ({ROW_TILE_ELEMENTS} // _T)",
+        f"    rows = rows.to(tl.int64) + (pid // _nct).to(tl.int64) * ({ROW_TILE_ELEMENTS} // _TILE)",
         "else:",
-        f"    rows = (rows + (pid // _nct) * ({ROW_TILE_ELEMENTS} // _T)).to({_index_type(p)})",
+        f"    rows = (rows + (pid // _nct) * ({ROW_TILE_ELEMENTS} // _TILE)).to({_index_type(p)})",
         f"    cols = cols.to({_index_type(p)})",
         f"live = rows < ({n_rows})",
         *unravel("rows", lead, t),
@@ -298,8 +306,8 @@ def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
     return body + [
         f"# word j of quad q is output word 4*{s}*(q // {s}) + q % {s} + {s}*j: regrouped, {n} consecutive words",
         f"w = tl.reshape(tl.permute(tl.reshape(w, ({BLOCK_QUADS // s}, {s}, 4)), (0, 2, 1)), ({n},))",
-        *_lanes(p, n, "_o"),
-        f"tl.store(y_ptr + _o, w.to(tl.int32, bitcast=True), mask=_o < 4 * ({t(ex.mul(*shape))}))",
+        *_lanes(p, n, "_out"),
+        f"tl.store(y_ptr + _out, w.to(tl.int32, bitcast=True), mask=_out < 4 * ({t(ex.mul(*shape))}))",
     ]
 
 
@@ -335,20 +343,24 @@ def uses_transpose(p: Plan) -> bool:
     return isinstance(p, Words) and (p.quads is not None or p.spread_quads is not None)
 
 
-def body(p: Plan, name: str, dims: Sequence[str]) -> str:
-    """``@triton.jit def name(x_ptr, y_ptr, pid, <dims>, WIDE, _ALT, _T, _ASM)``: the part of the output
-    that program ``pid`` of this tensor converts. _ALT selects the plan's alternative walk (coarse
-    words, quads) when the call's shapes allow it; _T is the column tile of the rows walk; _ASM
-    allows inline PTX."""
+def body(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.Expr]] = ()) -> str:
+    """``@triton.jit def name(x_ptr, y_ptr, pid, <dims>, WIDE, _ALT, _TILE, _ASM)``: the part of the
+    output that program ``pid`` of this tensor converts. _ALT selects the plan's alternative walk (coarse
+    words, quads) when the call's shapes allow it; _TILE is the column tile of the rows walk; _ASM
+    allows inline PTX. ``terms``: the header's named terms (:func:`header_terms`), bound under the
+    header's names where a walk over the map's own coordinates holds them (the coarse and quads walks
+    run over other grids: their terms get other names, never the header's)."""
     params = ", ".join(["x_ptr", "y_ptr", "pid"] + [f"{d}: tl.constexpr" for d in dims])
-    flags = "WIDE: tl.constexpr, _ALT: tl.constexpr, _T: tl.constexpr, _ASM: tl.constexpr"
-    taken = set(dims) | _LOCALS
+    flags = "WIDE: tl.constexpr, _ALT: tl.constexpr, _TILE: tl.constexpr, _ASM: tl.constexpr"
+    taken = set(dims) | _LOCALS | {n for n, _ in terms}
 
-    def named(walk) -> list[str]:  # the walk's index terms named once (layoutc.lower.terms)
-        return collect_and_name(walk, taken, ex.to_triton, TERMS, size_annotation=": tl.constexpr")
+    def named(walk, given=terms) -> list[str]:  # the walk's index terms named once (layoutc.lower.terms)
+        return collect_and_name(walk, taken, ex.to_triton, TERMS, size_annotation=": tl.constexpr", given=given)
 
-    def alternative(first, second) -> list[str]:
-        return ["if _ALT:", *("    " + x for x in named(first)), "else:", *("    " + x for x in named(second))]
+    sizes = tuple((n, d) for n, d in terms if is_size(d))  # the same on every grid
+
+    def alternative(first, second) -> list[str]:  # the first walk is over another grid
+        return ["if _ALT:", *("    " + x for x in named(first, sizes)), "else:", *("    " + x for x in named(second))]
 
     if isinstance(p, Words) and p.quads is not None:
         lines = alternative(lambda t: _quads(p, t), lambda t: _words(p, t))
