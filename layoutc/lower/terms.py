@@ -1,12 +1,15 @@
 """Names for the index terms of a generated function, so no line of a kernel is a kilobyte long.
 
 The planner's index expressions inline every size and every shared term (a swizzled scale's
-address repeats ``(H // 16 + 3) // 4`` a dozen times). Here the terms are named once, as the map
-in a kernel's header names them: sizes (of the dims only) get capitals and are bound first,
-terms of the output coordinates lower case, bound once the coordinates are; each with a leading
-underscore (``_A``, ``_p``), which no dim can have. A name stands for
-exactly the expression it replaces (the same tree, evaluated in the same order), so a kernel
-computes the same values with the same arithmetic: only the text is shorter.
+address repeats ``(H // 16 + 3) // 4`` a dozen times). Here the terms are named once: first those
+the kernel's header names (``with A = ...``, ``p = ...``: :func:`layoutc.lower.maptext.header_terms`)
+under the header's names, wherever the walk's expressions hold them, then, while a line is still
+long, others under letters the header does not use. Sizes (of the dims only) get capitals and are
+bound first, terms of the output coordinates lower case, bound once the coordinates are; each with
+a leading underscore (``_A``, ``_p``), which no dim can have and no local of a generated function
+is. A name stands for exactly the expression it replaces (the same tree, evaluated in the same
+order; a run of a sum's terms at most grouped), so a kernel computes the same values with the same
+arithmetic: only the text is shorter.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Each tensor's plan (:mod:`layoutc.lower.plan`) becomes a ``@triton.jit`` *body* 
 range of the output given its program index; a layer's bodies are called from one kernel, so a
 call of the converter launches once for all tensors of the layer (the host cost of a launch is
 paid once, not per tensor). Above each body: the tensor, the spec statements it fuses (file:line
-and text, as escaped one-line comments) and the composed map in ``explain``'s notation.
+and text, as escaped one-line comments) and the composed map in ``explain``'s notation; the terms
+that map names (``p = k + 4*A*r``) the body computes once under the same names (``_p``, ``_A``).
 
 Dims are ``tl.constexpr``: one specialisation per shape, the arithmetic on them folds. Index
 arithmetic is 32-bit unsigned where the planner found no negative constant (divisions by
