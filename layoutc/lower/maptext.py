@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..algebra import expr as ex
 from ..lang.compiler import Chain
 from ..algebra.indexmap import IndexMap
-from .plan import Plan, plan, tidy_map
+from .plan import Plan, Words, plan, tidy_map
 
 ROLE_NAMES = {3: ["e", "r", "k"], 2: ["e", "r"], 1: ["r"]}
 
@@ -28,6 +28,11 @@ MAP_WIDTH = 110
 def render_map(m: IndexMap, names: list[str], width: int = MAP_WIDTH) -> str:
     """``out[e, r, k] = in[...]``; a long map (a swizzled scale's runs to a kilobyte) on several lines,
     with repeated subexpressions named once (:func:`name_repeats`)."""
+    return name_repeats(*_map_parts(m, names), width)
+
+
+def _map_parts(m: IndexMap, names: list[str]):
+    """(expressions, line, coordinates) of ``render_map``: what its names are chosen from."""
     ranges = ex.coordinate_ranges(m.out_shape)
     tidy = lambda e: ex.rename(ex.simplify_symbolic(e, ranges), {f"o{k}": n for k, n in enumerate(names)})  # noqa: E731
     exprs = [tidy(s) for s in m.src] + ([] if m.is_total() else [tidy(m.valid), tidy(m.fill)])
@@ -38,7 +43,7 @@ def render_map(m: IndexMap, names: list[str], width: int = MAP_WIDTH) -> str:
             text += f" where {ex.to_str(es[-2])}, else {ex.to_str(es[-1])}"
         return text
 
-    return name_repeats(exprs, line, set(names), width)
+    return exprs, line, set(names)
 
 
 def name_repeats(exprs: list[ex.Expr], line, coords: set[str], width: int = MAP_WIDTH) -> str:
@@ -98,8 +103,13 @@ def factor(exprs: list[ex.Expr], line, coords: set[str], width: int = MAP_WIDTH)
 
 
 def render_words(p: Plan) -> str | None:
-    if p.pattern != "words":
+    if not isinstance(p, Words):
         return None
+    return name_repeats(*_word_parts(p), 160) + f"\n     T = {list(p.table)}"
+
+
+def _word_parts(p: Words):
+    """(expressions, line, coordinates) of ``render_words``."""
     names = coordinate_names(len(p.word_shape))[:-1] + ["w"]
     ren = {f"o{k}": n for k, n in enumerate(names)}
     coords = [ex.rename(x, ren) for c in p.word_sources for x in c]
@@ -114,7 +124,42 @@ def render_words(p: Plan) -> str | None:
         return (f"word[{', '.join(names)}] (output bytes 4w..4w+3) = bits permuted by T of ("
                 + " | ".join(parts) + ")")
 
-    return name_repeats(coords, line, set(names), 160) + f"\n     T = {list(p.table)}"
+    return coords, line, set(names)
+
+
+#: The prefix of a header term's name in a generated body (``p`` of the header binds ``_p``): no dim
+#: starts with it (a dim starts with a letter) and no local of a generated function is ``_`` and one
+#: letter (tests/lower/test_readable_converters.py), so the header's names are free in every body.
+TERM_PREFIX = "_"
+
+
+def header_terms(chain: Chain, shape_text: tuple[str, ...] = (), planned: Plan | None = None
+                 ) -> tuple[tuple[str, ex.Expr], ...]:
+    """The terms :func:`map_text` names (``with p = ...``) over the output coordinates ``o0, o1, ...``
+    of the map (the words plan's: over its words), each named ``TERM_PREFIX`` + the header's name, in
+    dependency order: what a generated body binds where its expressions hold them."""
+    m = chain.composed_map()
+    if m.bit_level:
+        p = planned if planned is not None else plan(chain)
+        if not isinstance(p, Words):
+            return ()
+        exprs, line, coords = _word_parts(p)
+        names = coordinate_names(len(p.word_shape))[:-1] + ["w"]
+        width = 160
+    else:
+        m = tidy_map(m)
+        names = coordinate_names(len(m.out_shape), shape_text)
+        exprs, line, coords = _map_parts(m, names)
+        width = MAP_WIDTH
+    _, order = factor(exprs, line, coords, width)
+    # Each definition written out whole over o0, o1, ... (the body's coordinates), as the planner's
+    # constructors build it: the tree a body's expression holds where it computes the term.
+    whole: dict[str, ex.Expr] = {n: ex.Var(f"o{k}") for k, n in enumerate(names)}
+    out = []
+    for n, d in order:
+        whole[n] = ex.substitute(d, whole)
+        out.append((TERM_PREFIX + n, whole[n]))
+    return tuple(out)
 
 
 def map_text(chain: Chain, shape_text: tuple[str, ...] = (), planned: Plan | None = None) -> str:

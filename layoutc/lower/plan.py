@@ -1,22 +1,23 @@
 """The planner: each tensor's chain of steps becomes one pass, described by a :class:`Plan`.
 
 A chain of any length collapses into one index map (docs/design.md section 2). What that map is
-(``Plan.pattern``):
+decides the plan's type (each a frozen record with only its own fields, on a shared base):
 
-``copy``    no index transform: one copy (with the value conversions)
-``affine``  the composed map is affine in the output coordinates: one strided view and one copy
-``gather``  any other element map: each source address computed with integer arithmetic from the
+``Copy``    no index transform: one copy (with the value conversions)
+``Affine``  the composed map is affine in the output coordinates: one strided view and one copy
+``Gather``  any other element map: each source address computed with integer arithmetic from the
             composed map (no index tensor in memory)
-``words``   one permutation of the bits within 32-bit words (the SM90 FP4 interleave): per output
+``Rows``    a gather whose map copies the last axis as is
+``Words``   one permutation of the bits within 32-bit words (the SM90 FP4 interleave): per output
             word, its four source bytes through the composed map of the steps before the
             permutation, the bits permuted, the word stored where the steps after it put it
-``none``    not one pass (the reason says why): the eager lowering runs the chain op by op
+``NoPass``  not one pass (the reason says why): the eager lowering runs the chain op by op
 
 How a kernel walks the output (``Plan.access``), chosen here from the map and checked on small
 instances of the dims:
 
-``elements``  one element per lane; ``coarse`` > 1 moves runs of that many elements as one word
-``rows``      2-D tiles of rows whose last axis is copied as is
+``elements``  one element per lane; ``Gather.coarse`` > 1 moves runs of that many elements as one word
+``rows``      2-D tiles of rows whose last axis is copied as is (``Rows``)
 ``words``     one output word per lane, its four source bytes loaded one by one
 ``quads``     four consecutive output words per lane from four whole source words (a 4x4 byte
               transpose, as in the SM90 interleave); the bit permutation is done on the source
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import enum
 from fractions import Fraction
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import attrs
 
@@ -46,18 +47,8 @@ from ..lang.ops.base import Category
 from ..lang.ops.conversion import BitPermutation, Conversion, UnknownKind, known
 
 
-class Pattern(enum.StrEnum):
-    """What the composed map of a plan is (the module's docstring says what each lowers to)."""
-
-    COPY = "copy"
-    AFFINE = "affine"
-    GATHER = "gather"
-    WORDS = "words"
-    NONE = "none"
-
-
 class Access(enum.StrEnum):
-    """How a kernel walks the output of a plan."""
+    """How a kernel walks the output of a plan (each plan type says which it takes)."""
 
     ELEMENTS = "elements"
     ROWS = "rows"
@@ -65,18 +56,10 @@ class Access(enum.StrEnum):
     QUADS = "quads"
 
 
-def _kind(cls: type[enum.StrEnum]):
-    def convert(value) -> enum.StrEnum:
-        try:
-            return cls(value)
-        except ValueError:
-            raise UnknownKind(f"no plan has the {cls.__name__.lower()} {value!r}; the kinds are "
-                              f"{', '.join(k.value for k in cls)}") from None
-    return convert
-
-
 def unknown(what: str, value) -> UnknownKind:
     """The error of an emitter's dispatch that met a kind it has no branch for."""
+    if isinstance(value, Plan):
+        value = type(value).__name__
     return UnknownKind(f"the {what} lowering has no rule for {value!r}")
 
 
@@ -103,42 +86,121 @@ class Quads:
     spread: int = 1
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Plan:
+    """What every plan has: the tensor, its element types and shapes, the value conversions. A
+    plan is one of the types below (each with only its own fields); emitters dispatch on the type
+    and raise on one they do not know (no plan type is lowered as another)."""
+
+    #: What the composed map is (the module's docstring says what each lowers to): for texts only
+    pattern: ClassVar[str] = ""
     tensor: str
-    pattern: Pattern = attrs.field(converter=_kind(Pattern))
     in_elem: ElemType
     out_elem: ElemType
     in_shape: tuple[ex.Expr, ...]
     out_shape: tuple[ex.Expr, ...]
-    map: IndexMap | None = None  # affine / gather: out element -> input element
-    word_shape: tuple[ex.Expr, ...] = ()  # words: the output seen as 32-bit words
-    word_sources: tuple[tuple[ex.Expr, ...], ...] = ()  # words: input coordinates of bytes 0..3
-    word_valid: tuple[ex.Expr, ...] = ()  # words: whether each byte reads the input (else 0)
-    permutation: BitPermutation | None = None  # words: the bit permutation within each word
     # each value step's conversion() in chain order; a kind no lowering knows is refused here
     conversions: tuple[Conversion, ...] = attrs.field(default=(), converter=_conversions)
-    reason: str = ""  # pattern "none": why
-    access: Access = attrs.field(default=Access.ELEMENTS, converter=_kind(Access))
-    quads: Quads | None = None
-    # words plans: the quads walk over output words `spread` > 1 apart (Quads.spread), when four
-    # consecutive words do not form a quad; a kernel that regroups the words before its store takes it
-    spread_quads: Quads | None = None
-    coarse: int = 1  # elements: the map moves runs of this many elements; the kernel moves them as one word
-    coarse_src: ex.Expr | None = None  # ... source word index over the coarse output grid
-    coarse_valid: ex.Expr = ex.TRUE
-    row_valid: ex.Expr = ex.TRUE  # rows: the map's validity without its bound on the last axis ...
-    col_bound: ex.Expr | None = None  # ... which is o_last < col_bound (a padded last axis), if any
     unsigned: bool = False  # no index expression has a negative constant: 32-bit unsigned arithmetic is exact
 
     @property
     def one_pass(self) -> bool:
-        return self.pattern != "none"
+        return True
+
+    @property
+    def access(self) -> Access:
+        """How a kernel walks the output."""
+        return Access.ELEMENTS
+
+    @property
+    def coarse(self) -> int:
+        """Elements a kernel moves as one word (the header says it of every walk)."""
+        return 1
+
+    def shared(self) -> dict:
+        """The fields of the base, to build another plan type of the same tensor."""
+        return {a.name: getattr(self, a.name) for a in attrs.fields(Plan)}
+
+
+@attrs.frozen(kw_only=True)
+class Copy(Plan):
+    """No index transform: one copy (with the value conversions)."""
+
+    pattern: ClassVar[str] = "copy"
+
+
+@attrs.frozen(kw_only=True)
+class Affine(Plan):
+    """A composed map affine in the output coordinates: one strided view and one copy."""
+
+    pattern: ClassVar[str] = "affine"
+    map: IndexMap  # out element -> input element
+
+
+@attrs.frozen(kw_only=True)
+class Gather(Plan):
+    """Any other element map, walked one element per lane (``coarse`` > 1: runs of that many
+    elements as one word)."""
+
+    pattern: ClassVar[str] = "gather"
+    map: IndexMap  # out element -> input element
+    coarse: int = 1  # the map moves runs of this many elements; the kernel moves them as one word
+    coarse_src: ex.Expr | None = None  # ... source word index over the coarse output grid
+    coarse_valid: ex.Expr = ex.TRUE
+
+
+@attrs.frozen(kw_only=True)
+class Rows(Plan):
+    """A gather whose map copies the last axis as is: 2-D tiles of rows."""
+
+    pattern: ClassVar[str] = "gather"
+    map: IndexMap  # out element -> input element
+    row_valid: ex.Expr = ex.TRUE  # the map's validity without its bound on the last axis ...
+    col_bound: ex.Expr | None = None  # ... which is o_last < col_bound (a padded last axis), if any
+
+    @property
+    def access(self) -> Access:
+        return Access.ROWS
+
+
+@attrs.frozen(kw_only=True)
+class Words(Plan):
+    """One permutation of the bits within 32-bit words."""
+
+    pattern: ClassVar[str] = "words"
+    word_shape: tuple[ex.Expr, ...]  # the output seen as 32-bit words
+    word_sources: tuple[tuple[ex.Expr, ...], ...]  # input coordinates of bytes 0..3
+    word_valid: tuple[ex.Expr, ...]  # whether each byte reads the input (else 0)
+    permutation: BitPermutation  # the bit permutation within each word
+    quads: Quads | None = None  # the quads walk, where it holds
+    # the quads walk over output words `spread` > 1 apart (Quads.spread), when four consecutive words
+    # do not form a quad; a kernel that regroups the words before its store takes it
+    spread_quads: Quads | None = None
+
+    @property
+    def access(self) -> Access:
+        return Access.QUADS if self.quads is not None else Access.WORDS
 
     @property
     def table(self) -> tuple[int, ...]:
-        """words: output bit i of a word is input bit table[i]."""
-        return self.permutation.table if self.permutation is not None else ()
+        """Output bit i of a word is input bit table[i]."""
+        return self.permutation.table
+
+
+@attrs.frozen(kw_only=True)
+class NoPass(Plan):
+    """Not one pass: the eager lowering runs the chain op by op."""
+
+    pattern: ClassVar[str] = "none"
+    reason: str  # why
+
+    @property
+    def one_pass(self) -> bool:
+        return False
+
+
+#: Every plan type a planner makes; an emitter handles each or raises.
+PLANS = (Copy, Affine, Gather, Rows, Words, NoPass)
 
 
 # ---------------------------------------------------------------------------
@@ -264,22 +326,20 @@ def affine_strides(m: IndexMap) -> tuple[tuple[ex.Expr, ...], ex.Expr] | None:
 
 
 def plan(chain: Chain) -> Plan:
-    """The one-pass plan of ``chain`` (pattern "none" when there is none)."""
+    """The one-pass plan of ``chain`` (a :class:`NoPass` when there is none)."""
     raw = _tidy_plan(_plan(chain))
     # A lookup table in the index arithmetic (permute(table=...), as `layoutc infer` writes for a
     # row order no op gives) has no kernel form: such a tensor is converted op by op.
-    if raw.pattern not in ("none", "copy") and any(_has_table(e) for e in index_exprs(raw)):
-        return attrs.evolve(raw, pattern="none", reason="a lookup table in the index map (not lowered to kernels)")
-    if raw.pattern == "words":
-        raw = attrs.evolve(raw, access="words", quads=_quads(raw, chain))
-        if raw.quads is not None:
-            raw = attrs.evolve(raw, access="quads")
-        else:
+    if not isinstance(raw, (NoPass, Copy)) and any(_has_table(e) for e in index_exprs(raw)):
+        return NoPass(reason="a lookup table in the index map (not lowered to kernels)", **raw.shared())
+    if isinstance(raw, Words):
+        raw = attrs.evolve(raw, quads=_quads(raw, chain))
+        if raw.quads is None:
             raw = attrs.evolve(raw, spread_quads=next(
                 (q for s in QUAD_SPREADS[1:] if (q := _quads(raw, chain, s)) is not None), None))
-    elif raw.pattern == "gather" and (split := _rows_form(raw.map)) is not None:
-        raw = attrs.evolve(raw, access="rows", row_valid=split[0], col_bound=split[1])
-    elif raw.pattern == "gather" and not raw.conversions:
+    elif isinstance(raw, Gather) and (split := _rows_form(raw.map)) is not None:
+        raw = Rows(map=raw.map, row_valid=split[0], col_bound=split[1], **raw.shared())
+    elif isinstance(raw, Gather) and not raw.conversions:
         raw = _coarsen(raw, chain)
     return attrs.evolve(raw, unsigned=nonnegative(*index_exprs(raw)))
 
@@ -290,18 +350,22 @@ def _has_table(e: ex.Expr) -> bool:
 
 def index_exprs(p: Plan) -> list[ex.Expr]:
     """Every index expression a kernel of ``p`` evaluates (unsigned-safety, printing)."""
-    out: list[ex.Expr] = list(p.out_shape) + list(p.in_shape) + list(p.word_shape)
-    if p.map is not None:
+    out: list[ex.Expr] = list(p.out_shape) + list(p.in_shape)
+    if isinstance(p, Words):
+        out += list(p.word_shape)
+        for coords in p.word_sources:
+            out += list(coords)
+        out += list(p.word_valid)
+        for q in (p.quads, p.spread_quads):
+            if q is not None:
+                out += [*q.bases, *q.valid]
+    elif isinstance(p, (Affine, Gather, Rows)):
         out += [*p.map.src, p.map.valid]
-    for coords in p.word_sources:
-        out += list(coords)
-    out += list(p.word_valid)
-    for q in (p.quads, p.spread_quads):
-        if q is not None:
-            out += [*q.bases, *q.valid]
-    if p.coarse_src is not None:
+    elif not isinstance(p, (Copy, NoPass)):
+        raise unknown("index expressions", p)
+    if isinstance(p, Gather) and p.coarse_src is not None:
         out += [p.coarse_src, p.coarse_valid]
-    if p.col_bound is not None:
+    if isinstance(p, Rows) and p.col_bound is not None:
         out += [p.row_valid, p.col_bound]
     return out
 
@@ -320,9 +384,9 @@ def tidy_map(m: IndexMap) -> IndexMap:
 
 def _tidy_plan(raw: Plan) -> Plan:
     dims = sorted(set().union(*(ex.free_vars(s) for s in raw.in_shape)))
-    if raw.map is not None:
+    if isinstance(raw, (Affine, Gather)):
         raw = attrs.evolve(raw, map=tidy_map(raw.map))
-    if raw.pattern == "words":
+    if isinstance(raw, Words):
         valids = tuple(tidy(v, raw.word_shape, dims) for v in raw.word_valid)
         sources = tuple(tuple(tidy(c, raw.word_shape, dims, v) for c in cs) for cs, v in zip(raw.word_sources, valids))
         raw = attrs.evolve(raw, word_sources=sources, word_valid=valids)
@@ -340,10 +404,10 @@ def _plan(chain: Chain) -> Plan:
     if bit_steps:
         return _words_plan(chain, bit_steps, base)
     if not index_steps:
-        return Plan(pattern="copy", conversions=conversions, **base)
+        return Copy(conversions=conversions, **base)
     m = compose_all([s.op.index_map(s.in_type) for s in index_steps])
-    pattern = "affine" if affine_strides(m) is not None else "gather"
-    return Plan(pattern=pattern, map=m, conversions=conversions, **base)
+    kind = Affine if affine_strides(m) is not None else Gather
+    return kind(map=m, conversions=conversions, **base)
 
 
 def _conversion(op) -> Conversion:
@@ -361,16 +425,16 @@ def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
     step = chain.steps[i]
     perm = step.op.word_permutation()
     if len(bit_steps) > 1 or perm is None or perm.word_bytes != 4:
-        return Plan(pattern="none", reason="bit-level steps other than one permutation of 32-bit words", **base)
+        return NoPass(reason="bit-level steps other than one permutation of 32-bit words", **base)
     if any(s.op.category is Category.VALUE for s in chain.steps):
-        return Plan(pattern="none", reason="value conversions around a bit permutation", **base)
+        return NoPass(reason="value conversions around a bit permutation", **base)
     before = [s.op.index_map(s.in_type) for s in chain.steps[:i]]
     after = [s.op.index_map(s.in_type) for s in chain.steps[i + 1:]]
     p = compose_all(before) if before else identity(chain.source.shape)
     q = compose_all(after) if after else identity(step.out_type.shape)
     word = perm.word_bytes
     if not q.is_total() or not _moves_whole_words(q, word, chain):
-        return Plan(pattern="none", reason="the steps after a bit permutation split its words", **base)
+        return NoPass(reason="the steps after a bit permutation split its words", **base)
     last = f"o{q.out_rank - 1}"
     start = tuple(ex.substitute(c, {last: ex.mul(word, ex.Var(last))}) for c in q.src)  # the word's byte 0
     sources, valids = [], []
@@ -380,7 +444,7 @@ def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
         sources.append(tuple(ex.substitute(s, sub) for s in p.src))
         valids.append(ex.substitute(p.valid, sub))
     word_shape = q.out_shape[:-1] + (ex.div(q.out_shape[-1], word),)
-    return Plan(pattern="words", word_shape=word_shape, word_sources=tuple(sources), word_valid=tuple(valids),
+    return Words(word_shape=word_shape, word_sources=tuple(sources), word_valid=tuple(valids),
                 permutation=perm, **base)
 
 
@@ -477,7 +541,7 @@ def quad_word(q, spread: int, j=0):
     return (q // spread) * (4 * spread) + q % spread + spread * j
 
 
-def _quads(p: Plan, chain: Chain, spread: int = 1) -> Quads | None:
+def _quads(p: Words, chain: Chain, spread: int = 1) -> Quads | None:
     """Four output words from four whole source words: for each output byte position b, the four
     bytes at b of the quad's words (quad_word: consecutive words when ``spread`` is 1) are four
     consecutive bytes of one aligned source word (a 4x4 byte transpose). Checked exhaustively on
@@ -509,7 +573,7 @@ def _quads(p: Plan, chain: Chain, spread: int = 1) -> Quads | None:
     return None
 
 
-def _row_stride(p: Plan, bases, valid, last: str) -> ex.Expr | None:
+def _row_stride(p: Words, bases, valid, last: str) -> ex.Expr | None:
     """The candidate stride: source word 0's address at quad (0, ..., 0, 1) minus at the origin (an
     expression of the dims alone; _row_stride_holds checks it everywhere)."""
     if any(v != ex.TRUE for v in valid):
@@ -521,7 +585,7 @@ def _row_stride(p: Plan, bases, valid, last: str) -> ex.Expr | None:
     return None if ex.free_vars(stride) & set(origin) else stride
 
 
-def _row_stride_holds(p: Plan, bases, stride: ex.Expr, dims: dict, last: str) -> bool:
+def _row_stride_holds(p: Words, bases, stride: ex.Expr, dims: dict, last: str) -> bool:
     """Every source word's address is its row's first plus ``stride`` times the quad's column."""
     shape = [int(ex.evaluate(s, dims)) for s in p.word_shape]
     env = grid_env(shape[:-1] + [shape[-1] // 4], dims)
@@ -535,7 +599,7 @@ def _quad_shape(word_shape: Sequence[ex.Expr]) -> tuple[ex.Expr, ...]:
     return tuple(word_shape[:-1]) + (ex.div(word_shape[-1], 4),)
 
 
-def _quads_hold(p: Plan, addrs, bases, valid, dims: dict, last: str, spread: int = 1) -> bool:
+def _quads_hold(p: Words, addrs, bases, valid, dims: dict, last: str, spread: int = 1) -> bool:
     shape = [int(ex.evaluate(s, dims)) for s in p.word_shape]
     if shape[-1] % (4 * spread):
         return False
@@ -555,7 +619,7 @@ def _quads_hold(p: Plan, addrs, bases, valid, dims: dict, last: str, spread: int
     return True
 
 
-def _pairs_hold(p: Plan, bases, valid, dims: dict) -> bool:
+def _pairs_hold(p: Words, bases, valid, dims: dict) -> bool:
     """Source words 0 and 2 (and 1 and 3) are the two halves of one aligned 8-byte word."""
     if len(bases) != 4:
         return False
@@ -569,7 +633,7 @@ def _pairs_hold(p: Plan, bases, valid, dims: dict) -> bool:
     return True
 
 
-def _coarsen(p: Plan, chain: Chain) -> Plan:
+def _coarsen(p: Gather, chain: Chain) -> Gather:
     """Runs of R consecutive output elements that read R consecutive, R-aligned input elements
     (the 4-byte groups of the SM90 scale fold and of the 128x4 swizzle) move as one R-element word."""
     from ..algebra.instances import sample_dims

@@ -21,7 +21,7 @@ import attrs
 from ..lang.compiler import Chain, Variant
 from . import eager, memo, triton_emit, torch_emit
 from .maptext import map_text
-from .plan import Plan, plan
+from .plan import Gather, Plan, Words, plan
 
 
 class EmitContext:
@@ -65,13 +65,18 @@ class EmitContext:
 
     def body(self, chain: Chain, name: str) -> str:
         """:func:`triton_emit.body` of the chain's plan (once per distinct chain, name and dims)."""
-        return memo.get("body", (self.key(chain), name, self.dims),
-                        lambda: triton_emit.body(self.plan(chain), name, self.dims))
+        # the header's named terms come from the chain's map text, which reads its target's shape text too
+        shape_text = chain.target.shape_text if chain.target is not None else ()
+        return memo.get("body", (self.key(chain), shape_text, name, self.dims),
+                        lambda: triton_emit.body(self.plan(chain), name, self.dims,
+                                                 triton_emit.header_terms(chain, self.plan(chain))))
 
     def gather(self, chain: Chain, name: str) -> str:
         """:func:`torch_emit.gather_function` of the chain's plan (once per distinct chain, name and dims)."""
-        return memo.get("gather", (self.key(chain), name, self.dims),
-                        lambda: torch_emit.gather_function(self.plan(chain), name, self.dims))
+        shape_text = chain.target.shape_text if chain.target is not None else ()
+        return memo.get("gather", (self.key(chain), shape_text, name, self.dims),
+                        lambda: torch_emit.gather_function(self.plan(chain), name, self.dims,
+                                                           triton_emit.header_terms(chain, self.plan(chain))))
 
     def tag(self, chain: Chain) -> str:
         """A short identifier for the chain, unique in the module: ``w13_weight_0``."""
@@ -201,9 +206,9 @@ def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
     if not p.one_pass or not chain.steps:
         return None
     name = f"_gather_{ctx.tag(chain)}"
-    if p.pattern == "words" and p.access == "quads":
+    if isinstance(p, Words) and p.quads is not None:
         ctx.define("_bit_tables", torch_emit.bit_tables_source())
-    if p.pattern == "gather" or p.access == "quads":
+    if isinstance(p, Gather) or (isinstance(p, Words) and p.quads is not None):
         ctx.define("_run_plan", torch_emit.runs_source())
     cite = ctx.header(chain, walk=False)  # the spec lines it computes
     return ctx.define(name, cite + "\n" + ctx.gather(chain, name))

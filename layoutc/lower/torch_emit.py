@@ -16,8 +16,8 @@ from typing import Sequence
 
 from ..algebra import expr as ex
 from ..lang.ops.conversion import known
-from .plan import Access, Pattern, Plan, affine_strides, linear, unknown
-from .terms import collect_and_name
+from .plan import Affine, Copy, Gather, Plan, Rows, Words, affine_strides, linear, unknown
+from .terms import collect_and_name, is_size
 from . import runs as runs_module
 
 #: The line after the coordinates are bound: where the named terms of the coordinates go.
@@ -27,9 +27,11 @@ _LOCALS = {"x", "d", "y", "w", "r", "v", "s", "ok", "src", "flat", "zero", "byte
            "index", "rows", "runs", "words", "halves", "low", "high", "out", "store", "_dev", "unread"}
 
 
-def _named(emit, dims) -> list[str]:
-    """``emit(t)``'s lines with its index terms named once (:mod:`layoutc.lower.terms`)."""
-    return collect_and_name(emit, set(dims) | _LOCALS, ex.to_torch, TERMS, indent="    ")
+def _named(emit, dims, given=()) -> list[str]:
+    """``emit(t)``'s lines with its index terms named once (:mod:`layoutc.lower.terms`), the ``given``
+    ones (the header's) under their names wherever the lines hold them."""
+    return collect_and_name(emit, set(dims) | _LOCALS | {n for n, _ in given}, ex.to_torch, TERMS, indent="    ",
+                            given=given)
 
 BIT_VIEWS = {8: "uint8", 16: "int16", 32: "int32", 64: "int64"}
 
@@ -39,16 +41,17 @@ def conversions(p: Plan, var: str, indent: str) -> list[str]:
     return [f"{indent}{var} = {known(conv).eager(var)}" for conv in p.conversions]
 
 
-def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
-    """Source of ``def name(x, d, compiled=False) -> Tensor`` computing ``p`` with torch ops."""
-    if p.pattern not in (Pattern.COPY, Pattern.AFFINE, Pattern.GATHER, Pattern.WORDS):
-        raise unknown("torch gather", p.pattern)
-    if p.access not in (Access.ELEMENTS, Access.ROWS, Access.WORDS, Access.QUADS):
-        raise unknown("torch gather", p.access)
+def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.Expr]] = ()) -> str:
+    """Source of ``def name(x, d, compiled=False) -> Tensor`` computing ``p`` with torch ops; ``terms``:
+    the header's named terms (:func:`layoutc.lower.triton_emit.header_terms`), bound under the header's
+    names in the part that walks the map's own coordinates (the quads and coarse parts walk other
+    grids: only the sizes are theirs too)."""
+    if not isinstance(p, (Copy, Affine, Gather, Rows, Words)):
+        raise unknown("torch gather", p)
     bind = [f"    {d} = d[{d!r}]" for d in dims]
-    if p.pattern in ("copy", "affine"):
+    if isinstance(p, (Copy, Affine)):
         lines = [f"def {name}(x, d, compiled=False):", *bind]
-        if p.pattern == "copy":
+        if isinstance(p, Copy):
             lines.append("    y = x.clone()" if not p.conversions else "    y = x")
         else:
             strides, offset = affine_strides(p.map)
@@ -60,42 +63,45 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
         lines.append("    return y.contiguous()")
         return "\n".join(lines) + "\n"
     args = ", ".join(["x"] + list(dims))
-    shape = p.word_shape if p.pattern == "words" else p.out_shape
+    shape = p.word_shape if isinstance(p, Words) else p.out_shape
     rank = len(shape)
     sizes = [ex.to_python(s) for s in shape]
-    bitwise = p.pattern == "gather" and not p.conversions
-    part = [f"def {name}_part({args}, start, stop):"] + _named(lambda t: _part_body(p, sizes, bitwise, t), dims)
-    if p.pattern == "words":
+    bitwise = isinstance(p, (Gather, Rows)) and not p.conversions
+    part = [f"def {name}_part({args}, start, stop):"] + _named(lambda t: _part_body(p, sizes, bitwise, t), dims, terms)
+    if isinstance(p, Words):
         store = "torch.int32"
     else:
         store = f"torch.{BIT_VIEWS[p.in_elem.bits]}" if bitwise else f"torch.{p.in_elem.canonical}"
     per = " * ".join(f"({s})" for s in sizes[1:]) or "1"
     eager_part, choose = f"{name}_part", []
-    if p.pattern == "words" and p.access == "quads" and p.quads is not None and rank >= 2:  # rank 1: chunks split quads
+    own = tuple((n, d) for n, d in terms if is_size(d))  # what the other grids share with the header
+    if isinstance(p, Words) and p.quads is not None and rank >= 2:  # rank 1: chunks split quads
         # torch.compile keeps the plain part (it fuses that one itself); the quads part holds for
         # the dims the plan checked it on, the plain part for any
         cond = " and ".join(f"{d} % {p.quads.multiple} == 0" for d in p.quads.guard_dims) or "True"
         choose = [f"    whole = {cond}  # the dims the quads part was checked for",
                   f"    part = {name}_quads if whole else {name}_part"]
         eager_part = "part"
-        part += ["", "", f"def {name}_quads({args}, start, stop):"] + _named(
-            lambda t: quads_part(p, dims, t, name), dims)
+        part += ["", "", f"def {name}_quads({args}, start, stop):",
+                 *_named(lambda t: quads_part(p, dims, t, name), dims, own)]
         if p.quads.row_stride is None:  # the per-quad index: evaluated once per shape (layoutc.lower.runs)
-            part += ["", "", f"def {name}_quad_index({args}, start, stop):"] + _named(
-                lambda t: quad_index_body(p, t), dims)
-    elif bitwise and p.coarse > 1 and rank >= 2:
+            part += ["", "", f"def {name}_quad_index({args}, start, stop):",
+                     *_named(lambda t: quad_index_body(p, t), dims, own)]
+    elif isinstance(p, Gather) and bitwise and p.coarse > 1 and rank >= 2:
         r = p.coarse
         choose = [f"    whole = x.shape[-1] % {r} == 0 and ({sizes[-1]}) % {r} == 0  # the shapes _coarsen checked",
                   f"    part = {name}_coarse if whole else {name}_part"]
         eager_part = "part"
-        part += ["", "", f"def {name}_coarse({args}, start, stop):"] + _named(lambda t: coarse_part(p, dims, t), dims)
-    runs = p.pattern == "gather" and isinstance(p.map.fill, ex.Const)
+        part += ["", "", f"def {name}_coarse({args}, start, stop):",
+                 *_named(lambda t: coarse_part(p, dims, t), dims, own)]
+    runs = isinstance(p, Gather) and isinstance(p.map.fill, ex.Const)
     if runs:  # the map evaluated once per shape, cut into runs (layoutc.lower.runs); the parts stay the fallback
         m = p.map  # expert e of the output reads expert e of the input alone, alike for all: evaluate expert 0
         alike = (rank >= 2 and m.src[0] == ex.Var("o0") and p.in_shape[0] == p.out_shape[0]
                  and not any("o0" in ex.free_vars(e) for e in (*m.src[1:], m.valid, m.fill)))
         stride = f", x.numel() // max(1, {sizes[0]})" if alike else ""
-        part += ["", "", f"def {name}_index({args}, start, stop):"] + _named(lambda t: _index_body(p, sizes, t), dims)
+        part += ["", "", f"def {name}_index({args}, start, stop):",
+                 *_named(lambda t: _index_body(p, sizes, t), dims, terms)]
         choose += [
             "    # CPU path, chosen per shape from the map's values (layoutc.lower.runs): a strided view, a table of",
             "    # runs, or (None) the element gather below",
@@ -121,7 +127,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
         f"            stop = min(start + step, {sizes[0]})",
         f"            y[start:stop] = {eager_part}({args}, start, stop)",
     ]
-    if p.pattern == "words":
+    if isinstance(p, Words):
         out = ", ".join(ex.to_python(s) for s in p.out_shape)
         drive.append(f"    return y.view(torch.uint8).reshape({out})")
     else:
@@ -133,7 +139,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str]) -> str:
     return "\n".join(part) + "\n\n\n" + "\n".join(drive) + "\n"
 
 
-def _part_body(p: Plan, sizes: Sequence[str], bitwise: bool, t) -> list[str]:
+def _part_body(p: Gather | Rows | Words, sizes: Sequence[str], bitwise: bool, t) -> list[str]:
     """The lines of ``name_part``: the output coordinates over [start, stop), each source address
     from the plan's map, one gather (``t`` prints an index expression)."""
     part = ["    _dev = x.device"]
@@ -143,7 +149,7 @@ def _part_body(p: Plan, sizes: Sequence[str], bitwise: bool, t) -> list[str]:
     else:
         part.append("    flat = x.contiguous().reshape(-1)")
     part += _coordinates(sizes)
-    if p.pattern == "words":
+    if isinstance(p, Words):
         for b, (coords, valid) in enumerate(zip(p.word_sources, p.word_valid)):
             addr = f"({t(linear(coords, p.in_shape))}) + zero"
             if valid == ex.TRUE:
@@ -200,7 +206,7 @@ def _coordinates(sizes: Sequence) -> list[str]:
     return lines + ["    " + TERMS]
 
 
-def quad_index_body(p: Plan, t=ex.to_torch) -> list[str]:
+def quad_index_body(p: Words, t=ex.to_torch) -> list[str]:
     """The body of ``name_quad_index(x, dims..., start, stop)``: per quad, the index of each source word
     (0 where it is not read) and, per source word that may be padding, whether it is read."""
     q = p.quads
@@ -224,7 +230,7 @@ def quad_index_body(p: Plan, t=ex.to_torch) -> list[str]:
     return lines
 
 
-def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch, name: str = "") -> list[str]:
+def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> list[str]:
     """The body of ``name(x, dims..., start, stop)``: the words of a quads plan (as int32) by whole-word moves.
 
     The per-byte part reads each byte through an int64 index and permutes bits with seventeen
@@ -295,7 +301,7 @@ def quads_part(p: Plan, dims: Sequence[str], t=ex.to_torch, name: str = "") -> l
     return lines
 
 
-def coarse_part(p: Plan, dims: Sequence[str], t=ex.to_torch) -> list[str]:
+def coarse_part(p: Gather, dims: Sequence[str], t=ex.to_torch) -> list[str]:
     """The body of ``name(x, dims..., start, stop)``: a gather plan whose map moves runs of ``p.coarse``
     elements, one index and one load per run (a wider integer), instead of one per element."""
     wide = BIT_VIEWS[p.in_elem.bits * p.coarse]

@@ -4,7 +4,8 @@ Each tensor's plan (:mod:`layoutc.lower.plan`) becomes a ``@triton.jit`` *body* 
 range of the output given its program index; a layer's bodies are called from one kernel, so a
 call of the converter launches once for all tensors of the layer (the host cost of a launch is
 paid once, not per tensor). Above each body: the tensor, the spec statements it fuses (file:line
-and text, as escaped one-line comments) and the composed map in ``explain``'s notation.
+and text, as escaped one-line comments) and the composed map in ``explain``'s notation; the terms
+that map names (``p = k + 4*A*r``) the body computes once under the same names (``_p``, ``_A``).
 
 Dims are ``tl.constexpr``: one specialisation per shape, the arithmetic on them folds. Index
 arithmetic is 32-bit unsigned where the planner found no negative constant (divisions by
@@ -19,10 +20,11 @@ from typing import Sequence
 from ..algebra import expr as ex
 from ..lang.compiler import Chain
 from ..front.text import comment
+from . import maptext
 from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
-from .plan import Access, Pattern, Plan, Quads, linear, swar_terms, unknown
-from .terms import collect_and_name
+from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, swar_terms, unknown
+from .terms import collect_and_name, is_size
 from .torch_emit import BIT_VIEWS
 
 # Work per program (lanes x elements per lane), with NUM_WARPS warps per program.
@@ -47,8 +49,9 @@ def t(e: ex.Expr) -> str:
 #: The line a walk puts after binding the output coordinates: where their named terms go.
 TERMS = "#<terms>"
 #: Names a body binds itself (a named term takes none of them).
-_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_o", "_K", "mask", "pid", "rows", "cols", "live",
-           "inside", "_T", "_ALT", "_ASM", "_b", "_c", "_f", "_nan", "_nct", "_read"}
+#: None is ``_`` and one letter: those are the header's terms (maptext.TERM_PREFIX).
+_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_out", "_KW", "mask", "pid", "rows", "cols", "live",
+           "inside", "_TILE", "_ALT", "_ASM", "_bits", "_half", "_field", "_nan", "_nct", "_read"}
 
 
 # ---------------------------------------------------------------------------
@@ -60,10 +63,11 @@ def header(chain: Chain, p: Plan, filename: str, walk: bool = True, mapped: str 
     it converts, the statements it fuses (file:line), the composed map (``mapped``: its text, where the
     caller has it: :func:`layoutc.lower.maptext.map_text` of the chain)."""
     src, out = chain.source, chain.target
-    how = {"copy": "copied", "affine": "one strided copy", "gather": "gathered",
-           "words": "bits permuted within 32-bit words"}[p.pattern]
-    lane = f"{COPY_BYTES // (32 * NUM_WARPS)} bytes per lane" if p.pattern == "copy" and not p.conversions \
-        else "one element per lane"
+    how = {Copy: "copied", Affine: "one strided copy", Gather: "gathered", Rows: "gathered",
+           Words: "bits permuted within 32-bit words"}.get(type(p))
+    if how is None:
+        raise unknown("Triton header", p)
+    lane = f"{COPY_BYTES // (32 * NUM_WARPS)} bytes per lane" if _plain_copy(p) else "one element per lane"
     walks = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else lane,
              "rows": "2-D tiles of rows", "words": "one word per lane", "quads": "four words per lane"}
     lines = [f"{chain.tensor}: {src.elem.name}{src.shape_str()} -> "
@@ -86,6 +90,12 @@ def header(chain: Chain, p: Plan, filename: str, walk: bool = True, mapped: str 
     lines.append("map: " + text[0])
     return [x for line in lines for x in wrap_comment(comment(line))] + \
         [x for line in text[1:] for x in wrap_comment(comment(line), "#      ")]
+
+
+def header_terms(chain: Chain, p: Plan) -> tuple[tuple[str, ex.Expr], ...]:
+    """The terms the header's map names, for :func:`body` to bind under the same names."""
+    out = chain.target
+    return maptext.header_terms(chain, out.shape_text if out is not None else (), planned=p)
 
 
 def wrap_comment(text: str, first: str = "# ", width: int = 120) -> list[str]:
@@ -139,9 +149,14 @@ def _conversions(p: Plan, value: str) -> list[str]:
     return lines
 
 
+def _plain_copy(p: Plan) -> bool:
+    """A copy without value conversions (the device's own copy may move it)."""
+    return isinstance(p, Copy) and not p.conversions
+
+
 def elements_block(p: Plan) -> int:
     """Elements per program of the elements walk: COPY_BYTES of a plain copy, else BLOCK_ELEMENTS."""
-    if p.pattern == "copy" and not p.conversions:
+    if _plain_copy(p):
         return max(1, COPY_BYTES // max(1, p.in_elem.bits // 8))
     return BLOCK_ELEMENTS
 
@@ -161,9 +176,9 @@ def _load(target: str, addr: str, valid: str | None, other: str, suffix: str = "
     return lines + [f"{target} = tl.load(x_ptr + {addr}, mask={mask}{other}){suffix}"]
 
 
-def _elements(p: Plan, t=t) -> list[str]:
+def _elements(p: Copy | Affine | Gather, t=t) -> list[str]:
     """One output element per lane (a plain copy: a run of them), its source address from the composed map."""
-    m = p.map
+    m = None if isinstance(p, Copy) else p.map
     total = ex.mul(*p.out_shape) if p.out_shape else ex.Const(1)
     body = _lanes(p, elements_block(p)) + [f"mask = offs < ({t(total)})"] + unravel("offs", p.out_shape, t)
     if m is None:  # a copy
@@ -177,7 +192,7 @@ def _elements(p: Plan, t=t) -> list[str]:
     return body
 
 
-def _coarse(p: Plan, t=t) -> list[str]:
+def _coarse(p: Gather, t=t) -> list[str]:
     """The elements walk over words of ``coarse`` elements (x and y viewed as wider integers)."""
     shape = p.out_shape[:-1] + (ex.div(p.out_shape[-1], p.coarse),)
     body = _lanes(p, BLOCK_ELEMENTS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape, t)
@@ -193,20 +208,20 @@ def rows_word(p: Plan) -> int:
     """Elements per 32-bit word the rows walk may move at once (1: element by element): rows of
     narrow elements with no value conversion and a zero fill move as whole words when the call's
     row lengths (and the padding bound) are multiples of it; the launcher checks."""
-    if p.access != "rows" or p.conversions or p.in_elem.bits >= 32 or p.map.fill != ex.Const(0):
+    if not isinstance(p, Rows) or p.conversions or p.in_elem.bits >= 32 or p.map.fill != ex.Const(0):
         return 1
     return 32 // p.in_elem.bits
 
 
 #: The rows walk's elements per word, a constexpr of the body: rows_word(p) when _ALT, else 1.
-ROW_WORD = "_K"
+ROW_WORD = "_KW"
 
 
 def _per_word(e: ex.Expr, w: int | str) -> ex.Expr:
     return ex.div(e, w) if isinstance(w, int) else ex.floordiv(e, ex.Var(w))
 
 
-def _rows(p: Plan, w: int | str = 1, t=t) -> list[str]:
+def _rows(p: Rows, w: int | str = 1, t=t) -> list[str]:
     """2-D tiles: rows found through the composed map, each copied along its contiguous last axis
     (``w`` elements per word: the last axis counted in words; ROW_WORD: the body's constexpr)."""
     m = p.map
@@ -214,13 +229,13 @@ def _rows(p: Plan, w: int | str = 1, t=t) -> list[str]:
     kout, kin = _per_word(p.out_shape[-1], w), _per_word(p.in_shape[-1], w)
     n_rows = t(ex.mul(*lead)) if lead else "1"
     return [
-        f"_nct = ({t(kout)} + _T - 1) // _T",
-        f"rows = tl.arange(0, {ROW_TILE_ELEMENTS} // _T)",
-        "cols = (pid % _nct) * _T + tl.arange(0, _T)",
+        f"_nct = ({t(kout)} + _TILE - 1) // _TILE",
+        f"rows = tl.arange(0, {ROW_TILE_ELEMENTS} // _TILE)",
+        "cols = (pid % _nct) * _TILE + tl.arange(0, _TILE)",
         "if WIDE:",
-        f"    rows = rows.to(tl.int64) + (pid // _nct).to(tl.int64) * ({ROW_TILE_ELEMENTS} // _T)",
+        f"    rows = rows.to(tl.int64) + (pid // _nct).to(tl.int64) * ({ROW_TILE_ELEMENTS} // _TILE)",
         "else:",
-        f"    rows = (rows + (pid // _nct) * ({ROW_TILE_ELEMENTS} // _T)).to({_index_type(p)})",
+        f"    rows = (rows + (pid // _nct) * ({ROW_TILE_ELEMENTS} // _TILE)).to({_index_type(p)})",
         f"    cols = cols.to({_index_type(p)})",
         f"live = rows < ({n_rows})",
         *unravel("rows", lead, t),
@@ -237,7 +252,7 @@ def _rows(p: Plan, w: int | str = 1, t=t) -> list[str]:
     ]
 
 
-def _words(p: Plan, t=t) -> list[str]:
+def _words(p: Words, t=t) -> list[str]:
     """One output word per lane: its four source bytes, the bits permuted."""
     body = _lanes(p, BLOCK_WORDS) + [f"mask = offs < ({t(ex.mul(*p.word_shape))})"] + unravel("offs", p.word_shape, t)
     body.append("w = tl.zeros([" + str(BLOCK_WORDS) + "], dtype=tl.uint32)")
@@ -250,7 +265,7 @@ def _words(p: Plan, t=t) -> list[str]:
     return body
 
 
-def _quads(p: Plan, t=t, q: Quads | None = None) -> list[str]:
+def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
     """Four output words per lane: four whole source words (two 8-byte loads when they pair up), the
     bits permuted on the source words (swar_terms), a 4x4 byte transpose, one 16-byte store. Quads of
     words ``spread`` > 1 apart (Plan.spread_quads) are regrouped in the program before the store, so
@@ -295,8 +310,8 @@ def _quads(p: Plan, t=t, q: Quads | None = None) -> list[str]:
     return body + [
         f"# word j of quad q is output word 4*{s}*(q // {s}) + q % {s} + {s}*j: regrouped, {n} consecutive words",
         f"w = tl.reshape(tl.permute(tl.reshape(w, ({BLOCK_QUADS // s}, {s}, 4)), (0, 2, 1)), ({n},))",
-        *_lanes(p, n, "_o"),
-        f"tl.store(y_ptr + _o, w.to(tl.int32, bitcast=True), mask=_o < 4 * ({t(ex.mul(*shape))}))",
+        *_lanes(p, n, "_out"),
+        f"tl.store(y_ptr + _out, w.to(tl.int32, bitcast=True), mask=_out < 4 * ({t(ex.mul(*shape))}))",
     ]
 
 
@@ -329,43 +344,45 @@ def _transpose4x4(v0, v1, v2, v3, _ASM: tl.constexpr):
 
 def uses_transpose(p: Plan) -> bool:
     """Whether the body of ``p`` calls ``_transpose4x4`` (TRANSPOSE is then part of the kernels)."""
-    return p.access == "quads" or (p.access == "words" and p.spread_quads is not None)
+    return isinstance(p, Words) and (p.quads is not None or p.spread_quads is not None)
 
 
-def body(p: Plan, name: str, dims: Sequence[str]) -> str:
-    """``@triton.jit def name(x_ptr, y_ptr, pid, <dims>, WIDE, _ALT, _T, _ASM)``: the part of the output
-    that program ``pid`` of this tensor converts. _ALT selects the plan's alternative walk (coarse
-    words, quads) when the call's shapes allow it; _T is the column tile of the rows walk; _ASM
-    allows inline PTX."""
+def body(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.Expr]] = ()) -> str:
+    """``@triton.jit def name(x_ptr, y_ptr, pid, <dims>, WIDE, _ALT, _TILE, _ASM)``: the part of the
+    output that program ``pid`` of this tensor converts. _ALT selects the plan's alternative walk (coarse
+    words, quads) when the call's shapes allow it; _TILE is the column tile of the rows walk; _ASM
+    allows inline PTX. ``terms``: the header's named terms (:func:`header_terms`), bound under the
+    header's names where a walk over the map's own coordinates holds them (the coarse and quads walks
+    run over other grids: their terms get other names, never the header's)."""
     params = ", ".join(["x_ptr", "y_ptr", "pid"] + [f"{d}: tl.constexpr" for d in dims])
-    flags = "WIDE: tl.constexpr, _ALT: tl.constexpr, _T: tl.constexpr, _ASM: tl.constexpr"
-    if p.pattern not in (Pattern.COPY, Pattern.AFFINE, Pattern.GATHER, Pattern.WORDS):
-        raise unknown("Triton", p.pattern)
-    taken = set(dims) | _LOCALS
+    flags = "WIDE: tl.constexpr, _ALT: tl.constexpr, _TILE: tl.constexpr, _ASM: tl.constexpr"
+    taken = set(dims) | _LOCALS | {n for n, _ in terms}
 
-    def named(walk) -> list[str]:  # the walk's index terms named once (layoutc.lower.terms)
-        return collect_and_name(walk, taken, ex.to_triton, TERMS, size_annotation=": tl.constexpr")
+    def named(walk, given=terms) -> list[str]:  # the walk's index terms named once (layoutc.lower.terms)
+        return collect_and_name(walk, taken, ex.to_triton, TERMS, size_annotation=": tl.constexpr", given=given)
 
-    def alternative(first, second) -> list[str]:
-        return ["if _ALT:", *("    " + x for x in named(first)), "else:", *("    " + x for x in named(second))]
+    sizes = tuple((n, d) for n, d in terms if is_size(d))  # the same on every grid
 
-    if p.access == "quads":
+    def alternative(first, second) -> list[str]:  # the first walk is over another grid
+        return ["if _ALT:", *("    " + x for x in named(first, sizes)), "else:", *("    " + x for x in named(second))]
+
+    if isinstance(p, Words) and p.quads is not None:
         lines = alternative(lambda t: _quads(p, t), lambda t: _words(p, t))
-    elif p.access == "words" and p.spread_quads is not None:
+    elif isinstance(p, Words) and p.spread_quads is not None:
         lines = alternative(lambda t: _quads(p, t, p.spread_quads), lambda t: _words(p, t))
-    elif p.access == "words":
+    elif isinstance(p, Words):
         lines = named(lambda t: _words(p, t))
-    elif p.access == "rows" and rows_word(p) > 1:  # one body: the word width is a constexpr
+    elif isinstance(p, Rows) and rows_word(p) > 1:  # one body: the word width is a constexpr
         lines = [f"{ROW_WORD}: tl.constexpr = {rows_word(p)} if _ALT else 1  # elements per word",
                  *named(lambda t: _rows(p, ROW_WORD, t))]
-    elif p.access == "rows":
+    elif isinstance(p, Rows):
         lines = named(lambda t: _rows(p, 1, t))
-    elif p.access != Access.ELEMENTS:
-        raise unknown("Triton", p.access)
-    elif p.coarse > 1:
+    elif isinstance(p, Gather) and p.coarse > 1:
         lines = alternative(lambda t: _coarse(p, t), lambda t: _elements(p, t))
-    else:
+    elif isinstance(p, (Copy, Affine, Gather)):
         lines = named(lambda t: _elements(p, t))
+    else:
+        raise unknown("Triton", p)
     return ("@triton.jit\n" + f"def {name}({params},\n{' ' * (len(name) + 5)}{flags}):\n"
             + "\n".join("    " + x for x in lines) + "\n")
 
@@ -419,7 +436,7 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
             lines += [f"    _alt = {cond}", "    if _alt:", *(f"        {x}" for x in first), "    else:",
                       *(f"        {x}" for x in second)]
             alt = "_alt"
-        if p.pattern == "copy" and not p.conversions:  # a plain copy: large ones by the device's own copy
+        if _plain_copy(p):  # a plain copy: large ones by the device's own copy
             lines += ["    if _copy_apart(x):", "        ys.copy_(xs)", "        n = 0", f"        _apart.append({i})"]
         lines += [
             "    _args += [xs, ys]",
@@ -450,9 +467,27 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
     def walk(xv: str, yv: str, count: str, tile: str = "1") -> list[str]:
         return [f"xs, ys, _t = {_view(xv, 'x')}, {_view(yv, 'y')}, {tile}", f"n = {count}"]
 
-    words = walk("uint8", "int32", f"-(-({ex.to_python(ex.mul(*p.word_shape))}) // {BLOCK_WORDS})") \
-        if p.pattern == "words" else []
-    q = p.quads if p.access == "quads" else p.spread_quads if p.access == "words" else None
+    if isinstance(p, Words):
+        return _word_walks(p, walk)
+    same = "same" if p.conversions else BIT_VIEWS[p.in_elem.bits]
+    if isinstance(p, Rows):
+        return _row_walks(p, same)
+    if not isinstance(p, (Copy, Affine, Gather)):
+        raise unknown("Triton launcher", p)
+    total = ex.to_python(ex.mul(*p.out_shape)) if p.out_shape else "1"
+    plain = walk(same, same, f"-(-({total}) // {elements_block(p)})")
+    if p.coarse > 1:
+        wide = BIT_VIEWS[p.in_elem.bits * p.coarse]
+        coarse = walk(wide, wide, f"-(-({total}) // {p.coarse * BLOCK_ELEMENTS})")
+        return [(f"x.shape[-1] % {p.coarse} == 0 and y.shape[-1] % {p.coarse} == 0  # whole words", coarse),
+                (None, plain)]
+    return [(None, plain)]
+
+
+def _word_walks(p: Words, walk) -> list[tuple[str | None, list[str]]]:
+    """The quads walk (where the plan has one) and the words walk."""
+    words = walk("uint8", "int32", f"-(-({ex.to_python(ex.mul(*p.word_shape))}) // {BLOCK_WORDS})")
+    q = p.quads if p.quads is not None else p.spread_quads
     if q is not None:
         shape = p.word_shape[:-1] + (ex.div(p.word_shape[-1], 4),)
         cond = " and ".join(f"{d} % {q.multiple} == 0" for d in q.guard_dims) or "True"
@@ -463,30 +498,21 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
         quads = walk("int64" if q.pairs else "int32", "int32",
                      f"-(-({ex.to_python(ex.mul(*shape))}) // {BLOCK_QUADS})")
         return [(cond + "  # the dims the quads walk was checked for", quads), (None, words)]
-    if p.access == "words":
-        return [(None, words)]
-    same = "same" if p.conversions else BIT_VIEWS[p.in_elem.bits]
-    if p.access == "rows":
-        lead = ex.to_python(ex.mul(*p.out_shape[:-1])) if p.out_shape[:-1] else "1"
+    return [(None, words)]
 
-        def rows(view: str, w: int) -> list[str]:
-            cols = f"({ex.to_python(p.out_shape[-1])}) // {w}" if w > 1 else ex.to_python(p.out_shape[-1])
-            tile = f"_row_tile({cols}, {ROW_TILE_COLS})"
-            return [f"_t = {tile}", f"xs, ys = {_view(view, 'x')}, {_view(view, 'y')}",
-                    f"n = -(-({lead}) // ({ROW_TILE_ELEMENTS} // _t)) * -(-({cols}) // _t)"]
-        w = rows_word(p)
-        if w == 1:
-            return [(None, rows(same, 1))]
-        bound = f" and ({ex.to_python(p.col_bound)}) % {w} == 0" if p.col_bound is not None else ""
-        return [(f"x.shape[-1] % {w} == 0 and y.shape[-1] % {w} == 0{bound}  # whole words", rows("int32", w)),
-                (None, rows(same, 1))]
-    if p.access != Access.ELEMENTS:
-        raise unknown("Triton launcher", p.access)
-    total = ex.to_python(ex.mul(*p.out_shape)) if p.out_shape else "1"
-    plain = walk(same, same, f"-(-({total}) // {elements_block(p)})")
-    if p.coarse > 1:
-        wide = BIT_VIEWS[p.in_elem.bits * p.coarse]
-        coarse = walk(wide, wide, f"-(-({total}) // {p.coarse * BLOCK_ELEMENTS})")
-        return [(f"x.shape[-1] % {p.coarse} == 0 and y.shape[-1] % {p.coarse} == 0  # whole words", coarse),
-                (None, plain)]
-    return [(None, plain)]
+
+def _row_walks(p: Rows, same: str) -> list[tuple[str | None, list[str]]]:
+    """The rows walk by whole words (where the call's shapes allow) and element by element."""
+    lead = ex.to_python(ex.mul(*p.out_shape[:-1])) if p.out_shape[:-1] else "1"
+
+    def rows(view: str, w: int) -> list[str]:
+        cols = f"({ex.to_python(p.out_shape[-1])}) // {w}" if w > 1 else ex.to_python(p.out_shape[-1])
+        tile = f"_row_tile({cols}, {ROW_TILE_COLS})"
+        return [f"_t = {tile}", f"xs, ys = {_view(view, 'x')}, {_view(view, 'y')}",
+                f"n = -(-({lead}) // ({ROW_TILE_ELEMENTS} // _t)) * -(-({cols}) // _t)"]
+    w = rows_word(p)
+    if w == 1:
+        return [(None, rows(same, 1))]
+    bound = f" and ({ex.to_python(p.col_bound)}) % {w} == 0" if p.col_bound is not None else ""
+    return [(f"x.shape[-1] % {w} == 0 and y.shape[-1] % {w} == 0{bound}  # whole words", rows("int32", w)),
+            (None, rows(same, 1))]

@@ -82,8 +82,33 @@ def test_every_analysis_refuses_an_unknown_conversion(monkeypatch):
         probe._bit_field(chain)
 
 
-@pytest.mark.parametrize("field,value_", [("pattern", "strided"), ("access", "diagonal")])
-def test_an_unknown_plan_kind_is_refused(field, value_):
+@attrs.frozen(kw_only=True)
+class Strided(planner.Plan):
+    """A plan type no emitter was taught (a planner that grew a pattern and forgot its lowerings)."""
+
+    pattern = "strided"
+
+
+@pytest.mark.parametrize("emit", ["gather", "triton", "launcher", "header"])
+def test_every_emitter_refuses_an_unknown_plan_type(emit):
+    chain = _chain()
+    p = Strided(**planner.plan(chain).shared())
+    with pytest.raises(cv.UnknownKind, match="Strided"):
+        if emit == "gather":
+            torch_emit.gather_function(p, "_g", ["E", "N"])
+        elif emit == "triton":
+            triton_emit.body(p, "_b", ["E", "N"])
+        elif emit == "launcher":
+            triton_emit.launcher("_l", "_k", [("b", p)], ["E", "N"])
+        else:
+            triton_emit.header(chain, p, "unknown_kinds.lyt")
+    with pytest.raises(cv.UnknownKind, match="Strided"):
+        planner.index_exprs(p)
+
+
+def test_each_plan_type_carries_only_its_fields():
+    # a copy has no map, a gather no word sources: a reader cannot take a field of another pattern
     p = planner.plan(_chain())
-    with pytest.raises(cv.UnknownKind, match=value_):
-        attrs.evolve(p, **{field: value_})
+    assert isinstance(p, planner.Copy) and not hasattr(p, "map") and not hasattr(p, "word_sources")
+    assert {a.name for a in attrs.fields(planner.Copy)} == {a.name for a in attrs.fields(planner.Plan)}
+    assert not hasattr(planner.Gather(map=None, **p.shared()), "word_sources")

@@ -116,10 +116,10 @@ class Cast(Conversion):
             # Round to nearest even on the bits, exactly as torch does, whatever the backend's
             # conversion (Triton's CPU interpreter truncates); NaN -> the canonical 0x7FC0.
             return [
-                f"_b = {value}.to(tl.uint32, bitcast=True)",
-                "_c = (_b + 0x7FFF + ((_b >> 16) & 1)) >> 16",
-                "_c = tl.where((_b & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, _c)",
-                f"{value} = _c.to(tl.uint16).to(tl.bfloat16, bitcast=True)",
+                f"_bits = {value}.to(tl.uint32, bitcast=True)",
+                "_half = (_bits + 0x7FFF + ((_bits >> 16) & 1)) >> 16",
+                "_half = tl.where((_bits & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, _half)",
+                f"{value} = _half.to(tl.uint16).to(tl.bfloat16, bitcast=True)",
             ]
         if src.numeric and src.canonical.startswith(("float", "bfloat")) and to in CANONICAL_NAN \
                 and to != src.canonical:
@@ -155,8 +155,9 @@ class ExtractBits(Conversion):
 
     def kernel(self, value: str, src: ElemType) -> list[str]:
         dtype = TRITON_DTYPES[self.to.canonical]
-        return [f"_f = ({value}.to({UINT[src.bits]}, bitcast=True) >> {self.shift}) & {(1 << self.width) - 1:#x}",
-                f"{value} = _f.to({UINT[self.to.bits]}).to({dtype}, bitcast=True)"]
+        mask = (1 << self.width) - 1
+        return [f"_field = ({value}.to({UINT[src.bits]}, bitcast=True) >> {self.shift}) & {mask:#x}",
+                f"{value} = _field.to({UINT[self.to.bits]}).to({dtype}, bitcast=True)"]
 
 
 @attrs.frozen
@@ -176,8 +177,8 @@ class InsertBits(Conversion):
     def kernel(self, value: str, src: ElemType) -> list[str]:
         dtype = TRITON_DTYPES[self.to.canonical]
         field = f"({value}.to({UINT[src.bits]}, bitcast=True) & {(1 << self.width) - 1:#x})"
-        return [f"_f = {field}.to({UINT[self.to.bits]})",
-                f"{value} = (_f << {self.shift}).to({dtype}, bitcast=True)"]
+        return [f"_field = {field}.to({UINT[self.to.bits]})",
+                f"{value} = (_field << {self.shift}).to({dtype}, bitcast=True)"]
 
 
 KINDS: tuple[type[Conversion], ...] = (View, Cast, ExtractBits, InsertBits)
