@@ -170,3 +170,13 @@ def test_tests_mirror_the_package():
     assert loose <= PROJECT_TESTS, f"tests at the top of tests/ that belong in a stage folder: {loose - PROJECT_TESTS}"
     for folder in folders - {"goldens"}:
         assert (tests / folder / "__init__.py").exists(), f"tests/{folder} is not a package (module names collide)"
+
+
+#: One concept per module: a module past this many lines holds more than one and is split by concept.
+MAX_MODULE_LINES = 700
+
+
+def test_no_module_is_over_700_lines():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by concept): {long}"
