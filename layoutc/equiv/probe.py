@@ -134,13 +134,17 @@ class ProbeRun:
         for step in reversed(chain.steps[upto:]):
             inv = step.op.inverse(step.in_type)
             if inv is None:
-                raise ValueError(f"{chain.tensor}: {step.op.name} has no inverse, so the probe cannot decode it")
+                raise NotDecodable(f"{chain.tensor}: {step.op.name} has no inverse, so the probe cannot decode it")
             x = run_op(inv, step.out_type, x, self.dims)
         return x
 
     def sources(self, chain: Chain, upto: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
         """(source linear index, valid) of every element after the first ``upto`` steps, as run."""
         name = chain.tensor
+        for step in chain.steps:  # the probe reads positions from values: a value step it cannot undo (a
+            # scaled cast) changes them at any prefix (a shard without inverse moves none: it stays probed)
+            if step.op.facts.category is Category.VALUE and step.op.inverse(step.in_type) is None:
+                raise NotDecodable(f"{name}: {step.op.name} has no inverse, so the probe cannot decode it")
         zero = self._undo(chain, upto, self.zero[name])
         one = self._undo(chain, upto, self.one[name])
         runs = [self._undo(chain, upto, r[name]) for r in self.runs]
@@ -174,6 +178,11 @@ class ProbeRun:
         return torch.where(valid, src, 0), valid, shape
 
 
+class NotDecodable(ValueError):
+    """A converter output the probe cannot take back to element positions (a step without an inverse,
+    such as a scaled cast): that tensor's facts rest on the static maps alone, and the probe says so."""
+
+
 class ProbedSource:
     """The verifier's facts measured on the converter itself (the static rules, probed maps)."""
 
@@ -185,6 +194,8 @@ class ProbedSource:
         self.per_variant = samples_per_variant
         self.runs: dict[tuple, ProbeRun] = {}
         self._samples: dict[tuple, list[dict]] = {}
+        #: tensor -> why the probe could not decode it (its facts are the static maps')
+        self.undecoded: dict[str, str] = {}
 
     def samples(self, program: Program, variant: Variant) -> list[dict]:
         """The first representatives of the variant's size region (:mod:`layoutc.algebra.regions`): small sizes
@@ -203,7 +214,11 @@ class ProbedSource:
 
     def axis(self, chain: Chain, dims: dict, rows: bool = False) -> AxisMap:
         upto = prefix_length(chain, rows)
-        linear, valid, shape = self.run_for(chain, dims).sources(chain, upto)
+        try:
+            linear, valid, shape = self.run_for(chain, dims).sources(chain, upto)
+        except NotDecodable as why:
+            self.undecoded[chain.tensor] = str(why)
+            linear, valid, shape = static_sources(chain, dims, upto)
         return reduce_to_axes(chain.source, dims, linear, valid, shape)
 
     def agreement(self, tick=lambda: None) -> list[Diagnostic]:
@@ -216,7 +231,11 @@ class ProbedSource:
                         tick()
                         upto = prefix_length(chain, packing)
                         s_lin, s_valid, s_shape = static_sources(chain, dims, upto)
-                        d_lin, d_valid, d_shape = self.run_for(chain, dims).sources(chain, upto)
+                        try:
+                            d_lin, d_valid, d_shape = self.run_for(chain, dims).sources(chain, upto)
+                        except NotDecodable as why:
+                            self.undecoded[chain.tensor] = str(why)
+                            continue
                         if s_shape != d_shape:
                             diff = f"the maps give shape {list(s_shape)}, the converter {list(d_shape)}"
                         else:
@@ -261,15 +280,18 @@ def probe(spec: CompiledSpec, samples_per_variant: int = 1, lowerings: tuple[str
     for lowering in lowerings:
         if progress is not None:
             progress(f"{lowering} lowering: {len(spec.compiled.variants)} variant(s)")
-        findings += _probe_one(spec, samples_per_variant, lowering, tick or (lambda: None))
+        findings += _probe_one(spec, samples_per_variant, lowering, tick or (lambda: None), progress)
     return findings
 
 
-def _probe_one(spec: CompiledSpec, samples_per_variant: int, lowering: str, tick) -> list[Diagnostic]:
+def _probe_one(spec: CompiledSpec, samples_per_variant: int, lowering: str, tick, progress=None) -> list[Diagnostic]:
     source = ProbedSource(spec, samples_per_variant, lowering)
     findings = source.agreement(tick)
     verdict = Verifier(spec.compiled, source).run()
     tick()
+    if progress is not None:  # said, not hidden: these tensors' facts are the static verifier's alone
+        for reason in sorted(set(source.undecoded.values())):
+            progress(f"not probed, the static maps stand: {reason}")
     if verdict:
         findings.append(Diagnostic(
             "error",

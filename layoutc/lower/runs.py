@@ -141,6 +141,10 @@ def _run_keep(key, value, tensors):
     return True
 
 
+#: An integer type per element width, to fill any element type by its bits.
+_FILL_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _run_gather(flat, plan, shape, fill):
     """The output of ``shape`` from ``flat`` (the input's elements, contiguous) by a plan of
     :func:`_run_plan` (not None)."""
@@ -171,8 +175,9 @@ def _run_gather(flat, plan, shape, fill):
         torch.index_select(flat[: n - n % g].view(-1, g), 0, table, out=out)
     else:  # runs start anywhere: rows of an overlapping view, one per element
         torch.index_select(flat.as_strided((n - g + 1, g), (1, 1), flat.storage_offset()), 0, table, out=out)
-    if bad is not None:
-        out.index_fill_(0, bad, fill)
+    if bad is not None:  # the fill's bits, through an integer view (index_fill_ has no float8 kernels)
+        bits = torch.tensor(fill, dtype=torch.float64).to(flat.dtype).view(_FILL_BITS[flat.element_size()])
+        out.view(_FILL_BITS[flat.element_size()]).index_fill_(0, bad, bits.item())
     return out.view(shape)
 
 

@@ -174,3 +174,14 @@ def test_every_shipped_spec_gather_equals_eager(name):
     assert tried, f"{name}: no sampled dims accepted"
     if "else _run_plan((" in spec.source:  # a gather plan: its run plan was computed (taken, or None: fallback)
         assert spec.module._RUN_PLANS, name
+
+
+def test_a_table_plan_fills_float8_padding_by_its_bits():
+    """index_fill_ has no float8 kernels on the CPU (a mutant of flashinfer_trtllm_mxfp4 met it): the fill
+    goes through an integer view of the same width."""
+    flat = torch.arange(1, 9, dtype=torch.float32).to(torch.float8_e4m3fn)
+    table, bad = torch.tensor([3, 0, 1], dtype=torch.int32), torch.tensor([1])
+    out = runs._run_gather(flat, ("table", 2, table, bad, True), (6,), 0)
+    assert out.dtype == torch.float8_e4m3fn
+    assert out.view(torch.uint8).tolist() == flat.view(torch.uint8)[[6, 7]].tolist() + [0, 0] + \
+        flat.view(torch.uint8)[[2, 3]].tolist()
