@@ -101,7 +101,8 @@ DEFAULT = Registry({
     "triton_kernels_mxfp4_sm100": SPECS / "triton_kernels_mxfp4_blackwell.lyt",
     "aiter_mxfp4": SPECS / "aiter_mxfp4.lyt",
     "aiter_fp8_block": SPECS / "aiter_fp8_block.lyt",
-    "deepgemm_fp8_block_sm90": SPECS / "deepgemm_fp8_block.lyt",
+    "deepgemm_fp8_block_sm90": (SPECS / "deepgemm_fp8_block.lyt", {"arch": "sm90"}),
+    "deepgemm_fp8_block_sm100": (SPECS / "deepgemm_fp8_block.lyt", {"arch": "sm100"}),
     "vllm_cutlass_nvfp4": (SPECS / "vllm_cutlass_nvfp4.lyt", {"activation": "silu"}),
     "vllm_cutlass_nvfp4_relu2": (SPECS / "vllm_cutlass_nvfp4.lyt", {"activation": "relu2"}),
     # Marlin (issue 24): GPTQ int4 MoE, one backend per group size the kernel takes.
@@ -120,13 +121,15 @@ DEFAULT = Registry({
 #: backend runs on) -> the DEFAULT backend holding their layout. Sources: vLLM fused_moe/oracle/
 #: mxfp4.py (TRITON: Hopper layouts on SM90, strided values and Blackwell scales on SM100; AITER),
 #: oracle/nvfp4.py (VLLM_CUTLASS; its relu2 models take the non-gated branch), fp8 oracle (DEEPGEMM,
-#: AITER). The SM100 DEEPGEMM layout is not expressed (see specs/deepgemm_fp8_block.lyt).
+#: AITER; DEEPGEMM on SM100 packs its scales as UE8M0 after vLLM's E8M0 re-quantisation, which the spec takes
+#: as done: see specs/deepgemm_fp8_block.lyt).
 VLLM_BACKENDS = {
     "Mxfp4MoeBackend.TRITON@sm90": "triton_kernels_mxfp4_sm90",
     "Mxfp4MoeBackend.TRITON@sm100": "triton_kernels_mxfp4_sm100",
     "Mxfp4MoeBackend.AITER": "aiter_mxfp4",
     "Fp8MoeBackend.AITER": "aiter_fp8_block",
     "Fp8MoeBackend.DEEPGEMM@sm90": "deepgemm_fp8_block_sm90",
+    "Fp8MoeBackend.DEEPGEMM@sm100": "deepgemm_fp8_block_sm100",
     "NvFp4MoeBackend.VLLM_CUTLASS": "vllm_cutlass_nvfp4",
     "NvFp4MoeBackend.VLLM_CUTLASS@relu2": "vllm_cutlass_nvfp4_relu2",
 }
@@ -149,3 +152,12 @@ MARLIN_ENGINE_BACKENDS.update({
     f"vllm:NvFp4MoeBackend.MARLIN{act}@{dtype}": f"marlin_nvfp4{act.replace('@', '_')}{'' if dtype == 'bf16' else '_f16'}"
     for act in ("", "@relu2") for dtype in ("bf16", "f16")
 })
+
+#: SGLang's MoE runner backends (srt/layers/moe/utils.py MoeRunnerBackend) -> the DEFAULT backend. DEEP_GEMM
+#: prepares FP8 block weights as vLLM does: as loaded on SM90; on SM100 (DeepGEMM's UE8M0 mode) the weights
+#: re-quantised, then the scales through transform_scale_ue8m0 (srt/layers/quantization/fp8_utils.py: the
+#: 128-row broadcast and DeepGEMM's packed UE8M0 layout, the spec's arch=sm100).
+SGLANG_BACKENDS = {
+    "MoeRunnerBackend.DEEP_GEMM@sm90": "deepgemm_fp8_block_sm90",
+    "MoeRunnerBackend.DEEP_GEMM@sm100": "deepgemm_fp8_block_sm100",
+}

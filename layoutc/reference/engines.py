@@ -281,18 +281,48 @@ def _tp_rows(x: torch.Tensor, dim: int, rank: int, ranks: int, halves: bool) -> 
     return torch.cat([torch.chunk(p, ranks, dim=dim)[rank] for p in parts], dim=dim)
 
 
+def deepgemm_sm100_packed_ue8m0(sf: torch.Tensor, mn: int, gran_mn: int) -> torch.Tensor:
+    """DeepGEMM transform_sf_into_required_layout, SM100 branch for fp32 scales (csrc/apis/layout.hpp),
+    and get_mn_major_tma_aligned_packed_ue8m0_tensor_torch (csrc/jit_kernels/impls/smxx_layout.hpp):
+    [B, mn/gran_mn, kg] fp32 -> rows broadcast (index_select(-2, arange(mn) // gran_mn)), the exponent
+    byte of each (view as int32, >> 23, to uint8), zero-padded to [B, align(mn, 4), align(kg, 4)],
+    four bytes per int32, transposed. Returns the storage [B, align(kg, 4)/4, align(mn, 4)]; DeepGEMM
+    hands the kernel its strided view [B, mn, align(kg, 4)/4] (:func:`deepgemm_sm100_kernel_view`)."""
+    if gran_mn > 1:
+        sf = sf.index_select(-2, torch.arange(mn, device=sf.device) // gran_mn)
+    ue8m0 = (sf.contiguous().view(torch.int32) >> 23).to(torch.uint8)
+    b, rows, kg = ue8m0.shape
+    padded = torch.zeros(b, _round_up(rows, 4), _round_up(kg, 4), dtype=torch.uint8, device=sf.device)
+    padded[:, :rows, :kg] = ue8m0
+    words = padded.view(torch.int32)  # [B, mn4, k4/4]: four K groups per little-endian word
+    return words.transpose(1, 2).contiguous()
+
+
+def deepgemm_sm100_kernel_view(storage: torch.Tensor, mn: int) -> torch.Tensor:
+    """What DeepGEMM returns: the [B, mn, k4/4] view (strides (k4/4 * mn4, 1, mn4)) of the storage."""
+    return storage.transpose(1, 2)[:, :mn]
+
+
 def deepgemm_fp8_block(tensors: Tensors, params: Mapping[str, Any] | None = None) -> dict:
-    """vLLM DEEPGEMM MoE on SM90: the rank's slice of each tensor, otherwise as loaded -- DeepGEMM's
-    transform_sf_into_required_layout returns fp32 (128, 128) weight scales untransformed on SM90."""
+    """vLLM DEEPGEMM MoE: the rank's slice of each tensor, then DeepGEMM's
+    transform_sf_into_required_layout(ws, mn, k, recipe=(1, 128, 128), is_sfa=False) on each scale
+    (vLLM deepgemm_post_process_fp8_weight_block). On SM90 (``arch=sm90``) it returns fp32 (128, 128)
+    weight scales untransformed; on SM100 (``arch=sm100``) it broadcasts them to every row and packs
+    them as UE8M0 (:func:`deepgemm_sm100_packed_ue8m0`, gran_mn 128). vLLM's E8M0 re-quantisation before
+    it (requant_weight_ue8m0_inplace, a value change) is taken as done: the inputs are its output."""
     p = dict(params or {})
     rank, ranks = p.get("tp_rank", 0), p.get("tp_size", 1)
     t = dict(tensors)
-    return {
+    out = {
         "w13_weight": _tp_rows(t["w13_weight"], 1, rank, ranks, True).contiguous(),
         "w13_weight_scale": _tp_rows(t["w13_weight_scale"], 1, rank, ranks, True).contiguous(),
         "w2_weight": _tp_rows(t["w2_weight"], 2, rank, ranks, False).contiguous(),
         "w2_weight_scale": _tp_rows(t["w2_weight_scale"], 2, rank, ranks, False).contiguous(),
     }
+    if p.get("arch", "sm90") == "sm100":
+        for w, s in (("w13_weight", "w13_weight_scale"), ("w2_weight", "w2_weight_scale")):
+            out[s] = deepgemm_sm100_packed_ue8m0(out[s], out[w].shape[1], 128)
+    return out
 
 
 def swizzle_blockscale(s: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,12 @@ engines' public source (layoutc/reference/engines.py, which cites repository, pa
   01b817dbbd2ea53707c68d39b470e65990d1e6ee and fused_moe/oracle/mxfp4.py @ 045335ce635d2cb8968d4a8362b0473f49b36dd3);
 * AITER (ROCm/aiter aiter/ops/shuffle.py @ e4048607a535ace3a2b51ded31b1c8c2d45c0879; caller vLLM
   oracle/mxfp4.py above, AITER branch);
-* DeepGEMM (deepseek-ai/DeepGEMM csrc/apis/layout.hpp @ 54e22612409371d6364144b69086735beb54e98b; caller
-  vLLM quantization/utils/fp8_utils.py @ 364d01925de309b50c726941ad93a2c0a2487df8);
+* DeepGEMM (deepseek-ai/DeepGEMM csrc/apis/layout.hpp and, for SM100, csrc/jit_kernels/impls/smxx_layout.hpp
+  get_mn_major_tma_aligned_packed_ue8m0_tensor(_torch) @ 54e22612409371d6364144b69086735beb54e98b; caller
+  vLLM quantization/utils/fp8_utils.py @ 364d01925de309b50c726941ad93a2c0a2487df8 and
+  007d50058a06dec0f82472d63c819244d460c40d (deepgemm_post_process_fp8_weight_block), SGLang
+  python/sglang/srt/layers/quantization/fp8_utils.py @ 6082c49139ac8f1c99a835840de73971faa15e8e
+  (transform_scale_ue8m0: the same broadcast and packing));
 * vLLM CUTLASS NVFP4 (vLLM quantization/utils/flashinfer_fp4_moe.py @ 296ce48d53e21b80311c8bea381b9dc1b09317ae).
 
 None of these libraries installs on the CPU machine (triton_kernels is not on PyPI as OpenAI's,
@@ -47,8 +51,10 @@ CASES = {
                     [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 160}, {"E": 2, "I": 256, "H": 512}]),
     "aiter_fp8_block": ([{}, {"tp_size": 2, "tp_rank": 1}],
                         [{"E": 2, "I": 256, "H": 256}, {"E": 1, "I": 512, "H": 128}]),
-    "deepgemm_fp8_block": ([{}, {"tp_size": 2, "tp_rank": 1}, {"tp_size": 4, "tp_rank": 2}],
-                           [{"E": 2, "I": 512, "H": 256}, {"E": 1, "I": 1024, "H": 128}]),
+    # SM100: K groups a multiple of 4 (H 512) or not (H 256, 384; I/128 = 2, 3 per rank)
+    "deepgemm_fp8_block": ([{}, {"tp_size": 2, "tp_rank": 1}, {"tp_size": 4, "tp_rank": 2},
+                            {"arch": "sm100"}, {"arch": "sm100", "tp_size": 2, "tp_rank": 1}],
+                           [{"E": 2, "I": 512, "H": 256}, {"E": 1, "I": 1024, "H": 128}, {"E": 2, "I": 768, "H": 384}]),
     "vllm_cutlass_nvfp4": ([{"activation": a, "tp_size": n, "tp_rank": n - 1}
                             for a in ("silu", "relu2") for n in (1, 2)],
                            [{"E": 2, "I": 128, "H": 64}, {"E": 1, "I": 256, "H": 80}, {"E": 2, "I": 384, "H": 160}]),
@@ -60,7 +66,9 @@ REAL_FAST = {
     "triton_kernels_mxfp4_blackwell": [({}, {"E": 1, "I": 64, "H": 2880})],
     "aiter_mxfp4": [({}, {"E": 1, "I": 64, "H": 2880})],
     "aiter_fp8_block": [({}, {"E": 1, "I": 768, "H": 256})],
-    "deepgemm_fp8_block": [({"tp_size": 8, "tp_rank": 3}, {"E": 1, "I": 2048, "H": 256})],
+    "deepgemm_fp8_block": [({"tp_size": 8, "tp_rank": 3}, {"E": 1, "I": 2048, "H": 256}),
+                           ({"arch": "sm100"}, {"E": 1, "I": 768, "H": 256}),  # Qwen3-MoE's I: 6 K groups
+                           ({"arch": "sm100", "tp_size": 8, "tp_rank": 5}, {"E": 1, "I": 2048, "H": 7168})],
     "vllm_cutlass_nvfp4": [({"activation": "silu"}, {"E": 1, "I": 768, "H": 256})],
 }
 
@@ -73,7 +81,9 @@ REAL_SLOW = {
                     ({"tp_size": 2, "tp_rank": 1}, {"E": 1, **GPT_OSS})],  # 2880 splits in whole 32-blocks in 2
     "aiter_fp8_block": [({}, {"E": 1, **DEEPSEEK_V3}), ({}, {"E": 1, **QWEN3_MOE})],
     "deepgemm_fp8_block": [({}, {"E": 1, **DEEPSEEK_V3}), ({"tp_size": 8, "tp_rank": 7}, {"E": 2, **DEEPSEEK_V3}),
-                           ({}, {"E": 1, **QWEN3_MOE})],
+                           ({}, {"E": 1, **QWEN3_MOE}), ({"arch": "sm100"}, {"E": 2, **DEEPSEEK_V3}),
+                           ({"arch": "sm100"}, {"E": 2, **QWEN3_MOE}),
+                           ({"arch": "sm100", "tp_size": 4, "tp_rank": 3}, {"E": 1, **QWEN3_MOE})],
     "vllm_cutlass_nvfp4": [({"activation": "silu"}, {"E": 1, **DEEPSEEK_V3}),
                            ({"activation": "silu"}, {"E": 1, **MIXTRAL}),
                            ({"activation": "silu"}, {"E": 1, **QWEN3_MOE}),
@@ -177,6 +187,46 @@ def test_vllm_cutlass_nvfp4_cannot_pad_a_gated_w13():
 def test_vllm_backend_names_map_to_registered_specs():
     DEFAULT.check(set(VLLM_BACKENDS.values()))
     assert VLLM_BACKENDS["Mxfp4MoeBackend.TRITON@sm90"] == "triton_kernels_mxfp4_sm90"
+    assert DEFAULT.spec(VLLM_BACKENDS["Fp8MoeBackend.DEEPGEMM@sm100"]).params["arch"] == "sm100"
+    assert DEFAULT.spec(VLLM_BACKENDS["Fp8MoeBackend.DEEPGEMM@sm90"]).params["arch"] == "sm90"
     assert DEFAULT.spec("vllm_cutlass_nvfp4_relu2").params["activation"] == "relu2"
     names = {DEFAULT.spec(b).name for b in VLLM_BACKENDS.values()}
     assert names == set(CASES)
+
+
+def test_deepgemm_sm100_reference_is_deepgemm_kernel_abi():
+    """The SM100 reference against DeepGEMM's facts, element by element: word w of row n holds the
+    exponent bytes of K groups 4w..4w+3 of n's 128-row block, little-endian, zero past the last group;
+    the kernel's view [B, mn, k4/4] has strides (k4/4 * mn4, 1, mn4). mn = 6 (no multiple of 4, as
+    for 1x128 activation scales) takes the MN padding branch, 5 K groups the K padding."""
+    sf = torch.exp2(torch.randint(-20, 20, (2, 6, 5)).float()) * torch.where(torch.rand(2, 6, 5) < 0.3, -1.0, 1.0)
+    store = engines.deepgemm_sm100_packed_ue8m0(sf, 6, 1)
+    assert store.shape == (2, 2, 8) and store.dtype == torch.int32
+    view = engines.deepgemm_sm100_kernel_view(store, 6)
+    assert view.shape == (2, 6, 2) and view.stride() == (16, 1, 8)
+    exp = ((sf.view(torch.int32) >> 23) & 0xFF).tolist()
+    for b in range(2):
+        for n in range(8):
+            for w in range(2):
+                word = int(store[b, w, n]) & 0xFFFFFFFF
+                want = [exp[b][n][4 * w + j] if n < 6 and 4 * w + j < 5 else 0 for j in range(4)]
+                assert word.to_bytes(4, "little") == bytes(want), (b, n, w)
+    rows = engines.deepgemm_sm100_packed_ue8m0(sf, 6 * 128, 128)  # broadcast: row n reads block n // 128
+    assert torch.equal(rows[:, :, ::128], store[:, :, :6])
+
+
+def test_deepgemm_sm100_needs_the_broadcast():
+    """The mistake the shipped corpus case stands for: packing 128x128 scales as if they were 1x128 gives a
+    tensor the kernel indexes by weight row out of bounds (shape) -- the reference is not shape-blind."""
+    spec = layoutc.compile_file(SPECS / "deepgemm_fp8_block.lyt", {"arch": "sm100"})
+    x = synthetic_inputs(spec, {"E": 1, "I": 256, "H": 512}, seed=3)
+    ours = spec.convert(x)["w13_weight_scale"]
+    unbroadcast = engines.deepgemm_sm100_packed_ue8m0(x["w13_weight_scale"], 512, 1)
+    assert ours.shape == (1, 1, 512) and unbroadcast.shape == (1, 1, 4)
+
+
+def test_sglang_backend_names_map_to_registered_specs():
+    from layoutc.registry import SGLANG_BACKENDS
+
+    DEFAULT.check(set(SGLANG_BACKENDS.values()))
+    assert DEFAULT.spec(SGLANG_BACKENDS["MoeRunnerBackend.DEEP_GEMM@sm100"]).params["arch"] == "sm100"

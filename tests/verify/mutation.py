@@ -48,7 +48,7 @@ SPEC_CASES = {
                     [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 256, "H": 160}]),
     "aiter_fp8_block": ([{"tp_size": n, "tp_rank": n - 1} for n in (1, 2)],
                         [{"E": 2, "I": 256, "H": 128}, {"E": 1, "I": 512, "H": 256}]),
-    "deepgemm_fp8_block": ([{"tp_size": n, "tp_rank": n - 1} for n in (1, 2)],
+    "deepgemm_fp8_block": ([{"arch": a, "tp_size": n, "tp_rank": n - 1} for a in ("sm90", "sm100") for n in (1, 2)],
                            [{"E": 2, "I": 256, "H": 128}, {"E": 1, "I": 512, "H": 256}]),
     "vllm_cutlass_nvfp4": ([{"activation": a, "tp_size": n, "tp_rank": n - 1} for n in (1, 2) for a in ("silu", "relu2")],
                            [{"E": 2, "I": 128, "H": 64}, {"E": 1, "I": 384, "H": 80}]),

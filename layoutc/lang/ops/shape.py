@@ -227,6 +227,40 @@ class Shard(Op):
 
 
 @attrs.frozen
+class RepeatRows(Op):
+    """Each entry of one axis repeated ``times`` times in place, ``out[r] = in[r // times]``: a block
+    scale broadcast to the rows it scales (DeepGEMM's SM100 weight scales, ``sf.index_select(-2,
+    arange(mn) // 128)`` in ``transform_sf_into_required_layout``). Not invertible as a layout (it
+    reads each entry ``times`` times), so a kernel packing, not a logical step: use it inside a family."""
+
+    dim: int = attrs.field(default=1, metadata={"kind": "dim"})
+    times: int = attrs.field(default=1, kw_only=True, metadata={"kind": "int", "min": 1})
+
+    name: ClassVar[str] = "repeat_rows"
+    eager: ClassVar[Callable] = staticmethod(torch_impl.repeat_rows)
+    facts: ClassVar[Facts] = Facts(Category.SHAPE, on_axis=True)
+    summary: ClassVar[str] = "repeat each entry of dim `times` times: out[r] = in[r // times]"
+    notes: ClassVar[str] = "a 128-row block scale broadcast to its rows (DeepGEMM SM100)"
+    needs: ClassVar[str] = "none"
+
+    def infer(self, t: TensorType) -> Inferred:
+        d = check_dim(t, self.dim)
+        return Inferred(with_shape(t, d, ex.mul(t.shape[d], self.times)))
+
+    def index_map(self, t: TensorType) -> IndexMap:
+        d = check_dim(t, self.dim)
+        src = list(out_vars(t.rank))
+        src[d] = ex.floordiv(out_var(d), self.times)
+        return IndexMap(t.shape, self.infer(t).type.shape, tuple(src))
+
+    def impl(self, t):
+        return self.eager, (self.dim, self.times)
+
+    def inverse(self, t):
+        return None
+
+
+@attrs.frozen
 class BlockMajorK(Op):
     """TRT-LLM's block-major K layout (FlashInfer ``convert_to_block_layout``): K split into blocks
     of ``block`` elements, the block index outermost::
@@ -293,4 +327,4 @@ class UnblockMajorK(Op):
         return BlockMajorK(block=int(ex.evaluate(t.shape[-1], {})))
 
 
-OPS = (Pad, Crop, Reshape, Transpose, Shard, BlockMajorK, UnblockMajorK)
+OPS = (Pad, Crop, Reshape, Transpose, Shard, RepeatRows, BlockMajorK, UnblockMajorK)

@@ -69,6 +69,11 @@ def crop(x, dim, size, parts):
     return x.unflatten(dim, (parts, n)).narrow(dim + 1, 0, size).flatten(dim, dim + 1)
 
 
+def repeat_rows(x, dim, times):
+    # Each entry of dim repeated `times` times in place: out[r] = in[r // times].
+    return x.repeat_interleave(times, dim=dim % x.dim())
+
+
 def shard(x, dim, rank, ranks, parts):
     # Keep slice `rank` of `ranks` of each of `parts` equal parts of dim (tensor parallelism).
     dim = dim % x.dim()

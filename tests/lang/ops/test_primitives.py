@@ -323,6 +323,9 @@ NAIVE = {
         x, op.dim % x.dim(), order_pad(x.shape[op.dim % x.dim()], op.parts, op.multiple), _fill_bits(op.value, x)
     ),
     "crop": naive_crop,
+    "repeat_rows": lambda op, t, x, dims: along_axis_fill(
+        x, op.dim % x.dim(), [r // op.times for r in range(x.shape[op.dim % x.dim()] * op.times)], 0
+    ),
     "block_major_k": naive_block_major_k,
     "unblock_major_k": naive_unblock_major_k,
     "shard": lambda op, t, x, dims: along_axis_fill(
@@ -409,6 +412,8 @@ CASES = [
     (shape.Crop(1, size=Const(3), parts=2), TT("fp4x2", 2, 8, 3), {}),
     (shape.Crop(1, size=I_, parts=2), TT("bf16", E_, 2 * ex.round_up(I_, 4), 2), {"E": 2, "I": 3}),
     (shape.Crop(2, size=Const(2)), TT("u8", 2, 3, 5), {}),
+    (shape.RepeatRows(1, times=4), TT("f32", 2, 3, 5), {}),
+    (shape.RepeatRows(-2, times=128), TT("u8", E_, I_, 2), {"E": 1, "I": 3}),
     (shape.BlockMajorK(block=4), TT("bf16", E_, 2 * I_, 4 * H_), D_EIH),
     (shape.BlockMajorK(block=2), TT("fp4x2", 3, 6), {}),
     (shape.BlockMajorK(block=128), TT("e4m3", 1, 5, 256), {}),
@@ -709,7 +714,7 @@ def op_and_input(draw, name):
     return op, t, dims, x
 
 
-INVERTIBLE = [n for n in REGISTRY if n not in ("crop", "shard")]
+INVERTIBLE = [n for n in REGISTRY if n not in ("crop", "shard", "repeat_rows")]
 LEFT_ONLY = {"pad", "extract_bits", "insert_bits"}  # inverse(op(x)) == x on their domains only
 
 
@@ -740,6 +745,10 @@ def test_inverse_undoes_the_op(name, data):
         # a bijection: the op also undoes its inverse
         z = random_tensor(tuple(y.shape), y.dtype, 7)
         assert_bits_equal(run_eager(op, run_eager(inv, z, dims, out_t), dims, t), z, "op after inverse")
+
+
+def test_repeat_rows_has_no_inverse():
+    assert shape.RepeatRows(1, times=2).inverse(TT("u8", 2, 4)) is None
 
 
 def test_crop_has_no_inverse():
@@ -805,6 +814,7 @@ NEG_DIM_CASES = [
     (permute.Permute(-2, table=(1, 2, 0)), TT("u8", 6, 3)),
     (shape.Pad(-1, multiple=4, parts=2), TT("u8", 2, 3, 6)),
     (shape.Crop(-1, size=Const(2), parts=2), TT("u8", 2, 3, 6)),
+    (shape.RepeatRows(-1, times=3), TT("u8", 2, 3, 6)),
     (shape.Shard(-1, parts=2, rank=1, ranks=3), TT("u8", 2, 3, 6)),
     (shape.Transpose(-1, 0), TT("u8", 2, 3, 4)),
 ]
