@@ -51,10 +51,10 @@ CASES = {
                     [{"E": 2, "I": 64, "H": 64}, {"E": 1, "I": 192, "H": 160}, {"E": 2, "I": 256, "H": 512}]),
     "aiter_fp8_block": ([{}, {"tp_size": 2, "tp_rank": 1}],
                         [{"E": 2, "I": 256, "H": 256}, {"E": 1, "I": 512, "H": 128}]),
-    # SM100: K groups a multiple of 4 (H 512) or not (H 256, 384; I/128 = 2, 3 per rank)
+    # SM100: K groups a multiple of 4 or not (H/128 = 2, 1, 3; I/128 per rank 4, 8, 12, 6, 3)
     "deepgemm_fp8_block": ([{}, {"tp_size": 2, "tp_rank": 1}, {"tp_size": 4, "tp_rank": 2},
                             {"arch": "sm100"}, {"arch": "sm100", "tp_size": 2, "tp_rank": 1}],
-                           [{"E": 2, "I": 512, "H": 256}, {"E": 1, "I": 1024, "H": 128}, {"E": 2, "I": 768, "H": 384}]),
+                           [{"E": 2, "I": 512, "H": 256}, {"E": 1, "I": 1024, "H": 128}, {"E": 2, "I": 1536, "H": 384}]),
     "vllm_cutlass_nvfp4": ([{"activation": a, "tp_size": n, "tp_rank": n - 1}
                             for a in ("silu", "relu2") for n in (1, 2)],
                            [{"E": 2, "I": 128, "H": 64}, {"E": 1, "I": 256, "H": 80}, {"E": 2, "I": 384, "H": 160}]),
@@ -68,7 +68,7 @@ REAL_FAST = {
     "aiter_fp8_block": [({}, {"E": 1, "I": 768, "H": 256})],
     "deepgemm_fp8_block": [({"tp_size": 8, "tp_rank": 3}, {"E": 1, "I": 2048, "H": 256}),
                            ({"arch": "sm100"}, {"E": 1, "I": 768, "H": 256}),  # Qwen3-MoE's I: 6 K groups
-                           ({"arch": "sm100", "tp_size": 8, "tp_rank": 5}, {"E": 1, "I": 2048, "H": 7168})],
+                           ({"arch": "sm100"}, {"E": 1, "I": 128, "H": 7168})],  # DeepSeek-V3's H: 56 K groups
     "vllm_cutlass_nvfp4": [({"activation": "silu"}, {"E": 1, "I": 768, "H": 256})],
 }
 
@@ -83,7 +83,8 @@ REAL_SLOW = {
     "deepgemm_fp8_block": [({}, {"E": 1, **DEEPSEEK_V3}), ({"tp_size": 8, "tp_rank": 7}, {"E": 2, **DEEPSEEK_V3}),
                            ({}, {"E": 1, **QWEN3_MOE}), ({"arch": "sm100"}, {"E": 2, **DEEPSEEK_V3}),
                            ({"arch": "sm100"}, {"E": 2, **QWEN3_MOE}),
-                           ({"arch": "sm100", "tp_size": 4, "tp_rank": 3}, {"E": 1, **QWEN3_MOE})],
+                           ({"arch": "sm100", "tp_size": 2, "tp_rank": 1}, {"E": 1, **QWEN3_MOE}),
+                           ({"arch": "sm100", "tp_size": 8, "tp_rank": 5}, {"E": 2, **DEEPSEEK_V3})],
     "vllm_cutlass_nvfp4": [({"activation": "silu"}, {"E": 1, **DEEPSEEK_V3}),
                            ({"activation": "silu"}, {"E": 1, **MIXTRAL}),
                            ({"activation": "silu"}, {"E": 1, **QWEN3_MOE}),
