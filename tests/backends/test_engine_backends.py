@@ -231,3 +231,16 @@ def test_sglang_backend_names_map_to_registered_specs():
 
     DEFAULT.check(set(SGLANG_BACKENDS.values()))
     assert DEFAULT.spec(SGLANG_BACKENDS["MoeRunnerBackend.DEEP_GEMM@sm100"]).params["arch"] == "sm100"
+
+
+@pytest.mark.slow  # Triton's interpreter on CPU: over a minute on two cores
+@pytest.mark.parametrize("lowering", ["fused", "gather", "compiled"])
+def test_deepgemm_sm100_every_lowering_equals_eager(lowering, monkeypatch):
+    """The broadcast (a gather reading each scale 128 times) through every lowering, under TP too."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for params in ({"arch": "sm100"}, {"arch": "sm100", "tp_size": 2, "tp_rank": 1}):
+        spec = layoutc.compile_file(SPECS / "deepgemm_fp8_block.lyt", params)
+        x = synthetic_inputs(spec, {"E": 2, "I": 768, "H": 640}, seed=3)
+        want = spec.convert(x, lowering="eager")
+        got = spec.convert(x, lowering=lowering)
+        assert all(torch.equal(bits(got[k].contiguous()), bits(want[k].contiguous())) for k in want)
