@@ -244,3 +244,25 @@ def test_deepgemm_sm100_every_lowering_equals_eager(lowering, monkeypatch):
         want = spec.convert(x, lowering="eager")
         got = spec.convert(x, lowering=lowering)
         assert all(torch.equal(bits(got[k].contiguous()), bits(want[k].contiguous())) for k in want)
+
+
+@pytest.mark.flashinfer  # FlashInfer 0.7.4 ships DeepGEMM's packing (flashinfer/deep_gemm.py), callable on the CPU
+def test_deepgemm_sm100_scales_equal_the_library_packing():
+    """The shipped SM100 scales (and the reference) against the library's own function on the broadcast
+    scales: flashinfer.deep_gemm.get_col_major_tma_aligned_packed_tensor, DeepGEMM's packing as FlashInfer
+    imports it, after DeepGEMM's index_select(-2, arange(mn) // 128). Its returned view is the kernel's."""
+    from flashinfer.deep_gemm import get_col_major_tma_aligned_packed_tensor as pack
+
+    for params, dims in [({"arch": "sm100"}, {"E": 2, "I": 768, "H": 384}),
+                         ({"arch": "sm100", "tp_size": 2, "tp_rank": 1}, {"E": 1, "I": 512, "H": 7168})]:
+        spec = layoutc.compile_file(SPECS / "deepgemm_fp8_block.lyt", params)
+        x = synthetic_inputs(spec, dims, seed=5)
+        ours = spec.convert(x)
+        sliced = engines.deepgemm_fp8_block(x, {**params, "arch": "sm90"})  # the rank's slice, scales as loaded
+        for w, s in (("w13_weight", "w13_weight_scale"), ("w2_weight", "w2_weight_scale")):
+            mn = sliced[w].shape[1]
+            view = pack(sliced[s].index_select(-2, torch.arange(mn) // 128))
+            assert torch.equal(ours[s].transpose(1, 2)[:, :mn], view), (params, s)
+    # the MN padding branch (mn not a multiple of 4, as for 1x128 scales) of the reference
+    sf = torch.randn(2, 6, 5)
+    assert torch.equal(engines.deepgemm_sm100_kernel_view(engines.deepgemm_sm100_packed_ue8m0(sf, 6, 1), 6), pack(sf))
