@@ -41,10 +41,11 @@ import attrs
 
 from ..algebra import expr as ex
 from ..lang.compiler import Chain
-from ..algebra.dtypes import ElemType
+from ..algebra.dtypes import ELEMENT_TYPES, ElemType
 from ..algebra.indexmap import IndexMap, compose_all, identity
 from ..lang.ops.base import Category
 from ..lang.ops.conversion import BitPermutation, Conversion, UnknownKind, known
+from .bytemaps import byte_maps, byte_shape
 
 
 class Access(enum.StrEnum):
@@ -420,18 +421,28 @@ def _conversion(op) -> Conversion:
 def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
     """A chain with one permutation of the bits within 32-bit words: byte gathers before it (``P``), the
     permutation, byte moves after it that keep each word's 4 bytes together (``Q``). Output word ``w``
-    is then the permuted word whose bytes ``P`` reads at the word position ``Q`` gives ``w``."""
-    i = bit_steps[0]
+    is then the permuted word whose bytes ``P`` reads at the word position ``Q`` gives ``w``. Views
+    across element widths around it (Marlin's ``view(t, u8)`` ... ``view(t, i32)``) move no byte: the
+    maps are then over the tensors seen as bytes (:mod:`layoutc.lower.bytemaps`), and so is the
+    plan's input (``u8``, its last axis times the source element's bytes)."""
+    perms = [i for i in bit_steps if chain.steps[i].op.word_permutation() is not None]
+    if len(perms) != 1 or any(not chain.steps[i].op.keeps_bytes() for i in bit_steps if i != perms[0]):
+        return NoPass(reason="bit-level steps other than one permutation of 32-bit words", **base)
+    i = perms[0]
     step = chain.steps[i]
     perm = step.op.word_permutation()
-    if len(bit_steps) > 1 or perm is None or perm.word_bytes != 4:
+    if perm.word_bytes != 4:
         return NoPass(reason="bit-level steps other than one permutation of 32-bit words", **base)
     if any(s.op.category is Category.VALUE for s in chain.steps):
         return NoPass(reason="value conversions around a bit permutation", **base)
-    before = [s.op.index_map(s.in_type) for s in chain.steps[:i]]
-    after = [s.op.index_map(s.in_type) for s in chain.steps[i + 1:]]
-    p = compose_all(before) if before else identity(chain.source.shape)
-    q = compose_all(after) if after else identity(step.out_type.shape)
+    before, after = byte_maps(chain.steps[:i]), byte_maps(chain.steps[i + 1:])
+    in_bytes, mid_bytes = byte_shape(chain.source), byte_shape(step.out_type)
+    if before is None or after is None or in_bytes is None or mid_bytes is None:
+        return NoPass(reason="steps around a bit permutation that are not moves of whole bytes", **base)
+    if chain.source.elem.bits != 8:  # the kernels read the input as bytes
+        base = dict(base, in_elem=ELEMENT_TYPES["u8"], in_shape=in_bytes)
+    p = compose_all(before) if before else identity(in_bytes)
+    q = compose_all(after) if after else identity(mid_bytes)
     word = perm.word_bytes
     if not q.is_total() or not _moves_whole_words(q, word, chain):
         return NoPass(reason="the steps after a bit permutation split its words", **base)
@@ -445,7 +456,7 @@ def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
         valids.append(ex.substitute(p.valid, sub))
     word_shape = q.out_shape[:-1] + (ex.div(q.out_shape[-1], word),)
     return Words(word_shape=word_shape, word_sources=tuple(sources), word_valid=tuple(valids),
-                permutation=perm, **base)
+                 permutation=perm, **base)
 
 
 # ---------------------------------------------------------------------------

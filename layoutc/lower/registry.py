@@ -205,6 +205,10 @@ def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
     p = ctx.plan(chain)
     if not p.one_pass or not chain.steps:
         return None
+    if isinstance(p, Words) and (chain.source.elem.bits != 8 or chain.out_type.elem.bits != 8):
+        # torch_emit's words gather reads and writes byte tensors: words plans over views of wider
+        # elements (Marlin's int32 weights) run the eager lowering on the CPU, as before
+        return None
     name = f"_gather_{ctx.tag(chain)}"
     if isinstance(p, Words) and p.quads is not None:
         ctx.define("_bit_tables", torch_emit.bit_tables_source())
