@@ -36,7 +36,7 @@ VARIANTS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
 #: The shipped specs of engines other than FlashInfer (issue 24); --variants other / all.
 OTHER_VARIANTS = [("triton_kernels_mxfp4_hopper", {}), ("triton_kernels_mxfp4_blackwell", {}), ("aiter_mxfp4", {}),
                   ("aiter_fp8_block", {}), ("deepgemm_fp8_block", {}), ("vllm_cutlass_nvfp4", {"activation": "silu"}),
-                  ("marlin_mxfp4", {}), ("marlin_gptq_int4", {})]
+                  ("marlin_mxfp4", {}), ("marlin_nvfp4", {}), ("marlin_gptq_int4", {})]
 DIMS = {"E": 128, "I": 2944, "H": 2944}
 # Parameters that give a newer spec the layout of the older one, where its defaults changed it (the
 # trtllm specs pad H, and I, to 256 since vLLM 0.33; at I = H = 2944, a multiple of 128, padding to

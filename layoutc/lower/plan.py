@@ -177,6 +177,8 @@ class Words(Plan):
     # the quads walk over output words `spread` > 1 apart (Quads.spread), when four consecutive words
     # do not form a quad; a kernel that regroups the words before its store takes it
     spread_quads: Quads | None = None
+    # the source's element bits where it is wider than a byte: its bytes are read (in_shape is the bytes)
+    source_bits: int = 8
 
     @property
     def access(self) -> Access:
@@ -439,8 +441,10 @@ def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
     in_bytes, mid_bytes = byte_shape(chain.source), byte_shape(step.out_type)
     if before is None or after is None or in_bytes is None or mid_bytes is None:
         return NoPass(reason="steps around a bit permutation that are not moves of whole bytes", **base)
+    wide = {}
     if chain.source.elem.bits != 8:  # the kernels read the input as bytes
         base = dict(base, in_elem=ELEMENT_TYPES["u8"], in_shape=in_bytes)
+        wide = {"source_bits": chain.source.elem.bits}
     p = compose_all(before) if before else identity(in_bytes)
     q = compose_all(after) if after else identity(mid_bytes)
     word = perm.word_bytes
@@ -456,7 +460,7 @@ def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
         valids.append(ex.substitute(p.valid, sub))
     word_shape = q.out_shape[:-1] + (ex.div(q.out_shape[-1], word),)
     return Words(word_shape=word_shape, word_sources=tuple(sources), word_valid=tuple(valids),
-                 permutation=perm, **base)
+                 permutation=perm, **base, **wide)
 
 
 # ---------------------------------------------------------------------------
