@@ -45,7 +45,12 @@ AS_OLD = {"flashinfer_trtllm_mxfp4": {"pad_to": 128, "pad_hidden": 128}, "flashi
 
 
 def _variants(which: str) -> list:
-    return {"flashinfer": VARIANTS, "other": OTHER_VARIANTS, "all": VARIANTS + OTHER_VARIANTS}[which]
+    """``which``: flashinfer, other, all, or spec names joined by commas (their entries in either list)."""
+    groups = {"flashinfer": VARIANTS, "other": OTHER_VARIANTS, "all": VARIANTS + OTHER_VARIANTS}
+    if which in groups:
+        return groups[which]
+    names = which.split(",")
+    return [v for v in VARIANTS + OTHER_VARIANTS if v[0] in names]
 
 
 def emit(root: Path, folder: Path, tag: str, which: str = "flashinfer") -> None:
@@ -103,8 +108,9 @@ def main() -> int:
     ap.add_argument("--new", type=Path, default=Path("."))
     ap.add_argument("--out", type=Path)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--variants", choices=["flashinfer", "other", "all"], default="flashinfer",
-                    help="FlashInfer's specs (default), the other engines' (issue 24), or both")
+    ap.add_argument("--variants", default="flashinfer",
+                    help="FlashInfer's specs (default), 'other' (the other engines', issue 24), 'all', or spec "
+                    "names joined by commas")
     ap.add_argument("--dims", default=None, help="E=..,I=..,H=.. (default: the gpt-oss-120b layer)")
     ap.add_argument("--host", action="store_true", help="also the host time of a warm call (the median time "
                     "until convert() returns, the device idle at each start), old and new in alternation")

@@ -6,18 +6,21 @@
 # both converters of every spec in OTHER_VARIANTS in one process, in alternation, at the gpt-oss-120b
 # layer (E=128, I=H=2944) and then the gpt-oss-20b layer (E=32): single calls and 10 back to back,
 # a device copy of the same bytes in each round, fused == eager checked. Results: $OUT/ba120.jsonl,
-# $OUT/ba20.jsonl and their logs; a table is printed last.
+# $OUT/ba20.jsonl and their logs; a table is printed last. OLD=folder (a carried `git archive` of another
+# commit) replaces main as the old side, VARIANTS=spec,spec limits the specs.
 set -uo pipefail
 new=${1:?the carried worktree folder}
+old=${OLD:-.}  # the tree the tool sends (main), or a carried git archive
+variants=${VARIANTS:-other}
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
 rounds=${ROUNDS:-3}
-timeout "${T120:-170}" python3 "$new/benchmarks/before_after.py" --old . --new "$new" --variants other \
+timeout "${T120:-170}" python3 "$new/benchmarks/before_after.py" --old "$old" --new "$new" --variants "$variants" \
   --rounds "$rounds" --out "$OUT/ba120.jsonl" > "$OUT/ba120.log" 2>&1
 echo "120b: exit $?"
-timeout "${T20:-100}" python3 "$new/benchmarks/before_after.py" --old . --new "$new" --variants other \
+timeout "${T20:-100}" python3 "$new/benchmarks/before_after.py" --old "$old" --new "$new" --variants "$variants" \
   --rounds "$rounds" --dims E=32,I=2944,H=2944 --out "$OUT/ba20.jsonl" > "$OUT/ba20.log" 2>&1
 echo "20b: exit $?"
 python3 - "$OUT"/ba120.jsonl "$OUT"/ba20.jsonl <<'PY'

@@ -108,7 +108,7 @@ def render_words(p: Plan) -> str | None:
     text = name_repeats(*_word_parts(p), 160) + f"\n     T = {list(p.table)}"
     if p.source_bits != 8:  # the input's elements are wider than a byte: the map reads its bytes
         shape = ", ".join(ex.to_str(s, slash=True) for s in p.in_shape)
-        text += f"\n     in = the input's bytes, u8[{shape}] (each {p.source_bits}-bit element little-endian)"
+        text += f"\n     in = the input as bytes, u8[{shape}] (each {p.source_bits}-bit element little-endian)"
     return text
 
 

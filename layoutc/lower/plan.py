@@ -21,7 +21,7 @@ instances of the dims:
 ``words``     one output word per lane, its four source bytes loaded one by one
 ``quads``     four consecutive output words per lane from four whole source words (a 4x4 byte
               transpose, as in the SM90 interleave); the bit permutation is done on the source
-              words before the transpose (:func:`swar_terms`), two 8-byte loads when source words
+              words before the transpose (``triton_emit.swar_terms``), two 8-byte loads when source words
               pair up. Checked for dims that are multiples of ``Quads.multiple``; the launcher
               takes it when the call's dims are, and the ``words`` walk otherwise.
 
@@ -85,6 +85,10 @@ class Quads:
     # output words `spread` apart form a quad: quad q of a row is its words 4*spread*(q // spread) +
     # q % spread + spread*j, j = 0..3 (1: four consecutive words); only Plan.spread_quads has spread > 1
     spread: int = 1
+    # rows of quads (along the word grid's second-to-last axis) a program takes at once, ROW_TILE or 1:
+    # where a quad's row neighbours read source words next to its own and its column neighbours far
+    # apart (Marlin's N-major FP4 weights), lanes walk down the rows so that a warp reads whole sectors
+    row_tile: int = 1
 
 
 @attrs.frozen(kw_only=True)
@@ -278,24 +282,6 @@ def linear(coords: Sequence[ex.Expr], shape: Sequence[ex.Expr]) -> ex.Expr:
     return ex.add(*(ex.mul(c, s) for c, s in zip(coords, contiguous_strides(shape))))
 
 
-def swar_terms(table: Sequence[int]) -> list[tuple[int, int, int, int]]:
-    """The bit permutation of a quad done on its four *source* words, before the byte transpose.
-
-    Output word j of a quad is byte j of source words 0..3 (its bytes 0..3), then permuted. A bit
-    of source byte position b, bit k, goes to output byte b2, bit k2 whatever j is, so one masked
-    shift of the whole source word moves that bit of all four output words at once:
-    ``V[b2] |= (S[b] & mask) << (k2 - k)`` with ``mask`` the bit in every byte; afterwards output
-    word j is byte j of V[0..3]. Returns (b, b2, shift, mask) terms: about five per output word
-    instead of the seventeen masked shifts of a word permuted alone."""
-    groups: dict[tuple[int, int, int], int] = {}
-    for o, i in enumerate(table):
-        b, k = divmod(i, 8)
-        b2, k2 = divmod(o, 8)
-        key = (b, b2, k2 - k)
-        groups[key] = groups.get(key, 0) | (1 << k)
-    return [(b, b2, d, m * 0x01010101) for (b, b2, d), m in sorted(groups.items())]
-
-
 def affine_strides(m: IndexMap) -> tuple[tuple[ex.Expr, ...], ex.Expr] | None:
     """(input-element stride of each output axis, offset) when ``m`` is a strided view, else None."""
     if not m.is_total() or m.bit_level:
@@ -338,8 +324,8 @@ def plan(chain: Chain) -> Plan:
     if isinstance(raw, Words):
         raw = attrs.evolve(raw, quads=_quads(raw, chain))
         if raw.quads is None:
-            raw = attrs.evolve(raw, spread_quads=next(
-                (q for s in QUAD_SPREADS[1:] if (q := _quads(raw, chain, s)) is not None), None))
+            q = next((q for s in QUAD_SPREADS[1:] if (q := _quads(raw, chain, s)) is not None), None)
+            raw = attrs.evolve(raw, spread_quads=q and attrs.evolve(q, row_tile=_row_tile(raw, q, chain)))
     elif isinstance(raw, Gather) and (split := _rows_form(raw.map)) is not None:
         raw = Rows(map=raw.map, row_valid=split[0], col_bound=split[1], **raw.shared())
     elif isinstance(raw, Gather) and not raw.conversions:
@@ -586,6 +572,22 @@ def _quads(p: Words, chain: Chain, spread: int = 1) -> Quads | None:
             stride = None  # wrong somewhere, or never seen with two quads in a row
         return Quads(bases, valid, pairs, multiple, guard, stride)
     return None
+
+
+#: Rows of quads per program where the quads walk goes down rows (Quads.row_tile).
+ROW_TILE = 8
+
+
+def _row_tile(p: Words, q: Quads, chain: Chain) -> int:
+    """ROW_TILE when, on an instance of the dims, every source word's address moves at most 16 bytes
+    from a quad to its row neighbour and more than that to its column neighbour; else 1."""
+    k = len(p.word_shape) - 1
+    found = samples(chain, [(ex.Var(d), q.multiple) for d in q.guard_dims], count=2)
+    if k < 1 or not found:
+        return 1
+    at = {**found[-1], **{f"o{i}": 0 for i in range(k + 1)}}
+    step = [[abs(int(ex.evaluate(b, {**at, f"o{a}": 1}) - ex.evaluate(b, at))) for b in q.bases] for a in (k - 1, k)]
+    return ROW_TILE if max(step[0]) <= 16 and min(step[1]) > max(step[0]) else 1
 
 
 def _row_stride(p: Words, bases, valid, last: str) -> ex.Expr | None:

@@ -23,7 +23,7 @@ from ..front.text import comment
 from . import maptext
 from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
-from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, swar_terms, unknown
+from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, unknown
 from .terms import collect_and_name, is_size
 from .torch_emit import BIT_VIEWS
 
@@ -50,7 +50,7 @@ def t(e: ex.Expr) -> str:
 TERMS = "#<terms>"
 #: Names a body binds itself (a named term takes none of them).
 #: None is ``_`` and one letter: those are the header's terms (maptext.TERM_PREFIX).
-_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_out", "_KW", "mask", "pid", "rows", "cols", "live",
+_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "lane", "_out", "_KW", "mask", "pid", "rows", "cols", "live",
            "inside", "_TILE", "_ALT", "_ASM", "_bits", "_half", "_field", "_nan", "_nct", "_read"}
 
 
@@ -265,6 +265,24 @@ def _words(p: Words, t=t) -> list[str]:
     return body
 
 
+def swar_terms(table: Sequence[int]) -> list[tuple[int, int, int, int]]:
+    """The bit permutation of a quad done on its four *source* words, before the byte transpose.
+
+    Output word j of a quad is byte j of source words 0..3 (its bytes 0..3), then permuted. A bit
+    of source byte position b, bit k, goes to output byte b2, bit k2 whatever j is, so one masked
+    shift of the whole source word moves that bit of all four output words at once:
+    ``V[b2] |= (S[b] & mask) << (k2 - k)`` with ``mask`` the bit in every byte; afterwards output
+    word j is byte j of V[0..3]. Returns (b, b2, shift, mask) terms: about five per output word
+    instead of the seventeen masked shifts of a word permuted alone."""
+    groups: dict[tuple[int, int, int], int] = {}
+    for o, i in enumerate(table):
+        b, k = divmod(i, 8)
+        b2, k2 = divmod(o, 8)
+        key = (b, b2, k2 - k)
+        groups[key] = groups.get(key, 0) | (1 << k)
+    return [(b, b2, d, m * 0x01010101) for (b, b2, d), m in sorted(groups.items())]
+
+
 def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
     """Four output words per lane: four whole source words (two 8-byte loads when they pair up), the
     bits permuted on the source words (swar_terms), a 4x4 byte transpose, one 16-byte store. Quads of
@@ -273,7 +291,10 @@ def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
     apart: stored as they are, a warp would write 4-byte pieces scattered over four times the span)."""
     q = q or p.quads
     shape = p.word_shape[:-1] + (ex.div(p.word_shape[-1], 4),)
-    body = _lanes(p, BLOCK_QUADS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape, t)
+    if q.row_tile > 1:
+        body = _tile_lanes(p, q, shape, t)
+    else:
+        body = _lanes(p, BLOCK_QUADS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape, t)
     if q.pairs:  # x is viewed as 64-bit words: source words b and b + 2 are one load
         for b in (0, 1):
             body += _load(f"p{b}", f"({t(q.bases[b])}) // 8", None if q.valid[b] == ex.TRUE else t(q.valid[b]),
@@ -303,6 +324,8 @@ def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
             "tl.store(y_ptr + (4 * offs)[:, None] + tl.arange(0, 4)[None, :], w.to(tl.int32, bitcast=True),",
             "         mask=mask[:, None])",
         ]
+    if q.row_tile > 1:
+        return body + _tile_store(p, q, shape, t)
     s, n = q.spread, 4 * BLOCK_QUADS
     # This program's quads are whole groups of `spread` (BLOCK_QUADS is a multiple of it, and so is a
     # row): their words are the n consecutive words from 4 * BLOCK_QUADS * pid, in the order
@@ -312,6 +335,44 @@ def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
         f"w = tl.reshape(tl.permute(tl.reshape(w, ({BLOCK_QUADS // s}, {s}, 4)), (0, 2, 1)), ({n},))",
         *_lanes(p, n, "_out"),
         f"tl.store(y_ptr + _out, w.to(tl.int32, bitcast=True), mask=_out < 4 * ({t(ex.mul(*shape))}))",
+    ]
+
+
+def _tile_lanes(p: Words, q: Quads, shape: Sequence[ex.Expr], t=t) -> list[str]:
+    """The quads of a tile of ``row_tile`` rows by BLOCK_QUADS // row_tile columns, the lanes going
+    down the rows first (Quads.row_tile: there the source words of neighbouring lanes lie side by
+    side); the rows are the quad grid's axes but the last, flattened."""
+    r, c = q.row_tile, BLOCK_QUADS // q.row_tile
+    rows = t(ex.mul(*shape[:-1])) if shape[:-1] else "1"
+    return [
+        f"_nct = ({t(shape[-1])} + {c - 1}) // {c}  # column tiles per row tile",
+        f"lane = tl.arange(0, {BLOCK_QUADS})",
+        "if WIDE:",
+        f"    offs = (pid // _nct).to(tl.int64) * {r} + lane % {r}",
+        f"    cols = (pid % _nct).to(tl.int64) * {c} + lane // {r}",
+        "else:",
+        f"    offs = ((pid // _nct) * {r} + lane % {r}).to({_index_type(p)})",
+        f"    cols = ((pid % _nct) * {c} + lane // {r}).to({_index_type(p)})",
+        f"mask = (offs < ({rows})) & (cols < ({t(shape[-1])}))",
+        *unravel("offs", shape[:-1], t)[:-1],
+        f"o{len(shape) - 1} = cols",
+        TERMS,
+    ]
+
+
+def _tile_store(p: Words, q: Quads, shape: Sequence[ex.Expr], t=t) -> list[str]:
+    """The tile's words regrouped into its rows' runs of consecutive output words, one 2-D store."""
+    s, r, c = q.spread, q.row_tile, BLOCK_QUADS // q.row_tile
+    rows, width = (t(ex.mul(*shape[:-1])) if shape[:-1] else "1"), t(p.word_shape[-1])
+    return [
+        f"# lane (column q, row) holds words 4*{s}*(q // {s}) + q % {s} + {s}*j of its row: {r} runs of {4 * c} words",
+        f"w = tl.reshape(tl.permute(tl.reshape(w, ({c // s}, {s}, {r}, 4)), (2, 0, 3, 1)), ({r}, {4 * c}))",
+        f"rows = (pid // _nct) * {r} + tl.arange(0, {r})",
+        f"cols = (pid % _nct) * {4 * c} + tl.arange(0, {4 * c})",
+        "if WIDE:",
+        "    rows = rows.to(tl.int64)",
+        f"tl.store(y_ptr + rows[:, None] * ({width}) + cols[None, :], w.to(tl.int32, bitcast=True),",
+        f"         mask=(rows < ({rows}))[:, None] & (cols < ({width}))[None, :])",
     ]
 
 
@@ -495,8 +556,12 @@ def _word_walks(p: Words, walk) -> list[tuple[str | None, list[str]]]:
                            {d: (1, None) for d in ex.free_vars(p.word_shape[-1])})
         if q.spread > 1 and rest != ex.Const(0):  # rows of whole groups of spread quads (unless always)
             cond += f" and ({ex.to_python(p.word_shape[-1])}) % {4 * q.spread} == 0"
-        quads = walk("int64" if q.pairs else "int32", "int32",
-                     f"-(-({ex.to_python(ex.mul(*shape))}) // {BLOCK_QUADS})")
+        count = f"-(-({ex.to_python(ex.mul(*shape))}) // {BLOCK_QUADS})"
+        if q.row_tile > 1:  # tiles of row_tile rows by BLOCK_QUADS // row_tile columns
+            rows = ex.to_python(ex.mul(*shape[:-1])) if shape[:-1] else "1"
+            count = (f"-(-({rows}) // {q.row_tile}) * -(-({ex.to_python(shape[-1])}) // "
+                     f"{BLOCK_QUADS // q.row_tile})")
+        quads = walk("int64" if q.pairs else "int32", "int32", count)
         return [(cond + "  # the dims the quads walk was checked for", quads), (None, words)]
     return [(None, words)]
 
