@@ -317,10 +317,6 @@ def affine_strides(m: IndexMap) -> tuple[tuple[ex.Expr, ...], ex.Expr] | None:
 def plan(chain: Chain) -> Plan:
     """The one-pass plan of ``chain`` (a :class:`NoPass` when there is none)."""
     raw = _tidy_plan(_plan(chain))
-    # A lookup table in the index arithmetic (permute(table=...), as `layoutc infer` writes for a
-    # row order no op gives) has no kernel form: such a tensor is converted op by op.
-    if not isinstance(raw, (NoPass, Copy)) and any(_has_table(e) for e in index_exprs(raw)):
-        return NoPass(reason="a lookup table in the index map (not lowered to kernels)", **raw.shared())
     if isinstance(raw, Words):
         raw = attrs.evolve(raw, quads=_quads(raw, chain))
         if raw.quads is None:
@@ -333,8 +329,16 @@ def plan(chain: Chain) -> Plan:
     return attrs.evolve(raw, unsigned=nonnegative(*index_exprs(raw)))
 
 
-def _has_table(e: ex.Expr) -> bool:
-    return isinstance(e, ex.Table) or any(_has_table(c) for c in ex.children(e))
+def tables(p: Plan) -> tuple[tuple[int, ...], ...]:
+    """The lookup tables the plan's index expressions read (``permute(table=...)``), each once, first met first."""
+    found: dict[tuple[int, ...], None] = {}
+    stack = list(reversed(index_exprs(p)))
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ex.Table):
+            found.setdefault(e.values)
+        stack.extend(reversed(ex.children(e)))
+    return tuple(found)
 
 
 def index_exprs(p: Plan) -> list[ex.Expr]:

@@ -23,8 +23,8 @@ from ..front.text import comment
 from . import maptext
 from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
-from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, unknown
-from .terms import collect_and_name, is_size
+from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, tables, unknown
+from .terms import collect_and_name, is_size, replace
 from .torch_emit import BIT_VIEWS
 
 # Work per program (lanes x elements per lane), with NUM_WARPS warps per program.
@@ -44,6 +44,44 @@ ROW_TILE_ELEMENTS = 4096  # ... and this many elements
 
 def t(e: ex.Expr) -> str:
     return ex.to_triton(e)
+
+
+#: The name of a body's lookup table k (a kernel argument: a pointer to int32 entries).
+def table_arg(k: int) -> str:
+    return f"_tab{k}"
+
+
+def table_printer(found: Sequence[tuple[int, ...]]):
+    """:func:`t` where the expressions hold lookup tables: each read as ``_lookup(_tabK, index, n)``
+    (``found``: the tables of the body, in :func:`layoutc.lower.plan.tables` order, each its argument)."""
+    names = {values: table_arg(k) for k, values in enumerate(found)}
+
+    def printer(e: ex.Expr) -> str:
+        holes: dict[str, str] = {}
+        stack = [e]
+        while stack:  # the outermost tables: each a placeholder name, its index printed the same way
+            x = stack.pop()
+            if isinstance(x, ex.Table):
+                hole = f"_hole{len(holes)}_"
+                holes[hole] = f"_lookup({names[x.values]}, {printer(x.index)}, {len(x.values)})"
+                e = replace(e, x, ex.Var(hole))
+            else:
+                stack.extend(ex.children(x))
+        text = ex.to_triton(e)
+        for hole, call in holes.items():
+            text = text.replace(hole, call)
+        return text
+
+    return printer
+
+
+LOOKUP = '''
+@triton.jit
+def _lookup(table, i, n: tl.constexpr):
+    # Entry i of a lookup table of an index map (a kernel argument of n int32 entries); 0 where i is
+    # out of range, as for lanes past the output or in its padding, whose values are never stored.
+    return tl.load(table + i, mask=(i >= 0) & (i < n), other=0)
+'''
 
 
 #: The line a walk puts after binding the output coordinates: where their named terms go.
@@ -376,6 +414,18 @@ def _tile_store(p: Words, q: Quads, shape: Sequence[ex.Expr], t=t) -> list[str]:
     ]
 
 
+TABLE_ON = '''_TABLES_ON_DEVICES = {}
+
+
+def _table_on(values, device):
+    # A lookup table of an index map as int32 entries on the kernel's device, built once per table and device.
+    key = (id(values), device)
+    if key not in _TABLES_ON_DEVICES:
+        _TABLES_ON_DEVICES[key] = torch.tensor(values, dtype=torch.int32, device=device)
+    return _TABLES_ON_DEVICES[key]
+'''
+
+
 TRANSPOSE = '''
 @triton.jit
 def _transpose4x4(v0, v1, v2, v3, _ASM: tl.constexpr):
@@ -415,12 +465,15 @@ def body(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.
     allows inline PTX. ``terms``: the header's named terms (:func:`header_terms`), bound under the
     header's names where a walk over the map's own coordinates holds them (the coarse and quads walks
     run over other grids: their terms get other names, never the header's)."""
-    params = ", ".join(["x_ptr", "y_ptr", "pid"] + [f"{d}: tl.constexpr" for d in dims])
+    found = tables(p)
+    args = [table_arg(k) for k in range(len(found))]
+    params = ", ".join(["x_ptr", "y_ptr", *args, "pid"] + [f"{d}: tl.constexpr" for d in dims])
     flags = "WIDE: tl.constexpr, _ALT: tl.constexpr, _TILE: tl.constexpr, _ASM: tl.constexpr"
-    taken = set(dims) | _LOCALS | {n for n, _ in terms}
+    taken = set(dims) | _LOCALS | {n for n, _ in terms} | set(args)
+    printer = table_printer(found) if found else ex.to_triton
 
     def named(walk, given=terms) -> list[str]:  # the walk's index terms named once (layoutc.lower.terms)
-        return collect_and_name(walk, taken, ex.to_triton, TERMS, size_annotation=": tl.constexpr", given=given)
+        return collect_and_name(walk, taken, printer, TERMS, size_annotation=": tl.constexpr", given=given)
 
     sizes = tuple((n, d) for n, d in terms if is_size(d))  # the same on every grid
 
@@ -448,9 +501,12 @@ def body(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.
             + "\n".join("    " + x for x in lines) + "\n")
 
 
-def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str]) -> str:
-    """One kernel for a layer: programs [0, G0) run body 0, [G0, G0 + G1) body 1, and so on."""
-    args = [f"_{v}{i}" for i in range(len(bodies)) for v in ("x", "y")]
+def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str], lookups: Sequence[int] = ()) -> str:
+    """One kernel for a layer: programs [0, G0) run body 0, [G0, G0 + G1) body 1, and so on.
+    ``lookups``: the lookup tables each body takes (kernel arguments after its input and output)."""
+    lookups = list(lookups) or [0] * len(bodies)
+    tabs = [[f"_tab{i}_{k}" for k in range(lookups[i])] for i in range(len(bodies))]
+    args = [a for i in range(len(bodies)) for a in (f"_x{i}", f"_y{i}", *tabs[i])]
     flags = [f"_{k}{i}: tl.constexpr" for i in range(len(bodies)) for k in ("G", "W", "A", "T")]
     sig = ", ".join(args + [f"{d}: tl.constexpr" for d in dims] + flags + ["_ASM: tl.constexpr"])
     lines = ["@triton.jit", f"def {name}({sig}):", "    pid = tl.program_id(0)"]
@@ -459,7 +515,8 @@ def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str]) -> str:
         end = f"{start}_G{i}"
         lines.append(f"    {'if' if i == 0 else 'elif'} pid < {end}:")
         local = "pid" if i == 0 else f"pid - ({start[:-3]})"
-        lines.append(f"        {b}(_x{i}, _y{i}, {local}, {''.join(d + ', ' for d in dims)}_W{i}, _A{i}, _T{i}, _ASM)")
+        lines.append(f"        {b}(_x{i}, _y{i}, {''.join(a + ', ' for a in tabs[i])}{local}, "
+                     f"{''.join(d + ', ' for d in dims)}_W{i}, _A{i}, _T{i}, _ASM)")
         start = end + " + "
     return "\n".join(lines) + "\n"
 
@@ -468,14 +525,19 @@ def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str]) -> str:
 # the launcher: Python that allocates the outputs and launches the layer kernel once
 
 
-def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: Sequence[str]) -> str:
+def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: Sequence[str],
+             lookups: dict[str, Sequence[str]] | None = None) -> str:
     """Source of ``def name(tensors, d) -> dict``: allocate every output of ``entries`` (tensor
-    name, plan), choose each walk for the call's shapes, launch ``kernel`` once."""
+    name, plan), choose each walk for the call's shapes, launch ``kernel`` once. ``lookups``: per tensor,
+    the module-level names of its lookup tables (passed to the kernel after its input and output)."""
+    lookups = lookups or {}
     xs = ", ".join(f"tensors[{tensor!r}]" for tensor, _ in entries)
+    key = (f"_prepared_key({name}, _xs, d)" if not any(lookups.values()) else
+           "None  # lookup tables are kernel arguments: no prepared launch (it passes inputs and outputs only)")
     lines = [f"def {name}(tensors, d):",
              f"    # One launch converts {', '.join(n for n, _ in entries)}.",
              f"    _xs = ({xs},)",
-             f"    _key = _prepared_key({name}, _xs, d)",
+             f"    _key = {key}",
              "    _run = _PREPARED.get(_key)",
              "    if _run is not None:  # a warm call of these shapes: allocate and launch",
              "        return _run(_xs)",
@@ -500,7 +562,7 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
         if _plain_copy(p):  # a plain copy: large ones by the device's own copy
             lines += ["    if _copy_apart(x):", "        ys.copy_(xs)", "        n = 0", f"        _apart.append({i})"]
         lines += [
-            "    _args += [xs, ys]",
+            "    _args += [xs, ys" + "".join(f", _table_on({n}, x.device)" for n in lookups.get(tensor, ())) + "]",
             f"    _flags.update(_G{i}=n, _W{i}=max(x.numel() * x.element_size(), y.numel() * y.element_size()) >= 2**31, "
             f"_A{i}={alt}, _T{i}=_t)",
             "    total += n",
