@@ -88,7 +88,7 @@ def _lookup(table, i, n: tl.constexpr):
 TERMS = "#<terms>"
 #: Names a body binds itself (a named term takes none of them).
 #: None is ``_`` and one letter: those are the header's terms (maptext.TERM_PREFIX).
-_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "lane", "_out", "_KW", "mask", "pid", "rows", "cols", "live",
+_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_lane", "_out", "_KW", "mask", "pid", "rows", "cols", "live",
            "inside", "_TILE", "_ALT", "_ASM", "_bits", "_half", "_field", "_nan", "_nct", "_read"}
 
 
@@ -384,13 +384,13 @@ def _tile_lanes(p: Words, q: Quads, shape: Sequence[ex.Expr], t=t) -> list[str]:
     rows = t(ex.mul(*shape[:-1])) if shape[:-1] else "1"
     return [
         f"_nct = ({t(shape[-1])} + {c - 1}) // {c}  # column tiles per row tile",
-        f"lane = tl.arange(0, {BLOCK_QUADS})",
+        f"_lane = tl.arange(0, {BLOCK_QUADS})",
         "if WIDE:",
-        f"    offs = (pid // _nct).to(tl.int64) * {r} + lane % {r}",
-        f"    cols = (pid % _nct).to(tl.int64) * {c} + lane // {r}",
+        f"    offs = (pid // _nct).to(tl.int64) * {r} + _lane % {r}",
+        f"    cols = (pid % _nct).to(tl.int64) * {c} + _lane // {r}",
         "else:",
-        f"    offs = ((pid // _nct) * {r} + lane % {r}).to({_index_type(p)})",
-        f"    cols = ((pid % _nct) * {c} + lane // {r}).to({_index_type(p)})",
+        f"    offs = ((pid // _nct) * {r} + _lane % {r}).to({_index_type(p)})",
+        f"    cols = ((pid % _nct) * {c} + _lane // {r}).to({_index_type(p)})",
         f"mask = (offs < ({rows})) & (cols < ({t(shape[-1])}))",
         *unravel("offs", shape[:-1], t)[:-1],
         f"o{len(shape) - 1} = cols",

@@ -109,5 +109,5 @@ def test_the_tiled_walk_regroups_its_rows_before_one_2d_store():
     chain = next(c for c in spec.compiled.variants[0].chains if c.tensor == "w13_weight")
     p = plan(chain)
     text = triton_emit.body(p, "_b", ("E", "I", "H"))
-    assert "lane % 8" in text and "tl.permute(tl.reshape(w, (32, 4, 8, 4)), (2, 0, 3, 1))" in text
+    assert "_lane % 8" in text and "tl.permute(tl.reshape(w, (32, 4, 8, 4)), (2, 0, 3, 1))" in text
     assert "rows[:, None]" in text and "if _ALT:" in text  # the words walk stays for other dims
