@@ -36,7 +36,7 @@ VARIANTS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
 #: The shipped specs of engines other than FlashInfer (issue 24); --variants other / all.
 OTHER_VARIANTS = [("triton_kernels_mxfp4_hopper", {}), ("triton_kernels_mxfp4_blackwell", {}), ("aiter_mxfp4", {}),
                   ("aiter_fp8_block", {}), ("deepgemm_fp8_block", {}), ("vllm_cutlass_nvfp4", {"activation": "silu"}),
-                  ("marlin_mxfp4", {}), ("marlin_gptq_int4", {})]
+                  ("marlin_mxfp4", {}), ("marlin_nvfp4", {}), ("marlin_gptq_int4", {})]
 DIMS = {"E": 128, "I": 2944, "H": 2944}
 # Parameters that give a newer spec the layout of the older one, where its defaults changed it (the
 # trtllm specs pad H, and I, to 256 since vLLM 0.33; at I = H = 2944, a multiple of 128, padding to
@@ -45,7 +45,12 @@ AS_OLD = {"flashinfer_trtllm_mxfp4": {"pad_to": 128, "pad_hidden": 128}, "flashi
 
 
 def _variants(which: str) -> list:
-    return {"flashinfer": VARIANTS, "other": OTHER_VARIANTS, "all": VARIANTS + OTHER_VARIANTS}[which]
+    """``which``: flashinfer, other, all, or spec names joined by commas (their entries in either list)."""
+    groups = {"flashinfer": VARIANTS, "other": OTHER_VARIANTS, "all": VARIANTS + OTHER_VARIANTS}
+    if which in groups:
+        return groups[which]
+    names = which.split(",")
+    return [v for v in VARIANTS + OTHER_VARIANTS if v[0] in names]
 
 
 def emit(root: Path, folder: Path, tag: str, which: str = "flashinfer") -> None:
@@ -103,8 +108,9 @@ def main() -> int:
     ap.add_argument("--new", type=Path, default=Path("."))
     ap.add_argument("--out", type=Path)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--variants", choices=["flashinfer", "other", "all"], default="flashinfer",
-                    help="FlashInfer's specs (default), the other engines' (issue 24), or both")
+    ap.add_argument("--variants", default="flashinfer",
+                    help="FlashInfer's specs (default), 'other' (the other engines', issue 24), 'all', or spec "
+                    "names joined by commas")
     ap.add_argument("--dims", default=None, help="E=..,I=..,H=.. (default: the gpt-oss-120b layer)")
     ap.add_argument("--host", action="store_true", help="also the host time of a warm call (the median time "
                     "until convert() returns, the device idle at each start), old and new in alternation")

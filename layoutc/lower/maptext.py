@@ -105,7 +105,11 @@ def factor(exprs: list[ex.Expr], line, coords: set[str], width: int = MAP_WIDTH)
 def render_words(p: Plan) -> str | None:
     if not isinstance(p, Words):
         return None
-    return name_repeats(*_word_parts(p), 160) + f"\n     T = {list(p.table)}"
+    text = name_repeats(*_word_parts(p), 160) + f"\n     T = {list(p.table)}"
+    if p.source_bits != 8:  # the input's elements are wider than a byte: the map reads its bytes
+        shape = ", ".join(ex.to_str(s, slash=True) for s in p.in_shape)
+        text += f"\n     in = the input as bytes, u8[{shape}] (each {p.source_bits}-bit element little-endian)"
+    return text
 
 
 def _word_parts(p: Words):

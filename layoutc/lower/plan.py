@@ -21,7 +21,7 @@ instances of the dims:
 ``words``     one output word per lane, its four source bytes loaded one by one
 ``quads``     four consecutive output words per lane from four whole source words (a 4x4 byte
               transpose, as in the SM90 interleave); the bit permutation is done on the source
-              words before the transpose (:func:`swar_terms`), two 8-byte loads when source words
+              words before the transpose (``triton_emit.swar_terms``), two 8-byte loads when source words
               pair up. Checked for dims that are multiples of ``Quads.multiple``; the launcher
               takes it when the call's dims are, and the ``words`` walk otherwise.
 
@@ -41,10 +41,11 @@ import attrs
 
 from ..algebra import expr as ex
 from ..lang.compiler import Chain
-from ..algebra.dtypes import ElemType
+from ..algebra.dtypes import ELEMENT_TYPES, ElemType
 from ..algebra.indexmap import IndexMap, compose_all, identity
 from ..lang.ops.base import Category
 from ..lang.ops.conversion import BitPermutation, Conversion, UnknownKind, known
+from .bytemaps import byte_maps, byte_shape
 
 
 class Access(enum.StrEnum):
@@ -84,6 +85,10 @@ class Quads:
     # output words `spread` apart form a quad: quad q of a row is its words 4*spread*(q // spread) +
     # q % spread + spread*j, j = 0..3 (1: four consecutive words); only Plan.spread_quads has spread > 1
     spread: int = 1
+    # rows of quads (along the word grid's second-to-last axis) a program takes at once, ROW_TILE or 1:
+    # where a quad's row neighbours read source words next to its own and its column neighbours far
+    # apart (Marlin's N-major FP4 weights), lanes walk down the rows so that a warp reads whole sectors
+    row_tile: int = 1
 
 
 @attrs.frozen(kw_only=True)
@@ -176,6 +181,8 @@ class Words(Plan):
     # the quads walk over output words `spread` > 1 apart (Quads.spread), when four consecutive words
     # do not form a quad; a kernel that regroups the words before its store takes it
     spread_quads: Quads | None = None
+    # the source's element bits where it is wider than a byte: its bytes are read (in_shape is the bytes)
+    source_bits: int = 8
 
     @property
     def access(self) -> Access:
@@ -275,24 +282,6 @@ def linear(coords: Sequence[ex.Expr], shape: Sequence[ex.Expr]) -> ex.Expr:
     return ex.add(*(ex.mul(c, s) for c, s in zip(coords, contiguous_strides(shape))))
 
 
-def swar_terms(table: Sequence[int]) -> list[tuple[int, int, int, int]]:
-    """The bit permutation of a quad done on its four *source* words, before the byte transpose.
-
-    Output word j of a quad is byte j of source words 0..3 (its bytes 0..3), then permuted. A bit
-    of source byte position b, bit k, goes to output byte b2, bit k2 whatever j is, so one masked
-    shift of the whole source word moves that bit of all four output words at once:
-    ``V[b2] |= (S[b] & mask) << (k2 - k)`` with ``mask`` the bit in every byte; afterwards output
-    word j is byte j of V[0..3]. Returns (b, b2, shift, mask) terms: about five per output word
-    instead of the seventeen masked shifts of a word permuted alone."""
-    groups: dict[tuple[int, int, int], int] = {}
-    for o, i in enumerate(table):
-        b, k = divmod(i, 8)
-        b2, k2 = divmod(o, 8)
-        key = (b, b2, k2 - k)
-        groups[key] = groups.get(key, 0) | (1 << k)
-    return [(b, b2, d, m * 0x01010101) for (b, b2, d), m in sorted(groups.items())]
-
-
 def affine_strides(m: IndexMap) -> tuple[tuple[ex.Expr, ...], ex.Expr] | None:
     """(input-element stride of each output axis, offset) when ``m`` is a strided view, else None."""
     if not m.is_total() or m.bit_level:
@@ -328,15 +317,11 @@ def affine_strides(m: IndexMap) -> tuple[tuple[ex.Expr, ...], ex.Expr] | None:
 def plan(chain: Chain) -> Plan:
     """The one-pass plan of ``chain`` (a :class:`NoPass` when there is none)."""
     raw = _tidy_plan(_plan(chain))
-    # A lookup table in the index arithmetic (permute(table=...), as `layoutc infer` writes for a
-    # row order no op gives) has no kernel form: such a tensor is converted op by op.
-    if not isinstance(raw, (NoPass, Copy)) and any(_has_table(e) for e in index_exprs(raw)):
-        return NoPass(reason="a lookup table in the index map (not lowered to kernels)", **raw.shared())
     if isinstance(raw, Words):
         raw = attrs.evolve(raw, quads=_quads(raw, chain))
         if raw.quads is None:
-            raw = attrs.evolve(raw, spread_quads=next(
-                (q for s in QUAD_SPREADS[1:] if (q := _quads(raw, chain, s)) is not None), None))
+            q = next((q for s in QUAD_SPREADS[1:] if (q := _quads(raw, chain, s)) is not None), None)
+            raw = attrs.evolve(raw, spread_quads=q and attrs.evolve(q, row_tile=_row_tile(raw, q, chain)))
     elif isinstance(raw, Gather) and (split := _rows_form(raw.map)) is not None:
         raw = Rows(map=raw.map, row_valid=split[0], col_bound=split[1], **raw.shared())
     elif isinstance(raw, Gather) and not raw.conversions:
@@ -344,8 +329,16 @@ def plan(chain: Chain) -> Plan:
     return attrs.evolve(raw, unsigned=nonnegative(*index_exprs(raw)))
 
 
-def _has_table(e: ex.Expr) -> bool:
-    return isinstance(e, ex.Table) or any(_has_table(c) for c in ex.children(e))
+def tables(p: Plan) -> tuple[tuple[int, ...], ...]:
+    """The lookup tables the plan's index expressions read (``permute(table=...)``), each once, first met first."""
+    found: dict[tuple[int, ...], None] = {}
+    stack = list(reversed(index_exprs(p)))
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ex.Table):
+            found.setdefault(e.values)
+        stack.extend(reversed(ex.children(e)))
+    return tuple(found)
 
 
 def index_exprs(p: Plan) -> list[ex.Expr]:
@@ -420,18 +413,30 @@ def _conversion(op) -> Conversion:
 def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
     """A chain with one permutation of the bits within 32-bit words: byte gathers before it (``P``), the
     permutation, byte moves after it that keep each word's 4 bytes together (``Q``). Output word ``w``
-    is then the permuted word whose bytes ``P`` reads at the word position ``Q`` gives ``w``."""
-    i = bit_steps[0]
+    is then the permuted word whose bytes ``P`` reads at the word position ``Q`` gives ``w``. Views
+    across element widths around it (Marlin's ``view(t, u8)`` ... ``view(t, i32)``) move no byte: the
+    maps are then over the tensors seen as bytes (:mod:`layoutc.lower.bytemaps`), and so is the
+    plan's input (``u8``, its last axis times the source element's bytes)."""
+    perms = [i for i in bit_steps if chain.steps[i].op.word_permutation() is not None]
+    if len(perms) != 1 or any(not chain.steps[i].op.keeps_bytes() for i in bit_steps if i != perms[0]):
+        return NoPass(reason="bit-level steps other than one permutation of 32-bit words", **base)
+    i = perms[0]
     step = chain.steps[i]
     perm = step.op.word_permutation()
-    if len(bit_steps) > 1 or perm is None or perm.word_bytes != 4:
+    if perm.word_bytes != 4:
         return NoPass(reason="bit-level steps other than one permutation of 32-bit words", **base)
     if any(s.op.category is Category.VALUE for s in chain.steps):
         return NoPass(reason="value conversions around a bit permutation", **base)
-    before = [s.op.index_map(s.in_type) for s in chain.steps[:i]]
-    after = [s.op.index_map(s.in_type) for s in chain.steps[i + 1:]]
-    p = compose_all(before) if before else identity(chain.source.shape)
-    q = compose_all(after) if after else identity(step.out_type.shape)
+    before, after = byte_maps(chain.steps[:i]), byte_maps(chain.steps[i + 1:])
+    in_bytes, mid_bytes = byte_shape(chain.source), byte_shape(step.out_type)
+    if before is None or after is None or in_bytes is None or mid_bytes is None:
+        return NoPass(reason="steps around a bit permutation that are not moves of whole bytes", **base)
+    wide = {}
+    if chain.source.elem.bits != 8:  # the kernels read the input as bytes
+        base = dict(base, in_elem=ELEMENT_TYPES["u8"], in_shape=in_bytes)
+        wide = {"source_bits": chain.source.elem.bits}
+    p = compose_all(before) if before else identity(in_bytes)
+    q = compose_all(after) if after else identity(mid_bytes)
     word = perm.word_bytes
     if not q.is_total() or not _moves_whole_words(q, word, chain):
         return NoPass(reason="the steps after a bit permutation split its words", **base)
@@ -445,7 +450,7 @@ def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
         valids.append(ex.substitute(p.valid, sub))
     word_shape = q.out_shape[:-1] + (ex.div(q.out_shape[-1], word),)
     return Words(word_shape=word_shape, word_sources=tuple(sources), word_valid=tuple(valids),
-                permutation=perm, **base)
+                 permutation=perm, **base, **wide)
 
 
 # ---------------------------------------------------------------------------
@@ -571,6 +576,22 @@ def _quads(p: Words, chain: Chain, spread: int = 1) -> Quads | None:
             stride = None  # wrong somewhere, or never seen with two quads in a row
         return Quads(bases, valid, pairs, multiple, guard, stride)
     return None
+
+
+#: Rows of quads per program where the quads walk goes down rows (Quads.row_tile).
+ROW_TILE = 8
+
+
+def _row_tile(p: Words, q: Quads, chain: Chain) -> int:
+    """ROW_TILE when, on an instance of the dims, every source word's address moves at most 16 bytes
+    from a quad to its row neighbour and more than that to its column neighbour; else 1."""
+    k = len(p.word_shape) - 1
+    found = samples(chain, [(ex.Var(d), q.multiple) for d in q.guard_dims], count=2)
+    if k < 1 or not found:
+        return 1
+    at = {**found[-1], **{f"o{i}": 0 for i in range(k + 1)}}
+    step = [[abs(int(ex.evaluate(b, {**at, f"o{a}": 1}) - ex.evaluate(b, at))) for b in q.bases] for a in (k - 1, k)]
+    return ROW_TILE if max(step[0]) <= 16 and min(step[1]) > max(step[0]) else 1
 
 
 def _row_stride(p: Words, bases, valid, last: str) -> ex.Expr | None:

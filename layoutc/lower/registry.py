@@ -21,7 +21,10 @@ import attrs
 from ..lang.compiler import Chain, Variant
 from . import eager, memo, triton_emit, torch_emit
 from .maptext import map_text
-from .plan import Gather, Plan, Words, plan
+from .plan import Gather, Plan, Words, plan, tables
+from ..algebra import expr as ex
+from ..front.text import comment
+from ..lang.ops.base import Category
 
 
 class EmitContext:
@@ -176,9 +179,40 @@ def signature() -> tuple:
 # the built-in lowerings
 
 
+def _table_statement(chain: Chain, values: tuple[int, ...], filename: str) -> str:
+    """Where a lookup table of the chain's composed map comes from: the spec line of the step whose map holds it."""
+    for s in chain.steps:
+        if s.op.category is Category.VALUE:
+            continue
+        m = s.op.index_map(s.in_type)
+        stack = [*m.src, m.valid]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, ex.Table) and e.values == values:
+                return f"{filename}:{s.statement.pos.line}: {s.statement.text}" if s.statement else str(s.op)
+            stack.extend(ex.children(e))
+    return "the composed map"
+
+
+def _table_literals(ctx: EmitContext, chain: Chain, tag: str) -> list[str]:
+    """Module-level literals of the chain's lookup tables (``_TABLE_<tag>_<k>``), each with the spec line it
+    comes from; the names, in the order the kernel body takes them."""
+    names = []
+    for k, values in enumerate(tables(ctx.plan(chain))):
+        name = f"_TABLE_{tag}_{k}"
+        rows = [", ".join(str(v) for v in values[i:i + 16]) + "," for i in range(0, len(values), 16)]
+        where = triton_emit.wrap_comment(comment(f"lookup table {k} of {chain.tensor}: "
+                                                 f"{_table_statement(chain, values, ctx.filename)}"))
+        ctx.define(name, "\n".join([*where, f"{name} = (", *(f"    {r}" for r in rows), ")"]) + "\n")
+        names.append(name)
+    if names:
+        ctx.define("_table_on", triton_emit.TABLE_ON)
+    return names
+
+
 def _fused_layer(ctx: EmitContext, variant: Variant) -> tuple[str, tuple[str, ...]] | None:
     """One Triton kernel for every chain of the variant that has a one-pass plan."""
-    entries, bodies, chains = [], [], []
+    entries, bodies, chains, lookups = [], [], [], {}
     for c in variant.chains:
         p = ctx.plan(c)
         if not p.one_pass:
@@ -188,22 +222,31 @@ def _fused_layer(ctx: EmitContext, variant: Variant) -> tuple[str, tuple[str, ..
         entries.append((c.tensor, p))
         bodies.append(name)
         chains.append(tag)
+        lookups[c.tensor] = _table_literals(ctx, c, tag)
     if not entries:
         return None
     if any(triton_emit.uses_transpose(p) for _, p in entries):
         ctx.kernel("_transpose4x4", triton_emit.TRANSPOSE.strip() + "\n")
+    if any(lookups.values()):
+        ctx.kernel("_lookup", triton_emit.LOOKUP.strip() + "\n")
     key = tuple(chains)
     if key not in ctx.layers:
-        kernel = ctx.kernel(f"_k_layer_{len(ctx.layers)}", triton_emit.layer_kernel(f"_k_layer_{len(ctx.layers)}",
-                                                                                  bodies, ctx.dims))
+        kernel = ctx.kernel(f"_k_layer_{len(ctx.layers)}", triton_emit.layer_kernel(
+            f"_k_layer_{len(ctx.layers)}", bodies, ctx.dims, [len(lookups[t]) for t, _ in entries]))
         ctx.layers[key] = ctx.define(f"_fused_layer_{len(ctx.layers)}", triton_emit.launcher(
-            f"_fused_layer_{len(ctx.layers)}", kernel, entries, ctx.dims))
+            f"_fused_layer_{len(ctx.layers)}", kernel, entries, ctx.dims, lookups))
     return ctx.layers[key], tuple(t for t, _ in entries)
 
 
 def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
     p = ctx.plan(chain)
     if not p.one_pass or not chain.steps:
+        return None
+    if tables(p):  # lookup tables are lowered to Triton kernels only: the CPU runs such a chain op by op
+        return None
+    if isinstance(p, Words) and (chain.source.elem.bits != 8 or chain.out_type.elem.bits != 8):
+        # torch_emit's words gather reads and writes byte tensors: words plans over views of wider
+        # elements (Marlin's int32 weights) run the eager lowering on the CPU, as before
         return None
     name = f"_gather_{ctx.tag(chain)}"
     if isinstance(p, Words) and p.quads is not None:

@@ -23,8 +23,8 @@ from ..front.text import comment
 from . import maptext
 from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
-from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, swar_terms, unknown
-from .terms import collect_and_name, is_size
+from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, tables, unknown
+from .terms import collect_and_name, is_size, replace
 from .torch_emit import BIT_VIEWS
 
 # Work per program (lanes x elements per lane), with NUM_WARPS warps per program.
@@ -46,11 +46,49 @@ def t(e: ex.Expr) -> str:
     return ex.to_triton(e)
 
 
+#: The name of a body's lookup table k (a kernel argument: a pointer to int32 entries).
+def table_arg(k: int) -> str:
+    return f"_tab{k}"
+
+
+def table_printer(found: Sequence[tuple[int, ...]]):
+    """:func:`t` where the expressions hold lookup tables: each read as ``_lookup(_tabK, index, n)``
+    (``found``: the tables of the body, in :func:`layoutc.lower.plan.tables` order, each its argument)."""
+    names = {values: table_arg(k) for k, values in enumerate(found)}
+
+    def printer(e: ex.Expr) -> str:
+        holes: dict[str, str] = {}
+        stack = [e]
+        while stack:  # the outermost tables: each a placeholder name, its index printed the same way
+            x = stack.pop()
+            if isinstance(x, ex.Table):
+                hole = f"_hole{len(holes)}_"
+                holes[hole] = f"_lookup({names[x.values]}, {printer(x.index)}, {len(x.values)})"
+                e = replace(e, x, ex.Var(hole))
+            else:
+                stack.extend(ex.children(x))
+        text = ex.to_triton(e)
+        for hole, call in holes.items():
+            text = text.replace(hole, call)
+        return text
+
+    return printer
+
+
+LOOKUP = '''
+@triton.jit
+def _lookup(table, i, n: tl.constexpr):
+    # Entry i of a lookup table of an index map (a kernel argument of n int32 entries); 0 where i is
+    # out of range, as for lanes past the output or in its padding, whose values are never stored.
+    return tl.load(table + i, mask=(i >= 0) & (i < n), other=0)
+'''
+
+
 #: The line a walk puts after binding the output coordinates: where their named terms go.
 TERMS = "#<terms>"
 #: Names a body binds itself (a named term takes none of them).
 #: None is ``_`` and one letter: those are the header's terms (maptext.TERM_PREFIX).
-_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_out", "_KW", "mask", "pid", "rows", "cols", "live",
+_LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_lane", "_out", "_KW", "mask", "pid", "rows", "cols", "live",
            "inside", "_TILE", "_ALT", "_ASM", "_bits", "_half", "_field", "_nan", "_nct", "_read"}
 
 
@@ -265,6 +303,24 @@ def _words(p: Words, t=t) -> list[str]:
     return body
 
 
+def swar_terms(table: Sequence[int]) -> list[tuple[int, int, int, int]]:
+    """The bit permutation of a quad done on its four *source* words, before the byte transpose.
+
+    Output word j of a quad is byte j of source words 0..3 (its bytes 0..3), then permuted. A bit
+    of source byte position b, bit k, goes to output byte b2, bit k2 whatever j is, so one masked
+    shift of the whole source word moves that bit of all four output words at once:
+    ``V[b2] |= (S[b] & mask) << (k2 - k)`` with ``mask`` the bit in every byte; afterwards output
+    word j is byte j of V[0..3]. Returns (b, b2, shift, mask) terms: about five per output word
+    instead of the seventeen masked shifts of a word permuted alone."""
+    groups: dict[tuple[int, int, int], int] = {}
+    for o, i in enumerate(table):
+        b, k = divmod(i, 8)
+        b2, k2 = divmod(o, 8)
+        key = (b, b2, k2 - k)
+        groups[key] = groups.get(key, 0) | (1 << k)
+    return [(b, b2, d, m * 0x01010101) for (b, b2, d), m in sorted(groups.items())]
+
+
 def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
     """Four output words per lane: four whole source words (two 8-byte loads when they pair up), the
     bits permuted on the source words (swar_terms), a 4x4 byte transpose, one 16-byte store. Quads of
@@ -273,7 +329,10 @@ def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
     apart: stored as they are, a warp would write 4-byte pieces scattered over four times the span)."""
     q = q or p.quads
     shape = p.word_shape[:-1] + (ex.div(p.word_shape[-1], 4),)
-    body = _lanes(p, BLOCK_QUADS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape, t)
+    if q.row_tile > 1:
+        body = _tile_lanes(p, q, shape, t)
+    else:
+        body = _lanes(p, BLOCK_QUADS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape, t)
     if q.pairs:  # x is viewed as 64-bit words: source words b and b + 2 are one load
         for b in (0, 1):
             body += _load(f"p{b}", f"({t(q.bases[b])}) // 8", None if q.valid[b] == ex.TRUE else t(q.valid[b]),
@@ -303,6 +362,8 @@ def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
             "tl.store(y_ptr + (4 * offs)[:, None] + tl.arange(0, 4)[None, :], w.to(tl.int32, bitcast=True),",
             "         mask=mask[:, None])",
         ]
+    if q.row_tile > 1:
+        return body + _tile_store(p, q, shape, t)
     s, n = q.spread, 4 * BLOCK_QUADS
     # This program's quads are whole groups of `spread` (BLOCK_QUADS is a multiple of it, and so is a
     # row): their words are the n consecutive words from 4 * BLOCK_QUADS * pid, in the order
@@ -313,6 +374,56 @@ def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
         *_lanes(p, n, "_out"),
         f"tl.store(y_ptr + _out, w.to(tl.int32, bitcast=True), mask=_out < 4 * ({t(ex.mul(*shape))}))",
     ]
+
+
+def _tile_lanes(p: Words, q: Quads, shape: Sequence[ex.Expr], t=t) -> list[str]:
+    """The quads of a tile of ``row_tile`` rows by BLOCK_QUADS // row_tile columns, the lanes going
+    down the rows first (Quads.row_tile: there the source words of neighbouring lanes lie side by
+    side); the rows are the quad grid's axes but the last, flattened."""
+    r, c = q.row_tile, BLOCK_QUADS // q.row_tile
+    rows = t(ex.mul(*shape[:-1])) if shape[:-1] else "1"
+    return [
+        f"_nct = ({t(shape[-1])} + {c - 1}) // {c}  # column tiles per row tile",
+        f"_lane = tl.arange(0, {BLOCK_QUADS})",
+        "if WIDE:",
+        f"    offs = (pid // _nct).to(tl.int64) * {r} + _lane % {r}",
+        f"    cols = (pid % _nct).to(tl.int64) * {c} + _lane // {r}",
+        "else:",
+        f"    offs = ((pid // _nct) * {r} + _lane % {r}).to({_index_type(p)})",
+        f"    cols = ((pid % _nct) * {c} + _lane // {r}).to({_index_type(p)})",
+        f"mask = (offs < ({rows})) & (cols < ({t(shape[-1])}))",
+        *unravel("offs", shape[:-1], t)[:-1],
+        f"o{len(shape) - 1} = cols",
+        TERMS,
+    ]
+
+
+def _tile_store(p: Words, q: Quads, shape: Sequence[ex.Expr], t=t) -> list[str]:
+    """The tile's words regrouped into its rows' runs of consecutive output words, one 2-D store."""
+    s, r, c = q.spread, q.row_tile, BLOCK_QUADS // q.row_tile
+    rows, width = (t(ex.mul(*shape[:-1])) if shape[:-1] else "1"), t(p.word_shape[-1])
+    return [
+        f"# lane (column q, row) holds words 4*{s}*(q // {s}) + q % {s} + {s}*j of its row: {r} runs of {4 * c} words",
+        f"w = tl.reshape(tl.permute(tl.reshape(w, ({c // s}, {s}, {r}, 4)), (2, 0, 3, 1)), ({r}, {4 * c}))",
+        f"rows = (pid // _nct) * {r} + tl.arange(0, {r})",
+        f"cols = (pid % _nct) * {4 * c} + tl.arange(0, {4 * c})",
+        "if WIDE:",
+        "    rows = rows.to(tl.int64)",
+        f"tl.store(y_ptr + rows[:, None] * ({width}) + cols[None, :], w.to(tl.int32, bitcast=True),",
+        f"         mask=(rows < ({rows}))[:, None] & (cols < ({width}))[None, :])",
+    ]
+
+
+TABLE_ON = '''_TABLES_ON_DEVICES = {}
+
+
+def _table_on(values, device):
+    # A lookup table of an index map as int32 entries on the kernel's device, built once per table and device.
+    key = (id(values), device)
+    if key not in _TABLES_ON_DEVICES:
+        _TABLES_ON_DEVICES[key] = torch.tensor(values, dtype=torch.int32, device=device)
+    return _TABLES_ON_DEVICES[key]
+'''
 
 
 TRANSPOSE = '''
@@ -354,12 +465,15 @@ def body(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.
     allows inline PTX. ``terms``: the header's named terms (:func:`header_terms`), bound under the
     header's names where a walk over the map's own coordinates holds them (the coarse and quads walks
     run over other grids: their terms get other names, never the header's)."""
-    params = ", ".join(["x_ptr", "y_ptr", "pid"] + [f"{d}: tl.constexpr" for d in dims])
+    found = tables(p)
+    args = [table_arg(k) for k in range(len(found))]
+    params = ", ".join(["x_ptr", "y_ptr", *args, "pid"] + [f"{d}: tl.constexpr" for d in dims])
     flags = "WIDE: tl.constexpr, _ALT: tl.constexpr, _TILE: tl.constexpr, _ASM: tl.constexpr"
-    taken = set(dims) | _LOCALS | {n for n, _ in terms}
+    taken = set(dims) | _LOCALS | {n for n, _ in terms} | set(args)
+    printer = table_printer(found) if found else ex.to_triton
 
     def named(walk, given=terms) -> list[str]:  # the walk's index terms named once (layoutc.lower.terms)
-        return collect_and_name(walk, taken, ex.to_triton, TERMS, size_annotation=": tl.constexpr", given=given)
+        return collect_and_name(walk, taken, printer, TERMS, size_annotation=": tl.constexpr", given=given)
 
     sizes = tuple((n, d) for n, d in terms if is_size(d))  # the same on every grid
 
@@ -387,9 +501,12 @@ def body(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.
             + "\n".join("    " + x for x in lines) + "\n")
 
 
-def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str]) -> str:
-    """One kernel for a layer: programs [0, G0) run body 0, [G0, G0 + G1) body 1, and so on."""
-    args = [f"_{v}{i}" for i in range(len(bodies)) for v in ("x", "y")]
+def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str], lookups: Sequence[int] = ()) -> str:
+    """One kernel for a layer: programs [0, G0) run body 0, [G0, G0 + G1) body 1, and so on.
+    ``lookups``: the lookup tables each body takes (kernel arguments after its input and output)."""
+    lookups = list(lookups) or [0] * len(bodies)
+    tabs = [[f"_tab{i}_{k}" for k in range(lookups[i])] for i in range(len(bodies))]
+    args = [a for i in range(len(bodies)) for a in (f"_x{i}", f"_y{i}", *tabs[i])]
     flags = [f"_{k}{i}: tl.constexpr" for i in range(len(bodies)) for k in ("G", "W", "A", "T")]
     sig = ", ".join(args + [f"{d}: tl.constexpr" for d in dims] + flags + ["_ASM: tl.constexpr"])
     lines = ["@triton.jit", f"def {name}({sig}):", "    pid = tl.program_id(0)"]
@@ -398,7 +515,8 @@ def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str]) -> str:
         end = f"{start}_G{i}"
         lines.append(f"    {'if' if i == 0 else 'elif'} pid < {end}:")
         local = "pid" if i == 0 else f"pid - ({start[:-3]})"
-        lines.append(f"        {b}(_x{i}, _y{i}, {local}, {''.join(d + ', ' for d in dims)}_W{i}, _A{i}, _T{i}, _ASM)")
+        lines.append(f"        {b}(_x{i}, _y{i}, {''.join(a + ', ' for a in tabs[i])}{local}, "
+                     f"{''.join(d + ', ' for d in dims)}_W{i}, _A{i}, _T{i}, _ASM)")
         start = end + " + "
     return "\n".join(lines) + "\n"
 
@@ -407,14 +525,19 @@ def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str]) -> str:
 # the launcher: Python that allocates the outputs and launches the layer kernel once
 
 
-def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: Sequence[str]) -> str:
+def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: Sequence[str],
+             lookups: dict[str, Sequence[str]] | None = None) -> str:
     """Source of ``def name(tensors, d) -> dict``: allocate every output of ``entries`` (tensor
-    name, plan), choose each walk for the call's shapes, launch ``kernel`` once."""
+    name, plan), choose each walk for the call's shapes, launch ``kernel`` once. ``lookups``: per tensor,
+    the module-level names of its lookup tables (passed to the kernel after its input and output)."""
+    lookups = lookups or {}
     xs = ", ".join(f"tensors[{tensor!r}]" for tensor, _ in entries)
+    key = (f"_prepared_key({name}, _xs, d)" if not any(lookups.values()) else
+           "None  # lookup tables are kernel arguments: no prepared launch (it passes inputs and outputs only)")
     lines = [f"def {name}(tensors, d):",
              f"    # One launch converts {', '.join(n for n, _ in entries)}.",
              f"    _xs = ({xs},)",
-             f"    _key = _prepared_key({name}, _xs, d)",
+             f"    _key = {key}",
              "    _run = _PREPARED.get(_key)",
              "    if _run is not None:  # a warm call of these shapes: allocate and launch",
              "        return _run(_xs)",
@@ -439,7 +562,7 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
         if _plain_copy(p):  # a plain copy: large ones by the device's own copy
             lines += ["    if _copy_apart(x):", "        ys.copy_(xs)", "        n = 0", f"        _apart.append({i})"]
         lines += [
-            "    _args += [xs, ys]",
+            "    _args += [xs, ys" + "".join(f", _table_on({n}, x.device)" for n in lookups.get(tensor, ())) + "]",
             f"    _flags.update(_G{i}=n, _W{i}=max(x.numel() * x.element_size(), y.numel() * y.element_size()) >= 2**31, "
             f"_A{i}={alt}, _T{i}=_t)",
             "    total += n",
@@ -495,8 +618,12 @@ def _word_walks(p: Words, walk) -> list[tuple[str | None, list[str]]]:
                            {d: (1, None) for d in ex.free_vars(p.word_shape[-1])})
         if q.spread > 1 and rest != ex.Const(0):  # rows of whole groups of spread quads (unless always)
             cond += f" and ({ex.to_python(p.word_shape[-1])}) % {4 * q.spread} == 0"
-        quads = walk("int64" if q.pairs else "int32", "int32",
-                     f"-(-({ex.to_python(ex.mul(*shape))}) // {BLOCK_QUADS})")
+        count = f"-(-({ex.to_python(ex.mul(*shape))}) // {BLOCK_QUADS})"
+        if q.row_tile > 1:  # tiles of row_tile rows by BLOCK_QUADS // row_tile columns
+            rows = ex.to_python(ex.mul(*shape[:-1])) if shape[:-1] else "1"
+            count = (f"-(-({rows}) // {q.row_tile}) * -(-({ex.to_python(shape[-1])}) // "
+                     f"{BLOCK_QUADS // q.row_tile})")
+        quads = walk("int64" if q.pairs else "int32", "int32", count)
         return [(cond + "  # the dims the quads walk was checked for", quads), (None, words)]
     return [(None, words)]
 

@@ -163,6 +163,11 @@ class Op:
         axis: its :class:`~layoutc.lang.ops.conversion.BitPermutation`."""
         return None
 
+    def keeps_bytes(self) -> bool:
+        """For a bit-level op: its output's bytes are its input's, in order (a view across element
+        widths: ``u8[.., 4k] <-> i32[.., k]``), so a lowering may read both as the same bytes."""
+        return False
+
     def conversion(self) -> "Conversion | None":
         """For a value op: what it does to each element (:mod:`layoutc.lang.ops.conversion`), the typed
         data the lowerings emit code from. A value op that declares none cannot be lowered."""

@@ -108,6 +108,9 @@ class Reinterpret(Op):
     def impl(self, t: TensorType):
         return self.eager, (self.to.torch_dtype,)
 
+    def keeps_bytes(self) -> bool:
+        return True
+
     def inverse(self, t):
         return Reinterpret(t.elem)
 
