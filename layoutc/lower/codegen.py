@@ -223,7 +223,7 @@ def _emit_direction(
     lowered = fn_name == "convert"
     if lowered:
         body = [
-            "def convert(tensors, dims=None, lowering='auto', chunk=None, inplace=False, fingerprint=True):",
+            "def convert(tensors, dims=None, lowering='auto', chunk=None, inplace=False, fingerprint=True, out=None):",
             textwrap.indent(f'"""{doc}', "    "),
             "",
             *textwrap.wrap("lowering: 'auto' or one of LOWERINGS: " + comment(registry.describe()) + ".", 116,
@@ -234,24 +234,36 @@ def _emit_direction(
             "    returns views of it: the inputs are overwritten, peak extra memory is about one expert.",
             "    fingerprint=False skips the fingerprint of the outputs' bytes (a pass over them, queued on their",
             "    device): the guard then accepts the outputs themselves but no copy of them.",
+            "    out={name: tensor} writes the outputs into the caller's tensors (each output's dtype, shape and",
+            "    device, contiguous, 16-byte aligned, sharing no memory with an input or another output; checked",
+            "    once per set of addresses) and returns them, stamped for the guard as any output; no allocation.",
             '    """',
             "    _check_requires(REQUIRES, SPEC_NAME)",
             f"    d, present = _check_call(tensors, dims, 'convert', {contract}, {shapes}, {axes}, DIMS, _CONDITIONS, {checks})",
+            "    if out is not None:",
+            "        if chunk is not None or inplace:",
+            "            raise LayoutError('convert: out= cannot be combined with chunk or inplace')",
+            "        _check_out(out, tensors, d, present, OUTPUTS, _OUTPUT_SHAPES)",
             f"    tensors = _widened(tensors, {contract})  # inputs declared 'accepts T': exact conversion first",
             "    how = _choose_lowering(lowering, tensors, _LOWERINGS)",
             "    # Plain tensors out whatever the caller's mode (inference_mode, requires_grad inputs): no autograd",
             "    # graph, and version counters the guard can read.",
-            "    with torch.inference_mode(False), torch.no_grad():",
-            "        if chunk is None and not inplace:",
-            "            out = _convert(tensors, d, present, how)",
-            "        else:",
-            "            out = _convert_in_chunks(_convert, tensors, d, present, how, 1 if chunk is None else chunk, inplace, _OUTPUT_SHAPES, CHUNK_DIM)",
-            "        _check_outputs(out, _OUTPUT_SHAPES, d, 'convert')",
-            "        _stamp(out, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, d, fingerprint)",
+            "    return _plain(_converted, tensors, d, present, how, chunk, inplace, fingerprint, out)",
+            "",
+            "",
+            "def _converted(tensors, d, present, how, chunk, inplace, fingerprint, outs):",
+            "    if chunk is None and not inplace:",
+            "        out = _convert(tensors, d, present, how, outs)",
+            "    else:",
+            "        out = _convert_in_chunks(_convert, tensors, d, present, how, 1 if chunk is None else chunk, inplace, _OUTPUT_SHAPES, CHUNK_DIM)",
+            "    _check_outputs(out, _OUTPUT_SHAPES, d, 'convert')",
+            "    if outs is not None:",
+            "        out = _into(out, outs)",
+            "    _stamp(out, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, d, fingerprint)",
             "    return out",
             "",
             "",
-            "def _convert(tensors, d, present, how):",
+            "def _convert(tensors, d, present, how, outs=None):",
             "    # One call over the given tensors (all experts, or one chunk of them).",
         ]
     else:
@@ -270,7 +282,7 @@ def _emit_direction(
         body.append(f"    {', '.join(dims)} = {', '.join(f'd[{n!r}]' for n in dims)}")
     if lowered and layers:
         body.append("    _layer = _LAYERS.get((how, present))")
-        body.append("    out = _layer(tensors, d) if _layer is not None else {}  # a lowering that converts the whole layer at once")
+        body.append("    out = _layer(tensors, d, outs) if _layer is not None else {}  # a lowering that converts the whole layer at once")
     else:
         body.append("    out = {}")
     for spec in tensors:

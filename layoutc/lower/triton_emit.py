@@ -408,16 +408,17 @@ def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str]) -> str:
 
 
 def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: Sequence[str]) -> str:
-    """Source of ``def name(tensors, d) -> dict``: allocate every output of ``entries`` (tensor
-    name, plan), choose each walk for the call's shapes, launch ``kernel`` once."""
+    """Source of ``def name(tensors, d, outs=None) -> dict``: allocate every output of ``entries`` (tensor
+    name, plan) or take it from ``outs`` (convert's out=, checked), choose each walk for the call's shapes,
+    launch ``kernel`` once."""
     xs = ", ".join(f"tensors[{tensor!r}]" for tensor, _ in entries)
-    lines = [f"def {name}(tensors, d):",
+    lines = [f"def {name}(tensors, d, outs=None):",
              f"    # One launch converts {', '.join(n for n, _ in entries)}.",
              f"    _xs = ({xs},)",
              f"    _key = _prepared_key({name}, _xs, d)",
              "    _run = _PREPARED.get(_key)",
-             "    if _run is not None:  # a warm call of these shapes: allocate and launch",
-             "        return _run(_xs)",
+             "    if _run is not None:  # a warm call of these shapes: allocate (or take outs) and launch",
+             "        return _run(_xs, outs)",
              *(f"    {d} = d[{d!r}]" for d in dims),
              "    out, _args, _flags, total, _apart = {}, [], {}, 0, []"]
     for i, (tensor, p) in enumerate(entries):
@@ -425,7 +426,7 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
         lines += [
             "",
             f"    x = _aligned(tensors[{tensor!r}])  # the kernels load whole words",
-            f"    y = torch.empty(({shape},), dtype=torch.{p.out_elem.canonical}, device=x.device)",
+            f"    y = _output(outs, {tensor!r}, ({shape},), torch.{p.out_elem.canonical}, x.device)",
         ]
         walks = _walks(p)
         if len(walks) == 1:

@@ -66,18 +66,35 @@ def _installed(dist):
     return cache[dist]
 
 
-def _record(t, origin):
-    # The storage-keyed record of tensor t holding the converted bytes of `origin`.
-    from torch.multiprocessing.reductions import StorageWeakRef
+_WEAKREF = []  # torch's StorageWeakRef class, imported once (an import statement costs ~1 us per call)
 
+
+def _weakref_class():
+    if not _WEAKREF:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        _WEAKREF.append(StorageWeakRef)
+    return _WEAKREF[0]
+
+
+def _record(t, origin, records=None, stride=None):
+    # The storage-keyed record of tensor t holding the converted bytes of `origin`. A live record of
+    # the same storage (an output converted into again: convert(..., out=)) lends its weak reference,
+    # which takes ~2 us to make.
     storage = t.untyped_storage()
+    key = (storage.data_ptr(), t.storage_offset())
+    nbytes = storage.nbytes()
+    old = records.get(key) if records is not None else None
+    ref = old["storage"] if old is not None and old["nbytes"] == nbytes else None
+    if ref is None or ref.expired():
+        ref = _weakref_class()(storage)
     r = dict(origin)  # without the fingerprint, which only r["origin"] holds (filled in later)
     r.pop("fingerprint", None)
     r.pop("pending", None)
-    r.update(origin=origin, stride=tuple(t.stride()), nbytes=storage.nbytes(),
+    r.update(origin=origin, stride=tuple(t.stride()) if stride is None else stride, nbytes=nbytes,
              # Inference tensors (in-place conversion under torch.inference_mode) have no version counter.
-             version=None if t.is_inference() else t._version, storage=StorageWeakRef(storage))
-    return (storage.data_ptr(), t.storage_offset()), r
+             version=None if t.is_inference() else t._version, storage=ref)
+    return key, r
 
 
 def _sweep(reg):
@@ -109,8 +126,9 @@ def _stamp(outputs, spec_name, sha256, params, requires, dims=None, fingerprint=
     origins = []
     records = reg.records
     for name, t in outputs.items():
-        origin = dict(shared, tensor=name, shape=tuple(t.shape), dtype=t.dtype, origin_stride=tuple(t.stride()))
-        key, records[key] = _record(t, origin)
+        stride = tuple(t.stride())
+        origin = dict(shared, tensor=name, shape=tuple(t.shape), dtype=t.dtype, origin_stride=stride)
+        key, records[key] = _record(t, origin, records, stride)
         origins.append(origin)
     if not fingerprint:
         return

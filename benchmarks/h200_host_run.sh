@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 25 (CUDA part), 2026-12-02, from the repository root of the main checkout with this tree copied to
+# .wt-t25g (device tool, carry [".whl", ".wt-t25g"]):
+#   bash .wt-t25g/benchmarks/h200_host_run.sh explore  # host time of the new tree, step by step; CUDA graph check
+#   bash .wt-t25g/benchmarks/h200_host_run.sh final    # host time before/after (every spec, tiny layer), then
+#                                                     # the FlashInfer specs before/after at gpt-oss-120b and -20b
+# "Before" is the main checkout the device tool sends; "after" is .wt-t25g. Results under $OUT.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+BEFORE=$PWD
+cd .wt-t25g || exit 1
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+nproc >> "$OUT/gpu.txt"
+case "${1:-explore}" in
+explore)
+  timeout 150 python3 benchmarks/host_time.py --reps 200 --shapes tiny --only cutlass_bf16,trtllm_bf16,cutlass_nvfp4 \
+    --out "$OUT/host_explore.json" > "$OUT/host_explore.log" 2>&1; echo "host_time: exit $?"
+  cat "$OUT/host_explore.log"
+  ;;
+final)
+  HOST_TIME_ROOT=$BEFORE timeout 150 python3 benchmarks/host_time.py --reps 100 --shapes tiny --no-breakdown \
+    --out "$OUT/host_before.json" > "$OUT/host_before.log" 2>&1; echo "host before: exit $?"
+  timeout 170 python3 benchmarks/host_time.py --reps 100 --shapes tiny \
+    --out "$OUT/host_after.json" > "$OUT/host_after.log" 2>&1; echo "host after: exit $?"
+  timeout 150 python3 benchmarks/before_after.py --old "$BEFORE" --new . --rounds 5 --out-arg \
+    --out "$OUT/ba120.jsonl" > "$OUT/ba120.log" 2>&1; echo "before_after 120b: exit $?"
+  timeout 120 python3 benchmarks/before_after.py --old "$BEFORE" --new . --rounds 5 --out-arg \
+    --dims E=32,I=2944,H=2944 --out "$OUT/ba20.jsonl" > "$OUT/ba20.log" 2>&1; echo "before_after 20b: exit $?"
+  python3 benchmarks/host_summary.py "$OUT"
+  ;;
+esac
