@@ -2,8 +2,8 @@
 # Issue 25 (CUDA part), 2026-12-02, from the repository root of the main checkout with this tree copied to
 # .wt-t25g (device tool, carry [".whl", ".wt-t25g"]):
 #   bash .wt-t25g/benchmarks/h200_host_run.sh explore  # host time of the new tree, step by step; CUDA graph check
-#   bash .wt-t25g/benchmarks/h200_host_run.sh final    # host time before/after (every spec, tiny layer), then
-#                                                     # the FlashInfer specs before/after at gpt-oss-120b and -20b
+#   bash .wt-t25g/benchmarks/h200_host_run.sh final    # host time before/after (FlashInfer specs, tiny layer),
+#                                                     # then the same specs before/after at gpt-oss-20b and -120b
 # "Before" is the main checkout the device tool sends; "after" is .wt-t25g. Results under $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
@@ -20,14 +20,14 @@ explore)
   cat "$OUT/host_explore.log"
   ;;
 final)
-  HOST_TIME_ROOT=$BEFORE timeout 150 python3 benchmarks/host_time.py --reps 100 --shapes tiny --no-breakdown \
-    --out "$OUT/host_before.json" > "$OUT/host_before.log" 2>&1; echo "host before: exit $?"
-  timeout 170 python3 benchmarks/host_time.py --reps 100 --shapes tiny \
+  HOST_TIME_ROOT=$BEFORE timeout 80 python3 benchmarks/host_time.py --reps 100 --shapes tiny --no-breakdown \
+    --only flashinfer --out "$OUT/host_before.json" > "$OUT/host_before.log" 2>&1; echo "host before: exit $?"
+  timeout 100 python3 benchmarks/host_time.py --reps 100 --shapes tiny --only flashinfer \
     --out "$OUT/host_after.json" > "$OUT/host_after.log" 2>&1; echo "host after: exit $?"
-  timeout 150 python3 benchmarks/before_after.py --old "$BEFORE" --new . --rounds 5 --out-arg \
-    --out "$OUT/ba120.jsonl" > "$OUT/ba120.log" 2>&1; echo "before_after 120b: exit $?"
-  timeout 120 python3 benchmarks/before_after.py --old "$BEFORE" --new . --rounds 5 --out-arg \
-    --dims E=32,I=2944,H=2944 --out "$OUT/ba20.jsonl" > "$OUT/ba20.log" 2>&1; echo "before_after 20b: exit $?"
-  python3 benchmarks/host_summary.py "$OUT"
+  grep "  host \|CUDA graph\|worst" "$OUT/host_after.log"
+  timeout 300 python3 benchmarks/before_after.py --old "$BEFORE" --new . --rounds 3 --out-arg \
+    --dims "E=32,I=2944,H=2944;E=128,I=2944,H=2944" --out "$OUT/ba.jsonl" > "$OUT/ba.log" 2>&1
+  echo "before_after: exit $?"
+  python3 benchmarks/host_summary.py "$OUT" | tee "$OUT/summary.txt"
   ;;
 esac

@@ -182,12 +182,13 @@ _OUT_CHECKED = {}
 
 
 def _out_key(out, tensors, d, present, shapes):
-    # What _check_out reads: each output's name, type, dtype, shape, device, address and contiguity, the
-    # inputs' extents (aliasing), the dims and variant. None when it cannot be read (checked in full).
+    # What _check_out reads: each output's name, type, dtype, shape, device, address, contiguity and modes,
+    # the inputs' extents (aliasing), the dims and variant. None when it cannot be read (checked in full).
     try:
         key = [id(shapes), tuple(d.values()), present]
         for k, t in out.items():
-            key += (k, type(t), t.dtype, t.shape, t.device, t.data_ptr(), t.is_contiguous())
+            key += (k, type(t), t.dtype, t.shape, t.device, t.data_ptr(), t.is_contiguous(), t.requires_grad,
+                    t.is_inference())
         for t in tensors.values():
             if t is not None:
                 key += (t.data_ptr(), t.nbytes) if t.is_contiguous() else (t.data_ptr(), t.shape, t.stride(), t.dtype)
