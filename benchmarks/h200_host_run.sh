@@ -20,12 +20,12 @@ explore)
   cat "$OUT/host_explore.log"
   ;;
 final)
-  HOST_TIME_ROOT=$BEFORE timeout 80 python3 benchmarks/host_time.py --reps 100 --shapes tiny --no-breakdown \
+  HOST_TIME_ROOT=$BEFORE timeout 60 python3 benchmarks/host_time.py --reps 100 --shapes tiny --no-breakdown \
     --only flashinfer --out "$OUT/host_before.json" > "$OUT/host_before.log" 2>&1; echo "host before: exit $?"
-  timeout 100 python3 benchmarks/host_time.py --reps 100 --shapes tiny --only flashinfer \
+  timeout 90 python3 benchmarks/host_time.py --reps 100 --shapes tiny --only flashinfer \
     --out "$OUT/host_after.json" > "$OUT/host_after.log" 2>&1; echo "host after: exit $?"
   grep "  host \|CUDA graph\|worst" "$OUT/host_after.log"
-  timeout 300 python3 benchmarks/before_after.py --old "$BEFORE" --new . --rounds 3 --out-arg \
+  timeout 220 python3 benchmarks/before_after.py --old "$BEFORE" --new . --rounds 3 --out-arg \
     --dims "E=32,I=2944,H=2944;E=128,I=2944,H=2944" --out "$OUT/ba.jsonl" > "$OUT/ba.log" 2>&1
   echo "before_after: exit $?"
   python3 benchmarks/host_summary.py "$OUT" | tee "$OUT/summary.txt"
