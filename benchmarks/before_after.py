@@ -187,9 +187,12 @@ def main() -> int:
                 if args.host:  # issue 25: the host's share of a warm call, before and after, fingerprint on and off
                     host = {"old": [], "new": [], "old_fingerprinted": [], "new_fingerprinted": []}
                     calls["old_fingerprinted"] = lambda: converters["old"].convert(x)
+                    if args.out_arg:
+                        host["new_out"] = []
                     for r in range(args.rounds):
                         for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                            for k in (tag, f"{tag}_fingerprinted"):
+                            for k in (tag, f"{tag}_fingerprinted") + (("new_out",) if tag == "new" and args.out_arg
+                                                                      else ()):
                                 host[k].append(_host_median(calls[k], 100) * 1e6)
                     for k, v in host.items():
                         row[f"host_{k}_us"] = statistics.median(v)

@@ -37,6 +37,14 @@ def single(path: Path) -> None:
 
 
 def _single(rows: list[dict]) -> None:
+    if all("host_old_us" in r for r in rows if "error" not in r):
+        print(f"{'spec':58s} host us, one process, old/new alternating: fingerprint=False old / new / new out= | "
+              f"default call old / new")
+        for r in rows:
+            if "error" not in r:
+                print(f"{_name(r):58s} {r['host_old_us']:6.1f} / {r['host_new_us']:6.1f} / "
+                      f"{r.get('host_new_out_us', float('nan')):6.1f} | {r['host_old_fingerprinted_us']:6.1f} / "
+                      f"{r['host_new_fingerprinted_us']:6.1f}")
     print(f"{'spec':58s} {'old ms':>7s} {'new ms':>7s} {'out= ms':>7s} | % of copy: {'old':>5s} {'new':>5s} "
           f"{'out=':>5s} | b2b %: {'old':>5s} {'new':>5s} {'out=':>5s} | same f==e out==new")
     for r in rows:
@@ -55,8 +63,9 @@ def main() -> int:
     folder = Path(sys.argv[1])
     if (folder / "host_after.json").exists() and (folder / "host_before.json").exists():
         host(folder)
-    if (folder / "ba.jsonl").exists():
-        single(folder / "ba.jsonl")
+    for name in ("ba.jsonl", "ba_host.jsonl"):
+        if (folder / name).exists():
+            single(folder / name)
     return 0
 
 

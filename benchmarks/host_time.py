@@ -136,12 +136,19 @@ def _out_steps(m, x, d, layer, out):
         "provenance stamp of out=, fingerprint=False": lambda: m._stamp(o, m.SPEC_NAME, m.SPEC_SHA256, m.PARAMS,
                                                                       m.REQUIRES, d, False),
     }
+    static = m._check_out(o, x, d, present, m.OUTPUTS, m._OUTPUT_SHAPES)
+    if "static" in inspect.signature(m._stamp).parameters:  # the records copied from the last call's
+        steps["provenance stamp of out=, records copied"] = lambda: m._stamp(o, m.SPEC_NAME, m.SPEC_SHA256, m.PARAMS,
+                                                                           m.REQUIRES, d, False, static)
     run = m._PREPARED.get(m._prepared_key(layer, tuple(x.values()), d)) if layer else None
     if run is not None:  # the launch alone: the compiled kernel with its grid and constants bound
         cells = dict(zip(run.__code__.co_freevars, (c.cell_contents for c in run.__closure__)))
         launch, constants = cells["launch"], cells["constants"]
         targs = [t for name in cells["names"] for t in (x[name], o[name])]  # the layer's order
         steps["launch alone (compiled kernel, grid bound)"] = lambda: launch(*targs, *constants)
+        direct = getattr(m, "_RUNNER_CHECKED", {})
+        print(f"  Triton's runner checked for a direct launch: {direct} (the prepared launch is "
+              f"{'bound to the launcher' if getattr(launch, '__name__', '') == 'launch' else 'Triton runner'})")
     return steps
 
 
@@ -210,6 +217,8 @@ def main() -> int:
             x = out = flat = buf = o = None  # free before the next layer
             torch.cuda.empty_cache()
     breakdown(args)
+    if not rows:
+        return 0
     outs = [r["host_out_us"] for r in rows if r["shape"] == "tiny" and r["host_out_us"] == r["host_out_us"]]
     if outs:
         print(f"worst warm host time on a tiny layer, fingerprint=False, out=: {max(outs):.1f} us (target under "
