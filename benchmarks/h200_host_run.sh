@@ -32,9 +32,9 @@ final)
   python3 benchmarks/host_summary.py "$OUT" | tee "$OUT/summary.txt"
   ;;
 host)  # host time before and after in one process (old and new in alternation), then the breakdown
-  timeout 150 python3 benchmarks/before_after.py --old "$BEFORE" --new . --rounds 3 --out-arg --host \
+  timeout 85 python3 benchmarks/before_after.py --old "$BEFORE" --new . --rounds 3 --out-arg --host \
     --dims E=2,I=256,H=256 --out "$OUT/ba_host.jsonl" > "$OUT/ba_host.log" 2>&1; echo "before_after: exit $?"
-  timeout 60 python3 benchmarks/host_time.py --reps 200 --shapes tiny --only cutlass_bf16 \
+  timeout 40 python3 benchmarks/host_time.py --reps 200 --shapes tiny --only cutlass_bf16 \
     --out "$OUT/host_breakdown.json" > "$OUT/host_breakdown.log" 2>&1; echo "host_time: exit $?"
   grep "  host \|CUDA graph\|worst\|runner" "$OUT/host_breakdown.log"
   python3 benchmarks/host_summary.py "$OUT" | tee "$OUT/summary_host.txt"
