@@ -150,7 +150,8 @@ def main() -> int:
                 x2 = synthetic_inputs(spec, dims, 2, "cuda")
                 fused2, eager2 = converters["new"].convert(x2), converters["new"].convert(x2, lowering="eager")
                 row["new_fused_equals_eager"] = fused2.keys() == eager2.keys() and all(
-                    fused2[k].shape == eager2[k].shape and fused2[k].view(torch.uint8).equal(eager2[k].view(torch.uint8))
+                    fused2[k].shape == eager2[k].shape
+                    and fused2[k].view(torch.uint8).equal(eager2[k].view(torch.uint8))
                     for k in fused2)
                 x2 = fused2 = eager2 = None
                 inputs = sum(t.numel() * t.element_size() for t in x.values())
@@ -165,8 +166,10 @@ def main() -> int:
                 times = {"old": [], "new": [], "copy": [], "new_fingerprinted": []}
                 # The new converters fingerprint their outputs by default (the guard follows copies: one more
                 # read of the outputs); the conversion is compared with fingerprint=False, the default timed apart.
-                takes_fp = {tag: "fingerprint" in inspect.signature(m.convert).parameters for tag, m in converters.items()}
-                calls = {tag: (lambda m=m: m.convert(x, fingerprint=False)) if takes_fp[tag] else (lambda m=m: m.convert(x))
+                takes_fp = {tag: "fingerprint" in inspect.signature(m.convert).parameters
+                            for tag, m in converters.items()}
+                calls = {tag: (lambda m=m: m.convert(x, fingerprint=False)) if takes_fp[tag]
+                         else (lambda m=m: m.convert(x))
                          for tag, m in converters.items()}
                 calls["new_fingerprinted"] = lambda: converters["new"].convert(x)
                 times.update(old_b2b=[], new_b2b=[], copy_b2b=[])

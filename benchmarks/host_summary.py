@@ -17,7 +17,8 @@ def _name(r: dict) -> str:
 
 
 def host(folder: Path) -> None:
-    before = {(r["spec"], str(r["params"]), r["shape"]): r for r in json.loads((folder / "host_before.json").read_text())}
+    before = {(r["spec"], str(r["params"]), r["shape"]): r
+              for r in json.loads((folder / "host_before.json").read_text())}
     print(f"{'spec':58s} host us, fingerprint=False: before / after / after out= | default call: before / after")
     for r in json.loads((folder / "host_after.json").read_text()):
         b = before.get((r["spec"], str(r["params"]), r["shape"]), {})
@@ -52,7 +53,8 @@ def _single(rows: list[dict]) -> None:
             print(f"{_name(r):58s} ERROR {r['error'][:80]}")
             continue
         nan = float("nan")
-        print(f"{_name(r):58s} {r['old_median_ms']:7.3f} {r['new_median_ms']:7.3f} {r.get('new_out_median_ms', nan):7.3f} | "
+        print(f"{_name(r):58s} {r['old_median_ms']:7.3f} {r['new_median_ms']:7.3f} "
+              f"{r.get('new_out_median_ms', nan):7.3f} | "
               f"{100 * r['old_fraction_of_copy']:16.1f} {100 * r['new_fraction_of_copy']:5.1f} "
               f"{100 * r.get('new_out_fraction_of_copy', nan):5.1f} | {100 * r['old_b2b_fraction_of_copy']:12.1f} "
               f"{100 * r['new_b2b_fraction_of_copy']:5.1f} {100 * r.get('new_out_b2b_fraction_of_copy', nan):5.1f} | "

@@ -2,7 +2,7 @@
 
 The module a spec compiles to exposes::
 
-    convert(tensors, dims=None, lowering='auto') -> dict[str, Tensor]   checkpoint layout -> kernel layout
+    convert(tensors, dims=None, lowering='auto', ..., out=None) -> dict[str, Tensor]   checkpoint -> kernel layout
     inverse(tensors, dims=None) -> dict[str, Tensor]   kernel layout -> checkpoint layout
     bind_dims(tensors, dims=None) -> dict[str, int]    the dims (E, I, H, ...) convert would bind
     guard(tensors), provenance(tensor)                  the pre-kernel guard (layoutc.runtime.guard_rt)

@@ -45,7 +45,7 @@ def test_out_tensors_are_written_returned_and_stamped(case, lowering):
 
 
 def test_a_second_call_into_the_same_tensors_is_stamped_anew_and_edits_are_still_caught(case):
-    spec, x, ref, out = case
+    spec, x, _, out = case
     first = spec.convert(x, out=out, fingerprint=False)
     call = guard.provenance(first["w13_weight"])["call"]
     y = synthetic_inputs(spec, DIMS, 4)  # other values, other addresses: the same out= tensors
@@ -81,7 +81,7 @@ def test_records_follow_another_storage_at_a_checked_key(case):
 
 
 def test_the_default_call_into_out_fingerprints_so_copies_are_followed(case):
-    spec, x, ref, out = case
+    spec, x, _, out = case
     got = spec.convert(x, out=out)
     copies = {k: v.clone() for k, v in got.items()}
     assert guard.check(copies, spec)["spec"] == "flashinfer_cutlass_bf16"
@@ -92,8 +92,8 @@ def test_the_default_call_into_out_fingerprints_so_copies_are_followed(case):
     ("extra", r"out= has 'w2_biass' \(did you mean 'w2_bias'\?\), which this call does not produce; it writes"),
     ("dtype", r"out\['w2_bias'\]: expected bf16 \(torch.bfloat16\), got torch.float32"),
     ("alias_dtype", None),  # a torch alias of the declared dtype (fp4x2 as uint8) is accepted
-    ("shape", r"out\['w13_weight'\]: expected shape \[E, 2\*I, H/2\] = \[2, 256, 128\] \(E=2, I=128, H=256\), "
-              r"got \[2, 128, 256\]"),
+    ("shape", (r"out\['w13_weight'\]: expected shape \[E, 2\*I, H/2\] = \[2, 256, 128\] \(E=2, I=128, H=256\), "
+               r"got \[2, 128, 256\]")),
     ("device", r"out\['w13_bias'\] is on meta but the inputs are on cpu"),
     ("strided", r"out\['w2_weight'\] must be contiguous and start at a 16-byte aligned address"),
     ("misaligned", r"out\['w2_bias'\] must be contiguous and start at a 16-byte aligned address"),
@@ -148,7 +148,7 @@ def test_a_wrong_out_tensor_is_a_clear_layout_error(case, change, message):
 def test_out_overlapping_an_input_is_caught_though_an_equal_key_passed_before(case):
     # The check's key holds the inputs' extents: the same out= tensors with inputs that now overlap one
     # of them are checked again, not waved through.
-    spec, x, ref, out = case
+    spec, x, _, out = case
     spec.convert(x, out=out)
     y = dict(x, w2_weight=out["w2_weight"].view(x["w2_weight"].dtype).view(x["w2_weight"].shape))
     with pytest.raises(LayoutError, match=r"out\['w2_weight'\] shares memory with the input 'w2_weight'"):
