@@ -19,6 +19,7 @@ the same text in memory: the Python API and the generated file are one code path
 from __future__ import annotations
 
 import ast
+import hashlib
 import dis
 import inspect
 import textwrap
@@ -357,7 +358,10 @@ def _lowered(compiled: Compiled) -> tuple[list[list[str]], dict[tuple, tuple[str
     kernels = sorted(ctx.kernels.values(), key=lambda k: "def _k_layer_" in k)  # bodies first
     kernel_text = pywrap.wrap_parts(kernels, "\n\n")  # lines of at most 120 characters, the same kernels
     lines += [
-        f"_TRITON_FILE = {f'<layoutc triton kernels of {p.name}>'!r}",
+        # one name per kernel text: Triton's interpreter reads a kernel's source back through linecache by
+        # this name when it first runs it, and two variants of one spec (activation=silu, relu2) in one
+        # process must not overwrite each other's lines there
+        f"_TRITON_FILE = {f'<layoutc triton kernels of {p.name} {hashlib.sha256(kernel_text.encode()).hexdigest()[:12]}>'!r}",
         f"_TRITON_SOURCE = {text_literal(chr(10) + kernel_text) if kernel_text else repr('')}",
         "",
     ]

@@ -422,7 +422,9 @@ def _direct(compiled, programs):
         import inspect
 
         import triton
-
+    except ImportError:  # no Triton (a fake kernel in tests): its runner
+        return runner
+    try:
         cls = type(compiled)
         if cls not in _RUNNER_CHECKED:
             text = " ".join(inspect.getsource(cls.__getitem__).split())
