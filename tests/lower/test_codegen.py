@@ -274,6 +274,7 @@ def test_statement_spanning_several_lines(compile_text):
     assert spec.convert({"w": w})["w"].tolist() == [[0, 1, 4, 5, 2, 3, 6, 7]]
 
 
+@pytest.mark.slow  # compiles two variants (~3 s on the 2-core machine)
 def test_two_variants_of_a_spec_register_their_kernels_under_different_names():
     # Triton's interpreter reads a kernel's source back through linecache by the converter's _TRITON_FILE
     # when it first runs it: two variants of one spec in one process (activation=silu and relu2) under one
