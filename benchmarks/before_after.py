@@ -111,15 +111,19 @@ def main() -> int:
     ap.add_argument("--variants", default="flashinfer",
                     help="FlashInfer's specs (default), 'other' (the other engines', issue 24), 'all', or spec "
                     "names joined by commas")
-    ap.add_argument("--dims", default=None, help="E=..,I=..,H=.. (default: the gpt-oss-120b layer)")
+    ap.add_argument("--dims", default=None, help="E=..,I=..,H=.. (default: the gpt-oss-120b layer); several "
+                    "separated by ';' are timed in turn")
     ap.add_argument("--host", action="store_true", help="also the host time of a warm call (the median time "
                     "until convert() returns, the device idle at each start), old and new in alternation")
+    ap.add_argument("--out-arg", action="store_true", help="also the new converter writing into preallocated "
+                    "outputs (convert(..., out=), issue 25), single calls and back to back")
     ap.add_argument("--emit", nargs=4, metavar=("ROOT", "FOLDER", "TAG", "WHICH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.emit:
         emit(Path(args.emit[0]).resolve(), Path(args.emit[1]), args.emit[2], args.emit[3])
         return 0
-    dims = dict(DIMS) if args.dims is None else {k: int(v) for k, v in (p.split("=") for p in args.dims.split(","))}
+    all_dims = [dict(DIMS)] if args.dims is None else [{k: int(v) for k, v in (p.split("=") for p in one.split(","))}
+                                                       for one in args.dims.split(";")]
     if args.old is None or args.out is None:
         ap.error("--old and --out are required")
     folder = Path(tempfile.mkdtemp(prefix="before_after_"))
@@ -136,74 +140,94 @@ def main() -> int:
     from layoutc.cli.bench import timeit
     from layoutc.convert.synthckpt import synthetic_inputs
 
-    for entry in new:
-        row = {"spec": entry["spec"], "params": entry["params"], "as_old": entry["as_old"], "dims": dims,
-               "old_params": old[entry["variant"]]["params"]}
-        try:
-            for side in (entry, old[entry["variant"]]):
-                if "error" in side:
-                    raise RuntimeError(side["error"])
-            spec = layoutc.compile_file(args.new / "specs" / f"{entry['spec']}.lyt", entry["params"])
-            x = synthetic_inputs(spec, dims, 1, "cuda")
-            converters = {"old": _load(old[entry["variant"]]["module"]), "new": _load(entry["module"])}
-            outs = {tag: m.convert(x) for tag, m in converters.items()}
-            # parity of the new fused converter with the eager lowering (the reference), on other values too
-            x2 = synthetic_inputs(spec, dims, 2, "cuda")
-            fused2, eager2 = converters["new"].convert(x2), converters["new"].convert(x2, lowering="eager")
-            row["new_fused_equals_eager"] = fused2.keys() == eager2.keys() and all(
-                fused2[k].shape == eager2[k].shape and fused2[k].view(torch.uint8).equal(eager2[k].view(torch.uint8))
-                for k in fused2)
-            x2 = fused2 = eager2 = None
-            inputs = sum(t.numel() * t.element_size() for t in x.values())
-            for tag, out in outs.items():
-                row[f"{tag}_bytes"] = inputs + sum(t.numel() * t.element_size() for t in out.values())
-            row["same_output"] = outs["old"].keys() == outs["new"].keys() and all(
-                outs["old"][k].view(torch.uint8).equal(outs["new"][k].view(torch.uint8))
-                if outs["old"][k].shape == outs["new"][k].shape else False for k in outs["old"])
-            outs = None
-            flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in x.values()])
-            buf = torch.empty_like(flat)
-            times = {"old": [], "new": [], "copy": [], "new_fingerprinted": []}
-            # The new converters fingerprint their outputs by default (the guard follows copies: one more
-            # read of the outputs); the conversion is compared with fingerprint=False, the default timed apart.
-            takes_fp = {tag: "fingerprint" in inspect.signature(m.convert).parameters for tag, m in converters.items()}
-            calls = {tag: (lambda m=m: m.convert(x, fingerprint=False)) if takes_fp[tag] else (lambda m=m: m.convert(x))
-                     for tag, m in converters.items()}
-            calls["new_fingerprinted"] = lambda: converters["new"].convert(x)
-            times.update(old_b2b=[], new_b2b=[], copy_b2b=[])
-            for r in range(args.rounds):
-                for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                    times[tag].append(timeit(calls[tag], "cuda") * 1e3)
-                    times[f"{tag}_b2b"].append(timeit(calls[tag], "cuda", reps=5, calls=10) * 1e3)
-                times["new_fingerprinted"].append(timeit(calls["new_fingerprinted"], "cuda") * 1e3)
-                times["copy"].append(timeit(lambda: buf.copy_(flat), "cuda") * 1e3)
-                times["copy_b2b"].append(timeit(lambda: buf.copy_(flat), "cuda", reps=5, calls=10) * 1e3)
-            if args.host:  # issue 25: the host's share of a warm call, before and after, fingerprint on and off
-                host = {"old": [], "new": [], "old_fingerprinted": [], "new_fingerprinted": []}
-                calls["old_fingerprinted"] = lambda: converters["old"].convert(x)
+    for dims in all_dims:  # one process, the modules emitted once
+        for entry in new:
+            row = {"spec": entry["spec"], "params": entry["params"], "as_old": entry["as_old"], "dims": dims,
+                   "old_params": old[entry["variant"]]["params"]}
+            try:
+                for side in (entry, old[entry["variant"]]):
+                    if "error" in side:
+                        raise RuntimeError(side["error"])
+                spec = layoutc.compile_file(args.new / "specs" / f"{entry['spec']}.lyt", entry["params"])
+                x = synthetic_inputs(spec, dims, 1, "cuda")
+                converters = {"old": _load(old[entry["variant"]]["module"]), "new": _load(entry["module"])}
+                outs = {tag: m.convert(x) for tag, m in converters.items()}
+                # parity of the new fused converter with the eager lowering (the reference), on other values too
+                x2 = synthetic_inputs(spec, dims, 2, "cuda")
+                fused2, eager2 = converters["new"].convert(x2), converters["new"].convert(x2, lowering="eager")
+                row["new_fused_equals_eager"] = fused2.keys() == eager2.keys() and all(
+                    fused2[k].shape == eager2[k].shape
+                    and fused2[k].view(torch.uint8).equal(eager2[k].view(torch.uint8))
+                    for k in fused2)
+                x2 = fused2 = eager2 = None
+                inputs = sum(t.numel() * t.element_size() for t in x.values())
+                for tag, out in outs.items():
+                    row[f"{tag}_bytes"] = inputs + sum(t.numel() * t.element_size() for t in out.values())
+                row["same_output"] = outs["old"].keys() == outs["new"].keys() and all(
+                    outs["old"][k].view(torch.uint8).equal(outs["new"][k].view(torch.uint8))
+                    if outs["old"][k].shape == outs["new"][k].shape else False for k in outs["old"])
+                outs = None
+                flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in x.values()])
+                buf = torch.empty_like(flat)
+                times = {"old": [], "new": [], "copy": [], "new_fingerprinted": []}
+                # The new converters fingerprint their outputs by default (the guard follows copies: one more
+                # read of the outputs); the conversion is compared with fingerprint=False, the default timed apart.
+                takes_fp = {tag: "fingerprint" in inspect.signature(m.convert).parameters
+                            for tag, m in converters.items()}
+                calls = {tag: (lambda m=m: m.convert(x, fingerprint=False)) if takes_fp[tag]
+                         else (lambda m=m: m.convert(x))
+                         for tag, m in converters.items()}
+                calls["new_fingerprinted"] = lambda: converters["new"].convert(x)
+                times.update(old_b2b=[], new_b2b=[], copy_b2b=[])
+                if args.out_arg:  # the outputs preallocated by the caller: no allocation in the call
+                    o = {k: torch.empty_like(v) for k, v in converters["new"].convert(x, fingerprint=False).items()}
+                    calls["new_out"] = lambda: converters["new"].convert(x, fingerprint=False, out=o)
+                    times.update(new_out=[], new_out_b2b=[])
                 for r in range(args.rounds):
                     for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                        for k in (tag, f"{tag}_fingerprinted"):
-                            host[k].append(_host_median(calls[k], 100) * 1e6)
-                for k, v in host.items():
-                    row[f"host_{k}_us"] = statistics.median(v)
-            row["new_fingerprinted_median_ms"] = statistics.median(times["new_fingerprinted"])
-            row.update({f"{k}_ms": v for k, v in times.items()})
-            for tag in ("old", "new"):
-                row[f"{tag}_median_ms"] = statistics.median(times[tag])
-                row[f"{tag}_fraction_of_copy"] = (row[f"{tag}_bytes"] / row[f"{tag}_median_ms"]) / (
-                    2 * flat.numel() / statistics.median(times["copy"]))
-                row[f"{tag}_b2b_median_ms"] = statistics.median(times[f"{tag}_b2b"])
-                row[f"{tag}_b2b_fraction_of_copy"] = (row[f"{tag}_bytes"] / row[f"{tag}_b2b_median_ms"]) / (
-                    2 * flat.numel() / statistics.median(times["copy_b2b"]))
-            row["new_over_old"] = row["new_median_ms"] / row["old_median_ms"]
-        except Exception as err:  # noqa: BLE001 -- recorded; the other specs still run
-            row["error"] = repr(err)[:300]
-        print(json.dumps(row), flush=True)
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        x = flat = buf = converters = None
-        torch.cuda.empty_cache()
+                        times[tag].append(timeit(calls[tag], "cuda") * 1e3)
+                        times[f"{tag}_b2b"].append(timeit(calls[tag], "cuda", reps=5, calls=10) * 1e3)
+                    times["new_fingerprinted"].append(timeit(calls["new_fingerprinted"], "cuda") * 1e3)
+                    if args.out_arg:
+                        times["new_out"].append(timeit(calls["new_out"], "cuda") * 1e3)
+                        times["new_out_b2b"].append(timeit(calls["new_out"], "cuda", reps=5, calls=10) * 1e3)
+                    times["copy"].append(timeit(lambda: buf.copy_(flat), "cuda") * 1e3)
+                    times["copy_b2b"].append(timeit(lambda: buf.copy_(flat), "cuda", reps=5, calls=10) * 1e3)
+                if args.host:  # issue 25: the host's share of a warm call, before and after, fingerprint on and off
+                    host = {"old": [], "new": [], "old_fingerprinted": [], "new_fingerprinted": []}
+                    calls["old_fingerprinted"] = lambda: converters["old"].convert(x)
+                    if args.out_arg:
+                        host["new_out"] = []
+                    for r in range(args.rounds):
+                        for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                            for k in (tag, f"{tag}_fingerprinted") + (("new_out",) if tag == "new" and args.out_arg
+                                                                      else ()):
+                                host[k].append(_host_median(calls[k], 100) * 1e6)
+                    for k, v in host.items():
+                        row[f"host_{k}_us"] = statistics.median(v)
+                row["new_fingerprinted_median_ms"] = statistics.median(times["new_fingerprinted"])
+                row.update({f"{k}_ms": v for k, v in times.items()})
+                if args.out_arg:
+                    outs = converters["new"].convert(x, fingerprint=False, out=o)
+                    row["new_out_same_output"] = all(outs[k].view(torch.uint8).equal(converters["new"].convert(
+                        x, fingerprint=False)[k].view(torch.uint8)) for k in outs)
+                    o = outs = None
+                for tag in ("old", "new") + (("new_out",) if args.out_arg else ()):
+                    row.setdefault(f"{tag}_bytes", row["new_bytes"])
+                    row[f"{tag}_median_ms"] = statistics.median(times[tag])
+                    row[f"{tag}_fraction_of_copy"] = (row[f"{tag}_bytes"] / row[f"{tag}_median_ms"]) / (
+                        2 * flat.numel() / statistics.median(times["copy"]))
+                    row[f"{tag}_b2b_median_ms"] = statistics.median(times[f"{tag}_b2b"])
+                    row[f"{tag}_b2b_fraction_of_copy"] = (row[f"{tag}_bytes"] / row[f"{tag}_b2b_median_ms"]) / (
+                        2 * flat.numel() / statistics.median(times["copy_b2b"]))
+                row["new_over_old"] = row["new_median_ms"] / row["old_median_ms"]
+            except Exception as err:  # noqa: BLE001 -- recorded; the other specs still run
+                row["error"] = repr(err)[:300]
+            print(json.dumps(row), flush=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            x = flat = buf = converters = None
+            torch.cuda.empty_cache()
     return 0
 
 

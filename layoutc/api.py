@@ -85,6 +85,7 @@ class CompiledSpec:
     def convert(
         self, tensors: Mapping[str, torch.Tensor], dims: Mapping[str, int] | None = None, lowering: str = "auto",
         chunk: int | None = None, inplace: bool = False, fingerprint: bool = True,
+        out: Mapping[str, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Checkpoint tensors -> kernel layout. Inputs are never modified unless ``inplace``.
 
@@ -93,13 +94,15 @@ class CompiledSpec:
         :func:`layoutc.lower.registry.names` ("eager": op by op, the reference). ``chunk=k``
         converts k experts at a time; ``inplace=True`` reuses the inputs' memory where the bytes
         per expert match. ``fingerprint=False`` skips fingerprinting the outputs' bytes (about a read of
-        them on their device): the guard then accepts the outputs themselves but no copy of them."""
+        them on their device): the guard then accepts the outputs themselves but no copy of them.
+        ``out={name: tensor}`` writes the outputs into the caller's tensors and returns those (no
+        allocation; see the README, "Converting into your own buffers")."""
         first = lowering == "compiled" and self._first_compiled_call(tensors)
         try:
             if first:  # torch.compile on the first call for these shapes: tens of seconds, said while it runs
                 with progress.working(f"{self.name}: torch.compile (first call for these shapes)"):
-                    return self.module.convert(tensors, dims, lowering, chunk, inplace, fingerprint)
-            return self.module.convert(tensors, dims, lowering, chunk, inplace, fingerprint)
+                    return self.module.convert(tensors, dims, lowering, chunk, inplace, fingerprint, out)
+            return self.module.convert(tensors, dims, lowering, chunk, inplace, fingerprint, out)
         except self.module.LayoutError as err:
             raise LayoutError(str(err)) from None
 

@@ -28,7 +28,7 @@ import re
 #: eager functions are the registry's (:func:`layoutc.lang.ops.generated_names`).
 CODEGEN = frozenset("""
     torch triton tl importlib itertools linecache sys types Fraction math
-    tensors dims lowering chunk inplace d present how out x y xs ys kernels total wide grid n
+    tensors dims lowering chunk inplace d present how out outs x y xs ys kernels total wide grid n
     start stop step flat zero src ok v r w byte compiled part full same_bytes name
     pid offs mask rows cols live inside j s p0 p1 BLOCK WIDE BR BC x_ptr y_ptr n_rows n_cols bc br
     t record tensor convert inverse guard provenance

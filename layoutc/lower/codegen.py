@@ -2,7 +2,7 @@
 
 The module a spec compiles to exposes::
 
-    convert(tensors, dims=None, lowering='auto') -> dict[str, Tensor]   checkpoint layout -> kernel layout
+    convert(tensors, dims=None, lowering='auto', ..., out=None) -> dict[str, Tensor]   checkpoint -> kernel layout
     inverse(tensors, dims=None) -> dict[str, Tensor]   kernel layout -> checkpoint layout
     bind_dims(tensors, dims=None) -> dict[str, int]    the dims (E, I, H, ...) convert would bind
     guard(tensors), provenance(tensor)                  the pre-kernel guard (layoutc.runtime.guard_rt)
@@ -19,6 +19,7 @@ the same text in memory: the Python API and the generated file are one code path
 from __future__ import annotations
 
 import ast
+import hashlib
 import dis
 import inspect
 import textwrap
@@ -223,7 +224,7 @@ def _emit_direction(
     lowered = fn_name == "convert"
     if lowered:
         body = [
-            "def convert(tensors, dims=None, lowering='auto', chunk=None, inplace=False, fingerprint=True):",
+            "def convert(tensors, dims=None, lowering='auto', chunk=None, inplace=False, fingerprint=True, out=None):",
             textwrap.indent(f'"""{doc}', "    "),
             "",
             *textwrap.wrap("lowering: 'auto' or one of LOWERINGS: " + comment(registry.describe()) + ".", 116,
@@ -234,24 +235,37 @@ def _emit_direction(
             "    returns views of it: the inputs are overwritten, peak extra memory is about one expert.",
             "    fingerprint=False skips the fingerprint of the outputs' bytes (a pass over them, queued on their",
             "    device): the guard then accepts the outputs themselves but no copy of them.",
+            "    out={name: tensor} writes the outputs into the caller's tensors (each output's dtype, shape and",
+            "    device, contiguous, 16-byte aligned, sharing no memory with an input or another output; checked",
+            "    once per set of addresses) and returns them, stamped for the guard as any output; no allocation.",
             '    """',
             "    _check_requires(REQUIRES, SPEC_NAME)",
             f"    d, present = _check_call(tensors, dims, 'convert', {contract}, {shapes}, {axes}, DIMS, _CONDITIONS, {checks})",
+            "    static = None  # out=: the key its check passed under (the stamp reuses its records)",
+            "    if out is not None:",
+            "        if chunk is not None or inplace:",
+            "            raise LayoutError('convert: out= cannot be combined with chunk or inplace')",
+            "        static = _check_out(out, tensors, d, present, OUTPUTS, _OUTPUT_SHAPES)",
             f"    tensors = _widened(tensors, {contract})  # inputs declared 'accepts T': exact conversion first",
             "    how = _choose_lowering(lowering, tensors, _LOWERINGS)",
             "    # Plain tensors out whatever the caller's mode (inference_mode, requires_grad inputs): no autograd",
             "    # graph, and version counters the guard can read.",
-            "    with torch.inference_mode(False), torch.no_grad():",
-            "        if chunk is None and not inplace:",
-            "            out = _convert(tensors, d, present, how)",
-            "        else:",
-            "            out = _convert_in_chunks(_convert, tensors, d, present, how, 1 if chunk is None else chunk, inplace, _OUTPUT_SHAPES, CHUNK_DIM)",
-            "        _check_outputs(out, _OUTPUT_SHAPES, d, 'convert')",
-            "        _stamp(out, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, d, fingerprint)",
+            "    return _plain(_converted, tensors, d, present, how, chunk, inplace, fingerprint, out, static)",
+            "",
+            "",
+            "def _converted(tensors, d, present, how, chunk, inplace, fingerprint, outs, static):",
+            "    if chunk is None and not inplace:",
+            "        out = _convert(tensors, d, present, how, outs)",
+            "    else:",
+            "        out = _convert_in_chunks(_convert, tensors, d, present, how, 1 if chunk is None else chunk, inplace, _OUTPUT_SHAPES, CHUNK_DIM)",
+            "    _check_outputs(out, _OUTPUT_SHAPES, d, 'convert')",
+            "    if outs is not None:",
+            "        out = _into(out, outs)",
+            "    _stamp(out, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, d, fingerprint, static)",
             "    return out",
             "",
             "",
-            "def _convert(tensors, d, present, how):",
+            "def _convert(tensors, d, present, how, outs=None):",
             "    # One call over the given tensors (all experts, or one chunk of them).",
         ]
     else:
@@ -270,7 +284,7 @@ def _emit_direction(
         body.append(f"    {', '.join(dims)} = {', '.join(f'd[{n!r}]' for n in dims)}")
     if lowered and layers:
         body.append("    _layer = _LAYERS.get((how, present))")
-        body.append("    out = _layer(tensors, d) if _layer is not None else {}  # a lowering that converts the whole layer at once")
+        body.append("    out = _layer(tensors, d, outs) if _layer is not None else {}  # a lowering that converts the whole layer at once")
     else:
         body.append("    out = {}")
     for spec in tensors:
@@ -344,7 +358,10 @@ def _lowered(compiled: Compiled) -> tuple[list[list[str]], dict[tuple, tuple[str
     kernels = sorted(ctx.kernels.values(), key=lambda k: "def _k_layer_" in k)  # bodies first
     kernel_text = pywrap.wrap_parts(kernels, "\n\n")  # lines of at most 120 characters, the same kernels
     lines += [
-        f"_TRITON_FILE = {f'<layoutc triton kernels of {p.name}>'!r}",
+        # one name per kernel text: Triton's interpreter reads a kernel's source back through linecache by
+        # this name when it first runs it, and two variants of one spec (activation=silu, relu2) in one
+        # process must not overwrite each other's lines there
+        f"_TRITON_FILE = {f'<layoutc triton kernels of {p.name} {hashlib.sha256(kernel_text.encode()).hexdigest()[:12]}>'!r}",
         f"_TRITON_SOURCE = {text_literal(chr(10) + kernel_text) if kernel_text else repr('')}",
         "",
     ]

@@ -4,7 +4,7 @@ code into a generated converter.
 A lowering is one :class:`Lowering`: its name, when it can run (device types, a module it imports,
 an environment variable that lets it run on CPU tensors), the device types ``auto`` picks it for
 (registry order breaks ties), and how it emits code: per tensor (a function ``(x, d) -> tensor``
-for one chain), per layer (a function ``(tensors, d) -> dict`` for every chain of a variant it can
+for one chain), per layer (a function ``(tensors, d, outs) -> dict`` for every chain of a variant it can
 take, e.g. one kernel launch) or inline (lines that convert ``x`` in place, written into
 ``convert`` and ``inverse`` themselves, with the functions they call copied into the converter).
 The one inline lowering (``eager``, op by op) takes every chain: chains the others do not take run
@@ -114,7 +114,7 @@ class Lowering:
     cpu_env: str | None = None  # this environment variable set to 1 lets it run on CPU tensors
     wrong_device: str = "cannot run on these tensors"  # the end of "lowering='x' ... (these are on cpu)"
     chain: ChainEmitter | None = None  # name of a module function (x, d) -> tensor, or None (not this chain)
-    layer: LayerEmitter | None = None  # (function (tensors, d) -> dict, the tensors it converts), or None
+    layer: LayerEmitter | None = None  # (function (tensors, d, outs) -> dict, the tensors it converts), or None
     # (chain, spec file) -> lines converting `x` in place, written inside convert and inverse: the one
     # lowering that takes every chain (the others fall back to it)
     inline: InlineEmitter | None = None

@@ -527,20 +527,21 @@ def layer_kernel(name: str, bodies: Sequence[str], dims: Sequence[str], lookups:
 
 def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: Sequence[str],
              lookups: dict[str, Sequence[str]] | None = None) -> str:
-    """Source of ``def name(tensors, d) -> dict``: allocate every output of ``entries`` (tensor
-    name, plan), choose each walk for the call's shapes, launch ``kernel`` once. ``lookups``: per tensor,
-    the module-level names of its lookup tables (passed to the kernel after its input and output)."""
+    """Source of ``def name(tensors, d, outs=None) -> dict``: allocate every output of ``entries`` (tensor
+    name, plan) or take it from ``outs`` (convert's out=, checked), choose each walk for the call's shapes,
+    launch ``kernel`` once. ``lookups``: per tensor, the module-level names of its lookup tables (passed to
+    the kernel after its input and output)."""
     lookups = lookups or {}
     xs = ", ".join(f"tensors[{tensor!r}]" for tensor, _ in entries)
     key = (f"_prepared_key({name}, _xs, d)" if not any(lookups.values()) else
            "None  # lookup tables are kernel arguments: no prepared launch (it passes inputs and outputs only)")
-    lines = [f"def {name}(tensors, d):",
+    lines = [f"def {name}(tensors, d, outs=None):",
              f"    # One launch converts {', '.join(n for n, _ in entries)}.",
              f"    _xs = ({xs},)",
              f"    _key = {key}",
              "    _run = _PREPARED.get(_key)",
-             "    if _run is not None:  # a warm call of these shapes: allocate and launch",
-             "        return _run(_xs)",
+             "    if _run is not None:  # a warm call of these shapes: allocate (or take outs) and launch",
+             "        return _run(_xs, outs)",
              *(f"    {d} = d[{d!r}]" for d in dims),
              "    out, _args, _flags, total, _apart = {}, [], {}, 0, []"]
     for i, (tensor, p) in enumerate(entries):
@@ -548,7 +549,7 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
         lines += [
             "",
             f"    x = _aligned(tensors[{tensor!r}])  # the kernels load whole words",
-            f"    y = torch.empty(({shape},), dtype=torch.{p.out_elem.canonical}, device=x.device)",
+            f"    y = _output(outs, {tensor!r}, ({shape},), torch.{p.out_elem.canonical}, x.device)",
         ]
         walks = _walks(p)
         if len(walks) == 1:

@@ -177,6 +177,124 @@ def _check_outputs(out, shapes, d, what):
             )
 
 
+#: out= mappings that passed _check_out, by what the checks read (bounded below).
+_OUT_CHECKED = {}
+
+
+def _out_key(out, tensors, d, present, shapes):
+    # What _check_out reads: each output's name, type, dtype, shape, device, address, contiguity and modes,
+    # the inputs' extents (aliasing), the dims and variant. None when it cannot be read (checked in full).
+    try:
+        key = [id(shapes), tuple(d.values()), present]
+        for k, t in out.items():
+            key += (k, type(t), t.dtype, t.shape, t.device, t.data_ptr(), t.is_contiguous(), t.requires_grad,
+                    t.is_inference())
+        for t in tensors.values():
+            if t is not None:
+                key += (t.data_ptr(), t.nbytes) if t.is_contiguous() else (t.data_ptr(), t.shape, t.stride(), t.dtype)
+        key = tuple(key)
+        hash(key)
+    except Exception:  # noqa: BLE001 -- not a mapping of tensors: _check_out says what is wrong
+        return None
+    return key
+
+
+def _span(t):
+    # The bytes [start, end) a tensor's elements occupy (none for an empty tensor).
+    if t.numel() == 0:
+        return None
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 1)
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _check_out(out, tensors, d, present, contract, shapes, what="convert"):
+    # convert(..., out=): the caller's tensors the outputs are written into. Each must be the output's
+    # declared dtype (or a torch alias of it), shape and device, contiguous and 16-byte aligned (as
+    # torch.empty makes them: the fused kernels store whole words at their addresses), writable
+    # without autograd and with a version counter (the guard reads it), and share no byte with an
+    # input (converters never modify inputs) or another output. Checked once per key (_out_key), which is
+    # returned (None: not remembered): the stamp copies the records of outputs under that key.
+    key = _out_key(out, tensors, d, present, shapes)
+    if key is not None and key in _OUT_CHECKED:
+        return key
+    if not hasattr(out, "items") or not hasattr(out, "__getitem__"):
+        raise LayoutError(f"{what}: out= takes a mapping from output names to tensors, got {type(out).__name__}")
+    wanted = [n for n, c in contract.items() if not c["optional"] or n in present]
+    for name in out:
+        if name not in wanted:
+            close = difflib.get_close_matches(str(name), wanted, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise LayoutError(f"{what}: out= has {name!r}{hint}, which this call does not produce; it writes "
+                              f"{', '.join(wanted)}")
+    device = next((t.device for t in tensors.values() if t is not None), None)
+    spans = []
+    for name in wanted:
+        c, t = contract[name], out.get(name) if hasattr(out, "get") else out[name]
+        expected = tuple(shapes[name](**d))
+        declared = f"{c['dtype']}{_fmt_shape(c['shape'])} = {_fmt_shape(expected)}"
+        if t is None:
+            raise LayoutError(f"{what}: out= lacks {name!r} ({declared}); pass every output this call writes")
+        if not isinstance(t, torch.Tensor):
+            raise LayoutError(f"out[{name!r}]: expected a torch.Tensor, got {type(t).__name__}")
+        if str(t.dtype).removeprefix("torch.") not in c["torch_dtypes"]:
+            allowed = " or ".join("torch." + n for n in c["torch_dtypes"])
+            raise LayoutError(f"out[{name!r}]: expected {c['dtype']} ({allowed}), got {t.dtype}")
+        if tuple(t.shape) != expected:
+            raise LayoutError(f"out[{name!r}]: expected shape {_fmt_shape(c['shape'])} = {_fmt_shape(expected)} "
+                              f"({_fmt_dims(d)}), got {_fmt_shape(t.shape)}")
+        if t.device != device:
+            raise LayoutError(f"out[{name!r}] is on {t.device} but the inputs are on {device}")
+        if not t.is_contiguous() or (t.numel() and t.data_ptr() % 16):
+            raise LayoutError(f"out[{name!r}] must be contiguous and start at a 16-byte aligned address (as "
+                              "torch.empty makes it): the kernels write whole words")
+        if t.requires_grad:
+            raise LayoutError(f"out[{name!r}] requires grad; the converter writes it outside autograd: pass a "
+                              "tensor made under torch.no_grad() or .detach()")
+        if t.is_inference():
+            raise LayoutError(f"out[{name!r}] is an inference tensor (made under torch.inference_mode): it has no "
+                              "version counter for the guard to read; allocate the outputs outside inference_mode")
+        spans.append((f"out[{name!r}]", _span(t)))
+    inputs = [(f"the input {k!r}", _span(t)) for k, t in tensors.items() if t is not None]
+    for i, (a, sa) in enumerate(spans):
+        for b, sb in spans[i + 1:] + inputs:
+            if sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]:
+                raise LayoutError(f"{a} shares memory with {b}: converters never write into their inputs, and "
+                                  "each output needs its own memory")
+    if key is not None:
+        if len(_OUT_CHECKED) >= 256:
+            _OUT_CHECKED.clear()
+        _OUT_CHECKED[key] = True
+    return key
+
+
+def _into(res, out):
+    # The results of a convert(..., out=) call as the caller's tensors: those the kernels wrote in place
+    # are returned as given; others (a lowering that allocates its results) are copied in.
+    given = {}
+    for name, y in res.items():
+        t = out[name]
+        if y.data_ptr() != t.data_ptr() or y.shape != t.shape:
+            t.view(y.dtype).copy_(y)
+        given[name] = t
+    return given
+
+
+def _plain(fn, *args):
+    # fn(*args) with autograd off and outside inference mode (plain tensors out, with the version counters
+    # the guard reads), entering only the modes that are on: `with torch.inference_mode(False),
+    # torch.no_grad()` took ~5 us per call (benchmarks/host_time.py); setting the grad mode ~0.3 us.
+    if torch.is_inference_mode_enabled():
+        with torch.inference_mode(False), torch.no_grad():
+            return fn(*args)
+    if not torch.is_grad_enabled():
+        return fn(*args)
+    torch._C._set_grad_enabled(False)
+    try:
+        return fn(*args)
+    finally:
+        torch._C._set_grad_enabled(True)
+
+
 def _holding(conditions, d):
     # The labels of the size conditions ('I > 128') that hold for these dims.
     return frozenset(label for label, test in conditions if test(**d))
@@ -285,6 +403,53 @@ def _launch(kernel, programs, args, consts, num_warps):
     return _LAUNCHES[key]
 
 
+#: What Triton's per-call runner (CompiledKernel.__getitem__) must say for _direct to call its launcher
+#: itself: the launch convention, checked in the source of the Triton that is installed.
+_RUNNER_LINES = ("launch_metadata = self.launch_metadata(grid, stream, *args)",
+                 "self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata, launch_metadata,",
+                 "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)")
+_RUNNER_CHECKED = {}
+
+
+def _direct(compiled, programs):
+    # The launch of a prepared call. compiled[grid] makes a runner on every call that looks up the device,
+    # the stream and Triton's launch hooks through its driver proxy (~11 us per launch of a layer kernel on
+    # the H200 host, benchmarks/host_time.py). Where the installed Triton's runner is the one read above,
+    # its launcher, kernel function and metadata are bound once; a call reads the current stream and
+    # takes Triton's own runner whenever a launch hook is set (a profiler's).
+    runner = compiled[(programs, 1, 1)]
+    try:
+        import inspect
+
+        import triton
+    except ImportError:  # no Triton (a fake kernel in tests): its runner
+        return runner
+    try:
+        cls = type(compiled)
+        if cls not in _RUNNER_CHECKED:
+            text = " ".join(inspect.getsource(cls.__getitem__).split())
+            _RUNNER_CHECKED[cls] = all(" ".join(line.split()) in text for line in _RUNNER_LINES)
+        knobs = triton.knobs.runtime
+        if not _RUNNER_CHECKED[cls] or not compiled.function:
+            return runner
+        run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+        stream, device = torch._C._cuda_getCurrentRawStream, torch.cuda.current_device()
+    except Exception:  # noqa: BLE001 -- another Triton: its own runner, every call
+        return runner
+
+    def launch(*args):
+        if _hooked(knobs.launch_enter_hook) or _hooked(knobs.launch_exit_hook):
+            return runner(*args)
+        return run(programs, 1, 1, stream(device), function, packed, None, None, None, *args)
+
+    return launch
+
+
+def _hooked(hook):
+    # A launch hook is set: a function (older Triton), or a chain of hooks that is not empty (newer).
+    return hook is not None and (not hasattr(hook, "calls") or bool(hook.calls))
+
+
 #: Prepared launches of layer functions: (layer, dims, dtypes, device) -> a function of the inputs.
 _PREPARED = {}
 
@@ -320,13 +485,17 @@ def _prepare(key, compiled, programs, consts, out, args, apart):
     shapes = tuple((tuple(y.shape), y.dtype) for y in ys)
     device = ys[0].device if ys else None
     copies = tuple((i, args[2 * i].dtype, args[2 * i + 1].dtype) for i in apart)
-    launch = compiled[(programs, 1, 1)] if programs else None
+    launch = _direct(compiled, programs) if programs else None
     constants = tuple(consts.values())
 
-    def run(xs):
+    def run(xs, outs=None):
         # torch.empty, as the full call: plain tensors whatever the inputs' class (x.new_empty would keep
-        # a tensor subclass; it took 0.7 us less per output on the H200, benchmarks/host_time.py)
-        ys = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
+        # a tensor subclass; it took 0.7 us less per output on the H200, benchmarks/host_time.py); or the
+        # caller's out= tensors (checked by _check_out: shapes, aliases, contiguous and aligned).
+        if outs is not None:
+            ys = [outs[name] for name in names]
+        else:
+            ys = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
         for i, vx, vy in copies:
             ys[i].view(vy).copy_(xs[i].view(vx))
         if launch is not None:
@@ -345,6 +514,14 @@ def _prepare(key, compiled, programs, consts, out, args, apart):
 #: specs with such a tensor were 2-15% faster (the copy starts while the host still prepares the
 #: layer kernel). Below it, the extra launch's host time would cost more than it saves.
 _COPY_APART_BYTES = 1 << 20
+
+
+def _output(outs, name, shape, dtype, device):
+    # A layer function's output: a new tensor, or the caller's (convert(..., out=), checked by _check_out) as
+    # the dtype the kernel writes (a torch alias of the same width).
+    if outs is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return outs[name].view(dtype)
 
 
 def _copy_apart(x):

@@ -66,18 +66,35 @@ def _installed(dist):
     return cache[dist]
 
 
-def _record(t, origin):
-    # The storage-keyed record of tensor t holding the converted bytes of `origin`.
-    from torch.multiprocessing.reductions import StorageWeakRef
+_WEAKREF = []  # torch's StorageWeakRef class, imported once (an import statement costs ~1 us per call)
 
+
+def _weakref_class():
+    if not _WEAKREF:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        _WEAKREF.append(StorageWeakRef)
+    return _WEAKREF[0]
+
+
+def _record(t, origin, records=None, stride=None):
+    # The storage-keyed record of tensor t holding the converted bytes of `origin`. A live record of
+    # the same storage (an output converted into again: convert(..., out=)) lends its weak reference,
+    # which takes ~2 us to make.
     storage = t.untyped_storage()
+    key = (storage.data_ptr(), t.storage_offset())
+    nbytes = storage.nbytes()
+    old = records.get(key) if records is not None else None
+    ref = old["storage"] if old is not None and old["nbytes"] == nbytes else None
+    if ref is None or ref.expired():
+        ref = _weakref_class()(storage)
     r = dict(origin)  # without the fingerprint, which only r["origin"] holds (filled in later)
     r.pop("fingerprint", None)
     r.pop("pending", None)
-    r.update(origin=origin, stride=tuple(t.stride()), nbytes=storage.nbytes(),
+    r.update(origin=origin, stride=tuple(t.stride()) if stride is None else stride, nbytes=nbytes,
              # Inference tensors (in-place conversion under torch.inference_mode) have no version counter.
-             version=None if t.is_inference() else t._version, storage=StorageWeakRef(storage))
-    return (storage.data_ptr(), t.storage_offset()), r
+             version=None if t.is_inference() else t._version, storage=ref)
+    return key, r
 
 
 def _sweep(reg):
@@ -91,9 +108,17 @@ def _sweep(reg):
         reg.sweep_at = max(64, 2 * len(reg.records))
 
 
-def _stamp(outputs, spec_name, sha256, params, requires, dims=None, fingerprint=True):
+#: Per (caller's key, spec, parameters): the parts of each output's origin and record that do not change
+#: from one call to the next (convert(..., out=) into the same tensors; see _stamp's `static`).
+_TEMPLATES = {}
+
+
+def _stamp(outputs, spec_name, sha256, params, requires, dims=None, fingerprint=True, static=None):
     # Record which spec produced each output, and queue the fingerprints of their bytes (fingerprint=False:
     # none; the outputs are then known by their storage alone, and a copy of them is not followed).
+    # `static`: a key under which the caller vouches that the outputs have the names, shapes, dtypes and
+    # strides they had the last time it was given (the out= check's key): their records are then copied
+    # from the last ones and only the call, dims, version (and storage, if another) change.
     reg = _provenance_registry()
     _sweep(reg)
     call = next(reg.calls)
@@ -102,16 +127,37 @@ def _stamp(outputs, spec_name, sha256, params, requires, dims=None, fingerprint=
     library = libraries.get(requires)
     if library is None:
         library = libraries[requires] = tuple((lib, _installed(dist)) for lib, dist, _, _ in requires)
-    # What every output of the call shares, copied into each origin (the dims of the call: a padded
-    # output does not tell I or H back, so the guard uses these; one copy per call, never changed).
-    shared = {"spec": spec_name, "sha256": sha256, "params": params, "library": library, "call": call,
-              "converted": frozenset(outputs), "dims": dict(dims) if dims is not None else None, "fingerprint": None}
-    origins = []
+    dims = dict(dims) if dims is not None else None
     records = reg.records
-    for name, t in outputs.items():
-        origin = dict(shared, tensor=name, shape=tuple(t.shape), dtype=t.dtype, origin_stride=tuple(t.stride()))
-        key, records[key] = _record(t, origin)
-        origins.append(origin)
+    tkey = (static, sha256, id(params), library) if static is not None else None
+    templates = _TEMPLATES.get(tkey) if tkey is not None else None
+    if templates is not None and templates[0] is params and templates[1] == tuple(outputs):
+        origins = []
+        for t, (origin_t, record_t, key_t, nbytes_t) in zip(outputs.values(), templates[2]):
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), t.storage_offset())
+            if key != key_t or storage.nbytes() != nbytes_t or record_t["storage"].expired():
+                templates = None  # another storage at these addresses: recorded in full below
+                break
+            origin = dict(origin_t, call=call, dims=dims)
+            records[key] = dict(record_t, call=call, dims=dims, origin=origin, version=t._version)
+            origins.append(origin)
+    if templates is None:
+        # What every output of the call shares, copied into each origin (the dims of the call: a padded
+        # output does not tell I or H back, so the guard uses these; one copy per call, never changed).
+        shared = {"spec": spec_name, "sha256": sha256, "params": params, "library": library, "call": call,
+                  "converted": frozenset(outputs), "dims": dims, "fingerprint": None}
+        origins, made = [], []
+        for name, t in outputs.items():
+            stride = tuple(t.stride())
+            origin = dict(shared, tensor=name, shape=tuple(t.shape), dtype=t.dtype, origin_stride=stride)
+            key, records[key] = _record(t, origin, records, stride)
+            origins.append(origin)
+            made.append((origin, records[key], key))
+        if tkey is not None and all(r["version"] is not None for _, r, _ in made):
+            if len(_TEMPLATES) >= 64:
+                _TEMPLATES.clear()
+            _TEMPLATES[tkey] = (params, tuple(outputs), [(dict(o), dict(r), k, r["nbytes"]) for o, r, k in made])
     if not fingerprint:
         return
     handle = _fingerprint_start(list(outputs.values()))

@@ -272,3 +272,19 @@ def test_statement_spanning_several_lines(compile_text):
     """)
     w = torch.arange(8.0).reshape(1, 8)
     assert spec.convert({"w": w})["w"].tolist() == [[0, 1, 4, 5, 2, 3, 6, 7]]
+
+
+@pytest.mark.slow  # compiles two variants (~3 s on the 2-core machine)
+def test_two_variants_of_a_spec_register_their_kernels_under_different_names():
+    # Triton's interpreter reads a kernel's source back through linecache by the converter's _TRITON_FILE
+    # when it first runs it: two variants of one spec in one process (activation=silu and relu2) under one
+    # name overwrote each other's lines there, and the variant registered first then failed with
+    # KeyError: '_k_layer_0' (seen in the digest test under xdist).
+    import layoutc
+    from tests.helpers import SPECS
+
+    silu = layoutc.compile_file(SPECS / "flashinfer_cutedsl_nvfp4.lyt", {"activation": "silu"}).module
+    relu2 = layoutc.compile_file(SPECS / "flashinfer_cutedsl_nvfp4.lyt", {"activation": "relu2"}).module
+    assert silu._TRITON_SOURCE != relu2._TRITON_SOURCE
+    assert silu._TRITON_FILE != relu2._TRITON_FILE
+    assert silu._TRITON_FILE.startswith("<layoutc triton kernels of flashinfer_cutedsl_nvfp4 ")

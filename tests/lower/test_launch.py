@@ -221,3 +221,90 @@ def test_dtype_widening_follows_the_contract_it_is_given():
         got = runtime._widened(x, wide)
         assert got["b"].dtype == torch.float32 and got["w"] is x["w"] and x["b"].dtype == torch.bfloat16
         assert runtime._widened(x, plain)["b"] is x["b"]
+
+
+def test_a_layer_called_with_out_launches_into_the_callers_tensors_first_and_warm(monkeypatch):
+    # convert(..., out=) hands the caller's tensors to the layer function: the full call and the prepared
+    # launch both pass their addresses to the kernel, allocate no output, and return them (as given on the
+    # warm call; as the dtype the kernel writes, a view of the same memory, on the first).
+    import layoutc
+    from layoutc.convert.synthckpt import synthetic_inputs
+    from tests.helpers import SPECS
+
+    spec = layoutc.compile_file(SPECS / "flashinfer_cutlass_bf16.lyt")
+    m = spec.module
+    compiled, full = RecordingCompiled(), []
+
+    def launch(kernel, programs, args, consts, num_warps):
+        full.append([a.data_ptr() for a in args])
+        return compiled
+
+    monkeypatch.setattr(m, "_launch", launch)
+    monkeypatch.setattr(m, "_triton_kernels", lambda source, filename: {f"_k_layer_{i}": None for i in range(8)})
+    monkeypatch.setattr(m, "_PREPARED", {})
+    x = synthetic_inputs(spec, {"E": 2, "I": 128, "H": 256}, seed=5)
+    d, present = m._check_call(x, None, "convert", m.INPUTS, m._INPUT_SHAPES, m._INPUT_AXES, m.DIMS, m._CONDITIONS,
+                               m._CONVERT_CHECKS)
+    layer = m._LAYERS[("fused", present)]
+    shapes = {k: (tuple(f(**d)), getattr(torch, m.OUTPUTS[k]["torch_dtypes"][0])) for k, f in m._OUTPUT_SHAPES.items()}
+    outs = {k: torch.empty(s, dtype=t) for k, (s, t) in shapes.items()}
+    empties = []
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empties.append(a) or real_empty(*a, **k))
+    first = layer(x, d, outs)
+    second = layer(x, d, outs)
+    monkeypatch.setattr(torch, "empty", real_empty)
+    assert not empties  # no output allocated, on either call
+    assert len(full) == 1 and len(compiled.calls) == 1
+    ptrs = {k: t.data_ptr() for k, t in outs.items()}
+    assert {k: t.data_ptr() for k, t in first.items()} == {k: ptrs[k] for k in first}
+    assert all(second[k] is outs[k] for k in second)
+    assert full[0][1::2] == [ptrs[k] for k in first]  # the first call's outputs: the caller's memory
+    assert compiled.calls[0][1][1:2 * len(first):2] == [ptrs[k] for k in second]  # and the warm call's
+    assert layer(x, d) is not None and len(compiled.calls) == 2  # without outs: allocates, same prepared launch
+
+
+class RunnerCompiled:
+    """Triton's CompiledKernel as far as _direct reads it: a runner in the checked convention."""
+
+    function, packed_metadata = 1234, ("meta",)
+
+    def __init__(self):
+        self.runs, self.runner_calls = [], []
+        self.run = lambda *args: self.runs.append(args)
+
+    def __getitem__(self, grid):
+        def runner(*args, stream=None):
+            self.runner_calls.append(args)
+            launch_metadata = self.launch_metadata(grid, stream, *args)
+            self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata, launch_metadata,
+                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)  # noqa: F821
+        return runner
+
+
+def test_the_prepared_launch_calls_tritons_launcher_itself_unless_a_hook_is_set(monkeypatch):
+    triton = pytest.importorskip("triton")
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 777 + device, raising=False)
+    monkeypatch.setattr(runtime, "_RUNNER_CHECKED", {})
+    chain = getattr(triton.knobs, "HookChain", None)
+    for hook in [None] + ([chain()] if chain else []):  # no hook: none, or an empty chain of hooks
+        monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", hook)
+        monkeypatch.setattr(triton.knobs.runtime, "launch_exit_hook", hook)
+        c = RunnerCompiled()
+        launch = runtime._direct(c, 9)
+        launch("x0", "y0", 4, 7)
+        assert c.runs == [(9, 1, 1, 777, 1234, ("meta",), None, None, None, "x0", "y0", 4, 7)] and not c.runner_calls
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    c.launch_metadata = lambda *a: None
+    with pytest.raises(NameError):  # the runner of this fake reads `knobs`, as Triton's does: it was taken
+        launch("x0", "y0", 4, 7)
+    assert c.runner_calls == [("x0", "y0", 4, 7)]
+
+
+def test_a_runner_of_another_convention_is_used_as_it_is(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setattr(runtime, "_RUNNER_CHECKED", {})
+    c = RecordingCompiled()
+    launch = runtime._direct(c, 9)
+    launch(1, 2)
+    assert c.calls == [((9, 1, 1), [1, 2])]
