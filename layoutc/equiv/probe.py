@@ -147,7 +147,7 @@ class ProbeRun:
         for step in reversed(chain.steps[upto:]):
             inv = step.op.inverse(step.in_type)
             if inv is None:
-                raise NotDecodable(f"{chain.tensor}: {step.op.name} has no inverse, so the probe cannot decode it")
+                raise NotDecodable.at(chain, step)
             x = run_op(inv, step.out_type, x, self.dims)
         return x
 
@@ -157,7 +157,7 @@ class ProbeRun:
         for step in chain.steps:  # the probe reads positions from values: a value step it cannot undo (a
             # scaled cast) changes them at any prefix (a shard without inverse moves none: it stays probed)
             if step.op.facts.category is Category.VALUE and step.op.inverse(step.in_type) is None:
-                raise NotDecodable(f"{name}: {step.op.name} has no inverse, so the probe cannot decode it")
+                raise NotDecodable.at(chain, step)
         key = (name, upto)  # the rules and the agreement check ask for the same prefixes: decoded once
         if key not in self._decoded:
             self._decoded[key] = self._decode(chain, upto)
@@ -204,7 +204,17 @@ class ProbeRun:
 
 class NotDecodable(ValueError):
     """A converter output the probe cannot take back to element positions (a step without an inverse,
-    such as a scaled cast): that tensor's facts rest on the static maps alone, and the probe says so."""
+    such as a scaled cast): that tensor's facts rest on the static maps alone, and the probe says so
+    (``check --probe --strict`` refuses it, at the step's line)."""
+
+    def __init__(self, message: str, tensor: str = "", pos=None):
+        super().__init__(message)
+        self.tensor, self.pos = tensor, pos
+
+    @classmethod
+    def at(cls, chain: Chain, step) -> "NotDecodable":
+        pos = step.statement.pos if step.statement is not None else chain.source.pos
+        return cls(f"{chain.tensor}: {step.op.name} has no inverse, so the probe cannot decode it", chain.tensor, pos)
 
 
 class ProbedSource:
@@ -221,7 +231,7 @@ class ProbedSource:
         self.runs: dict[tuple, ProbeRun] = {}
         self._samples: dict[tuple, list[dict]] = {}
         #: tensor -> why the probe could not decode it (its facts are the static maps')
-        self.undecoded: dict[str, str] = {}
+        self.undecoded: dict[str, NotDecodable] = {}
 
     def samples(self, program: Program, variant: Variant) -> list[dict]:
         """The first representatives of the variant's size region (:mod:`layoutc.algebra.regions`): small sizes
@@ -243,7 +253,7 @@ class ProbedSource:
         try:
             linear, valid, shape = self.run_for(chain, dims).sources(chain, upto)
         except NotDecodable as why:
-            self.undecoded[chain.tensor] = str(why)
+            self.undecoded[chain.tensor] = why
             linear, valid, shape = static_sources(chain, dims, upto)
         return reduce_to_axes(chain.source, dims, linear, valid, shape)
 
@@ -260,7 +270,7 @@ class ProbedSource:
                         try:
                             d_lin, d_valid, d_shape = self.run_for(chain, dims).sources(chain, upto)
                         except NotDecodable as why:
-                            self.undecoded[chain.tensor] = str(why)
+                            self.undecoded[chain.tensor] = why
                             continue
                         if s_shape != d_shape:
                             diff = f"the maps give shape {list(s_shape)}, the converter {list(d_shape)}"
@@ -295,30 +305,40 @@ def probe_steps(spec: CompiledSpec, samples_per_variant: int = 1, lowerings: tup
 
 
 def probe(spec: CompiledSpec, samples_per_variant: int = 1, lowerings: tuple[str, ...] = ("eager", "gather"),
-          progress=None, tick=None) -> list[Diagnostic]:
+          progress=None, tick=None, strict: bool = False) -> list[Diagnostic]:
     """Dynamic verification of a compiled (statically verified) spec; empty when both agree.
 
     Each lowering is probed: ``eager`` (the op-by-op torch implementations, independent of the
     index maps) and ``gather`` (the fused plan's code, generated from the composed maps).
     ``progress(text)`` hears of each lowering as it starts; ``tick()`` of each of :func:`probe_steps`'s steps
-    as it ends (a progress bar)."""
+    as it ends (a progress bar). A tensor the probe cannot decode (:class:`NotDecodable`) is said through
+    ``progress`` and left to the static maps; with ``strict`` it is an error at the step's line instead."""
     findings: list[Diagnostic] = []
     inputs: dict = {}
+    undecoded: dict[str, NotDecodable] = {}
     for lowering in lowerings:
         if progress is not None:
             progress(f"{lowering} lowering: {len(spec.compiled.variants)} variant(s)")
-        findings += _probe_one(spec, samples_per_variant, lowering, tick or (lambda: None), progress, inputs)
+        findings += _probe_one(spec, samples_per_variant, lowering, tick or (lambda: None), progress, inputs,
+                               undecoded)
+    if strict:
+        findings += [Diagnostic(
+            "error", f"{why}: its claims were not probed, only checked on the static maps (--strict)", why.pos,
+            "without --strict the static verdict stands for this tensor; a step the probe can undo (an inverse "
+            "the op declares) makes it probed", (why.tensor,)) for why in undecoded.values()]
     return findings
 
 
 def _probe_one(spec: CompiledSpec, samples_per_variant: int, lowering: str, tick, progress=None,
-               inputs: dict | None = None) -> list[Diagnostic]:
+               inputs: dict | None = None, undecoded: dict | None = None) -> list[Diagnostic]:
     source = ProbedSource(spec, samples_per_variant, lowering, inputs)
     findings = source.agreement(tick)
     verdict = Verifier(spec.compiled, source).run()
     tick()
+    if undecoded is not None:
+        undecoded.update(source.undecoded)
     if progress is not None:  # said, not hidden: these tensors' facts are the static verifier's alone
-        for reason in sorted(set(source.undecoded.values())):
+        for reason in sorted({str(why) for why in source.undecoded.values()}):
             progress(f"not probed, the static maps stand: {reason}")
     if verdict:
         findings.append(Diagnostic(
