@@ -6,6 +6,7 @@ many (a coverage warning that ``--strict`` refuses)."""
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 import layoutc
@@ -63,6 +64,7 @@ def test_the_floor_of_a_coordinate_times_a_size_is_found_with_its_period():
     assert scaled_floors([(4 * i) // 64], ["I"]) == []  # a shape's floor: the shapes' analysis has it
 
 
+@pytest.mark.slow  # 1.5-3 s on the loaded 2-core machine: a compile and every class verified
 def test_a_contract_broken_only_in_some_residue_classes_of_such_a_map_is_found(tmp_path):
     """Before: the representatives were I = 1, 2, 3, ... (no shape floors I), where no pair flips, and check said
     "claims hold for all sizes". The floor's period (128) makes I = 64 a representative: the contract fails."""
@@ -71,6 +73,7 @@ def test_a_contract_broken_only_in_some_residue_classes_of_such_a_map_is_found(t
     assert "w13: the kernel expects rows [w1; w3]" in out.output
 
 
+@pytest.mark.slow  # 1.5-3 s on the loaded 2-core machine: a compile and every class verified
 def test_few_classes_are_each_verified_and_the_claims_hold_for_all_sizes(tmp_path):
     text = PACKED.replace("ASSUME", "assume I % 16 == 0").replace("SCALES", "interleave(s13, flip_pairs)")
     spec = layoutc.compile_source(text, "scaled_floor_packing.lyt")
