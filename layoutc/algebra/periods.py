@@ -137,3 +137,37 @@ def nested(exprs: Iterable[ex.Expr], dim: str) -> ex.Expr | None:
             return e
         stack.extend(ex.children(e))
     return None
+
+
+def scaled_floors(exprs: Iterable[ex.Expr], dims: Iterable[str]) -> list[ex.Expr]:
+    """The floor divisions and remainders by a constant whose numerator multiplies a coordinate (a variable
+    that is not a dim) by an expression of a dim: ``(o2 + 4*o1*ceil_div(I/16, 4)) // 512``, the flat index
+    of a swizzled tile. Within a residue class of the shapes' period such a map is not affine in the dim
+    (which multiple of 512 the product passes depends on ``I``); modulo :func:`period` of the floor itself it
+    is (the coordinate is an integer multiplier of the dim's increment), so these floors are given to the
+    residue analysis with the shapes (docs/design.md, "Every size")."""
+    dims = set(dims)
+    out: list[ex.Expr] = []
+    stack, seen = list(exprs), 0
+    while stack and seen < 100_000:
+        seen += 1
+        e = stack.pop()
+        if isinstance(e, (ex.FloorDiv, ex.Mod)) and isinstance(e.den, ex.Const) and _scales_a_coordinate(e.num, dims):
+            if e not in out:
+                out.append(e)
+        stack.extend(ex.children(e))
+    return out
+
+
+def _scales_a_coordinate(e: ex.Expr, dims: set[str]) -> bool:
+    stack = [e]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ex.Mul):
+            kids = ex.children(e)
+            sized = [k for k in kids if ex.free_vars(k) & dims]
+            coords = [k for k in kids if ex.free_vars(k) - dims]
+            if sized and coords and any(k is not s for k in coords for s in sized):
+                return True
+        stack.extend(ex.children(e))
+    return False

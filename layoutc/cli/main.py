@@ -270,7 +270,7 @@ def check(specs: tuple[Path, ...], defines: tuple[str, ...], quiet: bool, probe:
                     say(f"{path}: probing{f' ({shown})' if shown else ''} ...")
                     with progress.bar(total=probe_steps(spec), desc=f"probe {spec.name}", unit="check") as bar:
                         findings = run_probe(spec, progress=lambda what: say(f"  {what}"),
-                                             tick=lambda: bar.update(1))
+                                             tick=lambda: bar.update(1), strict=strict)
                     if findings:
                         raise SpecError(findings, str(path), spec.program.source)
                     say(f"  probed in {time.perf_counter() - start:.1f} s")

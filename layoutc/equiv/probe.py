@@ -78,8 +78,13 @@ def _lossy(chain: Chain) -> bool:
 class ProbeRun:
     """All converter runs for one spec variant on one set of dims."""
 
-    def __init__(self, spec: CompiledSpec, variant: Variant, dims: dict, lowering: str = "eager"):
+    def __init__(self, spec: CompiledSpec, variant: Variant, dims: dict, lowering: str = "eager",
+                 inputs: dict | None = None):
         self.spec = spec
+        #: input tensors by (tensor, its source type, dims, fill): converters never modify their inputs, so
+        #: the variants and lowerings probed on the same sizes share them (built once, read many times)
+        self._made = {} if inputs is None else inputs
+        self._decoded: dict[tuple[str, int], tuple] = {}  # (tensor, upto) -> what :meth:`sources` found
         self.lowering = lowering
         self.variant = variant
         self.dims = dims
@@ -93,48 +98,56 @@ class ProbeRun:
             digits.append(max(1, math.ceil(math.log2(n * 8))) if self.bitwise[c.tensor] else max(1, math.ceil(math.log(max(n, 2), 256))))
         self.digits = max(digits)
         run = lambda x: spec.convert(x, dims, lowering)  # noqa: E731
-        self.zero = run(self._inputs(lambda name, n: 0))
-        self.one = run(self._inputs(lambda name, n: 1))
-        self.runs = [run(self._inputs(self._digit(d))) for d in range(self.digits)]
+        self.zero = run(self._inputs("zero"))
+        self.one = run(self._inputs("one"))
+        self.runs = [run(self._inputs(d)) for d in range(self.digits)]
 
-    def _digit(self, d: int):
-        def fill(name: str, n: int):
-            if self.bitwise[name]:
-                bit_index = torch.arange(n * 8, dtype=torch.int64)
-                return ((bit_index >> d) & 1).to(torch.uint8).reshape(n, 8)
-            return (torch.arange(n, dtype=torch.int64) >> (8 * d)) & 255
+    def _fill(self, name: str, n: int, which):
+        """The values of input ``name`` (``n`` elements) in run ``which`` ('zero', 'one' or a digit)."""
+        if which in ("zero", "one"):
+            return int(which == "one")
+        if self.bitwise[name]:  # bit b of byte j is bit ``which`` of its bit index 8*j + b, byte by byte:
+            if which < 3:  # a bit of b: the same byte everywhere
+                return torch.full((n,), sum(((b >> which) & 1) << b for b in range(8)), dtype=torch.uint8)
+            j = torch.arange(n, dtype=torch.int64)  # a bit of j: every bit of the byte alike
+            return (((j >> (which - 3)) & 1) * 0xFF).to(torch.uint8)
+        return (torch.arange(n, dtype=torch.int64) >> (8 * which)) & 255
 
-        return fill
-
-    def _inputs(self, fill) -> dict:
+    def _inputs(self, which) -> dict:
         out = {}
         for c in self.variant.chains:
             shape, elem = self.shapes[c.tensor], c.source.elem
-            n = _numel(shape)
-            v = fill(c.tensor, n)
-            if self.bitwise[c.tensor]:
-                raw = bits_to_bytes(v) if isinstance(v, torch.Tensor) else torch.full((n,), 0xFF * v, dtype=torch.uint8)
-                t = raw.reshape(shape).view(elem.torch_dtype)
-            elif self.field[c.tensor] is not None:  # the digit as the bits the chain keeps
-                _, shift, _ = self.field[c.tensor]
-                values = v if isinstance(v, torch.Tensor) else torch.full((n,), v, dtype=torch.int64)
-                size = torch.empty((), dtype=elem.torch_dtype).element_size()
-                raw = values << shift
-                if size < 8 and size > 1:
-                    raw = torch.where(raw >= 1 << (8 * size - 1), raw - (1 << (8 * size)), raw)
-                t = raw.to(_CARRIER[size]).view(elem.torch_dtype).reshape(shape)
-            else:
-                values = v if isinstance(v, torch.Tensor) else torch.full((n,), v, dtype=torch.int64)
-                t = values.to(elem.torch_dtype).reshape(shape)
-            out[c.tensor] = t
+            key = (c.tensor, elem.name, tuple(shape), self.bitwise[c.tensor], self.field[c.tensor], which)
+            if key not in self._made:
+                self._made[key] = self._input(c, shape, elem, which)
+            out[c.tensor] = self._made[key]
         return out
+
+    def _input(self, c: Chain, shape, elem, which) -> torch.Tensor:
+        n = _numel(shape)
+        v = self._fill(c.tensor, n, which)
+        if self.bitwise[c.tensor]:
+            raw = v if isinstance(v, torch.Tensor) else torch.full((n,), 0xFF * v, dtype=torch.uint8)
+            t = raw.reshape(shape).view(elem.torch_dtype)
+        elif self.field[c.tensor] is not None:  # the digit as the bits the chain keeps
+            _, shift, _ = self.field[c.tensor]
+            values = v if isinstance(v, torch.Tensor) else torch.full((n,), v, dtype=torch.int64)
+            size = torch.empty((), dtype=elem.torch_dtype).element_size()
+            raw = values << shift
+            if size < 8 and size > 1:
+                raw = torch.where(raw >= 1 << (8 * size - 1), raw - (1 << (8 * size)), raw)
+            t = raw.to(_CARRIER[size]).view(elem.torch_dtype).reshape(shape)
+        else:
+            values = v if isinstance(v, torch.Tensor) else torch.full((n,), v, dtype=torch.int64)
+            t = values.to(elem.torch_dtype).reshape(shape)
+        return t
 
     def _undo(self, chain: Chain, upto: int, x: torch.Tensor) -> torch.Tensor:
         """Take a converter output back through the inverses of steps ``upto..`` (eager)."""
         for step in reversed(chain.steps[upto:]):
             inv = step.op.inverse(step.in_type)
             if inv is None:
-                raise NotDecodable(f"{chain.tensor}: {step.op.name} has no inverse, so the probe cannot decode it")
+                raise NotDecodable.at(chain, step)
             x = run_op(inv, step.out_type, x, self.dims)
         return x
 
@@ -144,7 +157,14 @@ class ProbeRun:
         for step in chain.steps:  # the probe reads positions from values: a value step it cannot undo (a
             # scaled cast) changes them at any prefix (a shard without inverse moves none: it stays probed)
             if step.op.facts.category is Category.VALUE and step.op.inverse(step.in_type) is None:
-                raise NotDecodable(f"{name}: {step.op.name} has no inverse, so the probe cannot decode it")
+                raise NotDecodable.at(chain, step)
+        key = (name, upto)  # the rules and the agreement check ask for the same prefixes: decoded once
+        if key not in self._decoded:
+            self._decoded[key] = self._decode(chain, upto)
+        return self._decoded[key]
+
+    def _decode(self, chain: Chain, upto: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+        name = chain.tensor
         zero = self._undo(chain, upto, self.zero[name])
         one = self._undo(chain, upto, self.one[name])
         runs = [self._undo(chain, upto, r[name]) for r in self.runs]
@@ -152,7 +172,9 @@ class ProbeRun:
         if self.bitwise[name]:
             as_bits = lambda t: bytes_to_bits(t.contiguous().view(torch.uint8)).to(torch.int64)  # noqa: E731
             real = as_bits(zero) != as_bits(one)
-            src_bit = sum(as_bits(r) << d for d, r in enumerate(runs))
+            src_bit = torch.zeros(real.shape, dtype=torch.int64)
+            for d, r in enumerate(runs):  # in place: one buffer, not a sum of temporaries
+                src_bit.bitwise_or_(as_bits(r).bitwise_left_shift_(d))
             # a logical element is a whole byte read from one source byte, bit for bit
             byte = src_bit // 8
             if self.lossy[name]:
@@ -174,20 +196,34 @@ class ProbeRun:
         else:
             values = lambda t: t.to(torch.float64).round().to(torch.int64)  # noqa: E731
         valid = values(zero) != values(one)
-        src = sum((values(r) & 255) << (8 * d) for d, r in enumerate(runs))
+        src = torch.zeros(valid.shape, dtype=torch.int64)
+        for d, r in enumerate(runs):
+            src.bitwise_or_((values(r) & 255).bitwise_left_shift_(8 * d))
         return torch.where(valid, src, 0), valid, shape
 
 
 class NotDecodable(ValueError):
     """A converter output the probe cannot take back to element positions (a step without an inverse,
-    such as a scaled cast): that tensor's facts rest on the static maps alone, and the probe says so."""
+    such as a scaled cast): that tensor's facts rest on the static maps alone, and the probe says so
+    (``check --probe --strict`` refuses it, at the step's line)."""
+
+    def __init__(self, message: str, tensor: str = "", pos=None):
+        super().__init__(message)
+        self.tensor, self.pos = tensor, pos
+
+    @classmethod
+    def at(cls, chain: Chain, step) -> "NotDecodable":
+        pos = step.statement.pos if step.statement is not None else chain.source.pos
+        return cls(f"{chain.tensor}: {step.op.name} has no inverse, so the probe cannot decode it", chain.tensor, pos)
 
 
 class ProbedSource:
     """The verifier's facts measured on the converter itself (the static rules, probed maps)."""
 
-    def __init__(self, spec: CompiledSpec, samples_per_variant: int = 1, lowering: str = "eager"):
+    def __init__(self, spec: CompiledSpec, samples_per_variant: int = 1, lowering: str = "eager",
+                 inputs: dict | None = None):
         self.spec = spec
+        self.inputs = {} if inputs is None else inputs  # shared by the lowerings probed (ProbeRun's inputs)
         self.compiled = spec.compiled
         self.program = spec.program
         self.lowering = lowering
@@ -195,7 +231,7 @@ class ProbedSource:
         self.runs: dict[tuple, ProbeRun] = {}
         self._samples: dict[tuple, list[dict]] = {}
         #: tensor -> why the probe could not decode it (its facts are the static maps')
-        self.undecoded: dict[str, str] = {}
+        self.undecoded: dict[str, NotDecodable] = {}
 
     def samples(self, program: Program, variant: Variant) -> list[dict]:
         """The first representatives of the variant's size region (:mod:`layoutc.algebra.regions`): small sizes
@@ -209,7 +245,7 @@ class ProbedSource:
         variant = next(v for v in self.compiled.variants if chain in v.chains)
         key = (variant.present, tuple(sorted(dims.items())))
         if key not in self.runs:
-            self.runs[key] = ProbeRun(self.spec, variant, dims, self.lowering)
+            self.runs[key] = ProbeRun(self.spec, variant, dims, self.lowering, self.inputs)
         return self.runs[key]
 
     def axis(self, chain: Chain, dims: dict, rows: bool = False) -> AxisMap:
@@ -217,7 +253,7 @@ class ProbedSource:
         try:
             linear, valid, shape = self.run_for(chain, dims).sources(chain, upto)
         except NotDecodable as why:
-            self.undecoded[chain.tensor] = str(why)
+            self.undecoded[chain.tensor] = why
             linear, valid, shape = static_sources(chain, dims, upto)
         return reduce_to_axes(chain.source, dims, linear, valid, shape)
 
@@ -234,7 +270,7 @@ class ProbedSource:
                         try:
                             d_lin, d_valid, d_shape = self.run_for(chain, dims).sources(chain, upto)
                         except NotDecodable as why:
-                            self.undecoded[chain.tensor] = str(why)
+                            self.undecoded[chain.tensor] = why
                             continue
                         if s_shape != d_shape:
                             diff = f"the maps give shape {list(s_shape)}, the converter {list(d_shape)}"
@@ -269,28 +305,40 @@ def probe_steps(spec: CompiledSpec, samples_per_variant: int = 1, lowerings: tup
 
 
 def probe(spec: CompiledSpec, samples_per_variant: int = 1, lowerings: tuple[str, ...] = ("eager", "gather"),
-          progress=None, tick=None) -> list[Diagnostic]:
+          progress=None, tick=None, strict: bool = False) -> list[Diagnostic]:
     """Dynamic verification of a compiled (statically verified) spec; empty when both agree.
 
     Each lowering is probed: ``eager`` (the op-by-op torch implementations, independent of the
     index maps) and ``gather`` (the fused plan's code, generated from the composed maps).
     ``progress(text)`` hears of each lowering as it starts; ``tick()`` of each of :func:`probe_steps`'s steps
-    as it ends (a progress bar)."""
+    as it ends (a progress bar). A tensor the probe cannot decode (:class:`NotDecodable`) is said through
+    ``progress`` and left to the static maps; with ``strict`` it is an error at the step's line instead."""
     findings: list[Diagnostic] = []
+    inputs: dict = {}
+    undecoded: dict[str, NotDecodable] = {}
     for lowering in lowerings:
         if progress is not None:
             progress(f"{lowering} lowering: {len(spec.compiled.variants)} variant(s)")
-        findings += _probe_one(spec, samples_per_variant, lowering, tick or (lambda: None), progress)
+        findings += _probe_one(spec, samples_per_variant, lowering, tick or (lambda: None), progress, inputs,
+                               undecoded)
+    if strict:
+        findings += [Diagnostic(
+            "error", f"{why}: its claims were not probed, only checked on the static maps (--strict)", why.pos,
+            "without --strict the static verdict stands for this tensor; a step the probe can undo (an inverse "
+            "the op declares) makes it probed", (why.tensor,)) for why in undecoded.values()]
     return findings
 
 
-def _probe_one(spec: CompiledSpec, samples_per_variant: int, lowering: str, tick, progress=None) -> list[Diagnostic]:
-    source = ProbedSource(spec, samples_per_variant, lowering)
+def _probe_one(spec: CompiledSpec, samples_per_variant: int, lowering: str, tick, progress=None,
+               inputs: dict | None = None, undecoded: dict | None = None) -> list[Diagnostic]:
+    source = ProbedSource(spec, samples_per_variant, lowering, inputs)
     findings = source.agreement(tick)
     verdict = Verifier(spec.compiled, source).run()
     tick()
+    if undecoded is not None:
+        undecoded.update(source.undecoded)
     if progress is not None:  # said, not hidden: these tensors' facts are the static verifier's alone
-        for reason in sorted(set(source.undecoded.values())):
+        for reason in sorted({str(why) for why in source.undecoded.values()}):
             progress(f"not probed, the static maps stand: {reason}")
     if verdict:
         findings.append(Diagnostic(

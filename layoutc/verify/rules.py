@@ -616,7 +616,33 @@ def region_inputs(program: Program, variant: Variant) -> tuple[list[tuple[ex.Exp
     known += [(ex.Var(a.dim), a.multiple) for a in program.assumptions]
     exprs = [e for c in variant.chains for shape in [c.source.shape] + [s.out_type.shape for s in c.steps]
              for e in shape] + [e for c in program.conditions for e in (c.lhs, c.rhs)]
+    exprs += [e for c in variant.chains for e in _claim_floors(c, program.dims)]
     return known, exprs
+
+
+_FLOORS: dict[int, tuple[Chain, list]] = {}
+
+
+def _claim_floors(chain: Chain, dims) -> list[ex.Expr]:
+    """The floors of the maps the claims read (the logical prefixes, composed as :func:`axis_map` composes them)
+    that multiply a coordinate by a size-dependent extent (:func:`periods.scaled_floors`): their periods join
+    the shapes' in the residue classes verified, or are reported as not covered when too many."""
+    from ..algebra.indexmap import compose_all
+    from ..algebra.periods import scaled_floors
+    from .rowmap import STEPWISE_AFTER
+
+    hit = _FLOORS.get(id(chain))
+    if hit is not None and hit[0] is chain:
+        return hit[1]
+    found: list[ex.Expr] = []
+    for rows in (False, True):
+        maps = [s.op.index_map(s.in_type) for s in logical_prefix(chain, rows)]
+        for m in (maps if len(maps) > STEPWISE_AFTER else [compose_all(maps)] if maps else []):
+            found += [e for e in scaled_floors([*m.src, m.valid], dims) if e not in found]
+    if len(_FLOORS) > 4096:
+        _FLOORS.clear()
+    _FLOORS[id(chain)] = (chain, found)
+    return found
 
 
 def region_dims(program: Program, variant: Variant) -> tuple[list[dict], str]:

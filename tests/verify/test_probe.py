@@ -174,3 +174,41 @@ def test_a_tensor_the_probe_cannot_decode_is_said_not_an_internal_error():
     undecoded = [s for s in said if s.startswith("not probed")]
     assert undecoded and all("cast has no inverse" in s for s in undecoded)
     assert not any("w13_weight:" in s for s in undecoded)  # the weights are probed
+
+
+# A scale that passes a scaled cast (Marlin NVFP4's `x.to(half) * 2**7`): the op declares no inverse, so the
+# probe cannot read positions back from its values.
+SCALED = """
+spec scaled_cast
+dims E, N, K
+input w  : e4m3[E, N, K]
+input sf : e4m3[E, N, K/16]     scales w block 16
+cast(sf, f16, exp=7)
+output w  : e4m3[E, N, K]
+output sf : f16[E, N, K/16]
+"""
+
+
+@pytest.mark.slow  # compiles and probes a spec: seconds on the 2-core machine
+def test_strict_probe_refuses_a_tensor_it_cannot_decode_naming_it_and_its_line():
+    spec = layoutc.compile_source(SCALED, "scaled_cast.lyt")
+    said: list[str] = []
+    assert probe(spec, lowerings=("eager",), progress=said.append) == []  # without --strict: said, not refused
+    assert any(s.startswith("not probed") and "sf: cast has no inverse" in s for s in said)
+    refused = probe(spec, lowerings=("eager",), strict=True)
+    assert [d.tensors for d in refused] == [("sf",)]
+    assert "sf: cast has no inverse" in refused[0].message and "--strict" in refused[0].message
+    assert refused[0].pos.line == 6  # the cast's line
+
+
+@pytest.mark.slow  # compiles and probes a spec: seconds on the 2-core machine
+def test_check_probe_strict_exits_2_on_an_undecodable_tensor(tmp_path):
+    from click.testing import CliRunner
+    from layoutc.cli.main import main
+
+    path = tmp_path / "scaled_cast.lyt"
+    path.write_text(SCALED)
+    loose = CliRunner().invoke(main, ["check", "--probe", "-q", str(path)])
+    assert loose.exit_code == 0, loose.output
+    strict = CliRunner().invoke(main, ["check", "--probe", "--strict", "-q", str(path)])
+    assert strict.exit_code == 2 and "scaled_cast.lyt:6" in strict.output and "sf: cast has no inverse" in strict.output
