@@ -94,7 +94,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
         eager_part = "part"
         part += ["", "", f"def {name}_coarse({args}, start, stop):",
                  *_named(lambda t: coarse_part(p, dims, t), dims, own)]
-    runs = isinstance(p, Gather) and isinstance(p.map.fill, ex.Const)
+    runs = isinstance(p, (Gather, Rows)) and isinstance(p.map.fill, ex.Const)
     if runs:  # the map evaluated once per shape, cut into runs (layoutc.lower.runs); the parts stay the fallback
         m = p.map  # expert e of the output reads expert e of the input alone, alike for all: evaluate expert 0
         alike = (rank >= 2 and m.src[0] == ex.Var("o0") and p.in_shape[0] == p.out_shape[0]

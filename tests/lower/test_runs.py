@@ -185,3 +185,17 @@ def test_a_table_plan_fills_float8_padding_by_its_bits():
     assert out.dtype == torch.float8_e4m3fn
     assert out.view(torch.uint8).tolist() == flat.view(torch.uint8)[[6, 7]].tolist() + [0, 0] + \
         flat.view(torch.uint8)[[2, 3]].tolist()
+
+
+def test_a_rows_plan_takes_a_run_plan_too():
+    """A ``Rows`` plan (a gather whose last axis is copied as is: cutedsl_nvfp4's w13_weight, row swaps and
+    interleaves) was walked element by element on the CPU (an int64 index per byte, 20x a clone); its map
+    is cut into runs like any gather's, bit for bit the eager reference."""
+    spec = _spec("flashinfer_cutedsl_nvfp4")
+    assert "def _gather_w13_weight_0_index(" in spec.source
+    x = synthetic_inputs(spec, {"E": 2, "I": 128, "H": 64}, seed=3)
+    spec.module._RUN_PLANS.clear()
+    got = spec.convert(x, lowering="gather")
+    assert_same_bits(got, spec.convert(x, lowering="eager"), "cutedsl_nvfp4")
+    plans = {k[0]: v for k, v in spec.module._RUN_PLANS.items()}
+    assert plans["_gather_w13_weight_0"] is not None and plans["_gather_w13_weight_0"][0] == "table"
