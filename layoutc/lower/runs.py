@@ -13,8 +13,10 @@ transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device
 * if the runs' start addresses are a mixed-radix affine function of the run number (a strided
   view: transposes, tile permutations, swaps of whole halves), the plan is that view and a call is
   one strided ``copy_``, no table;
-* else, if a table of run starts (int32 where the addresses fit) is no larger than the output, a
-  call is one ``index_select`` of runs (as words of 2, 4 or 8 bytes where a run is one aligned
+* else, if a table of run starts (int32 where the addresses fit) is at most ``_RUN_TABLE_RATIO``
+  times the output's bytes (an int32 per byte of a byte shuffle: the 128x4 scale swizzles of
+  unaligned widths, whose element gather re-evaluated some forty int64 passes of index arithmetic
+  per call, 5-10x the rest of the layer), a call is one ``index_select`` of runs (as words of 2, 4 or 8 bytes where a run is one aligned
   word) and an ``index_fill_`` of the fill runs;
 * else ``None``: the caller runs the element gather, as before.
 
@@ -29,9 +31,10 @@ The functions here are copied whole into generated converters (torch and builtin
 import torch
 
 _RUN_PLANS = {}  # (converter function, dims, device) -> ("view", ...), ("table", ...) or None
-_RUN_PLANS_MAX = 64  # shapes remembered per process (each table is at most its output's size) ...
+_RUN_PLANS_MAX = 64  # shapes remembered per process (each table at most _RUN_TABLE_RATIO times its output) ...
 _RUN_BYTES_MAX = 256 << 20  # ... and the bytes of their tables: past this, tables are made per call
 _RUN_BYTES = [0]
+_RUN_TABLE_RATIO = 4  # a table's bytes per output byte, at most: an int32 per byte
 _RUN_WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -117,7 +120,7 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
         wide = int(starts.max()) >= 2**31 - g
         if affine is not None:
             plan = ("view", tuple(affine[0]) + (g,), tuple(affine[1]) + (1,), affine[2])
-        elif runs * (8 if wide else 4) <= runs * g * itemsize:  # the table is no larger than the output
+        elif runs * (8 if wide else 4) <= _RUN_TABLE_RATIO * runs * g * itemsize:  # bounded by the output
             fill = (starts < 0).nonzero().flatten()
             safe = torch.where(starts < 0, 0, starts)
             aligned = bool((safe % g == 0).all())

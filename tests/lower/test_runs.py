@@ -2,7 +2,7 @@
 
 Per shape, a gather plan's map is evaluated once and cut into runs; a call is then one strided
 copy (the run starts are a mixed-radix affine function: a view) or one ``index_select`` of runs
-(a table no larger than the output), else the element gather runs as before. The unit tests
+(a table at most four times the output's bytes), else the element gather runs as before. The unit tests
 drive the helpers with maps of known structure (a transpose, a swap of halves with padding, a
 byte shuffle that needs the fallback, unaligned inputs); the property test holds every shipped
 spec's generated ``gather`` lowering to the eager reference at small random (seeded) dims and
@@ -86,13 +86,18 @@ def test_a_swap_of_halves_with_padding_is_a_table_of_rows():
     assert torch.equal(y, _element_gather(x, index_of(0, e), 7))
 
 
-def test_a_byte_shuffle_falls_back_to_the_element_gather():
+def test_a_byte_shuffle_is_a_table_of_bytes_and_past_int32_falls_back_to_the_element_gather():
+    """An int32 per byte (four times the output) is kept: re-evaluating the map per call costs far more
+    (the element gather); an int64 per byte (addresses past 2**31, eight times) is not."""
     h = _helpers()
     g = torch.Generator().manual_seed(0)
     perm = torch.randperm(4096, generator=g)
     x = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=g)
-    plan, _ = _run(h, lambda start, stop: perm.view(64, 64)[start:stop], (64, 64), x)
-    assert plan is None  # one int32 index per byte would be four times the output
+    plan, y = _run(h, lambda start, stop: perm.view(64, 64)[start:stop], (64, 64), x)
+    assert plan[0] == "table" and plan[1] == 1 and plan[2].dtype == torch.int32
+    assert torch.equal(y, _element_gather(x, perm.view(64, 64), 0))
+    plan, _ = _run(h, lambda start, stop: perm.view(64, 64)[start:stop] + 2**31, (64, 64), x)
+    assert plan is None
 
 
 def test_runs_that_start_anywhere_and_unaligned_inputs():
