@@ -12,7 +12,8 @@ transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device
   checked on every element, not from op names;
 * if the runs' start addresses are a mixed-radix affine function of the run number (a strided
   view: transposes, tile permutations, swaps of whole halves), the plan is that view and a call is
-  one strided ``copy_``, no table;
+  one strided ``copy_``, no table; unless the runs are short (under ``_RUN_VIEW_BYTES``) and the
+  view has more than two axes, where the table below is faster;
 * else, if a table of run starts (int32 where the addresses fit) is at most ``_RUN_TABLE_RATIO``
   times the output's bytes (an int32 per byte of a byte shuffle: the 128x4 scale swizzles of
   unaligned widths, whose element gather re-evaluated some forty int64 passes of index arithmetic
@@ -35,6 +36,11 @@ _RUN_PLANS_MAX = 64  # shapes remembered per process (each table at most _RUN_TA
 _RUN_BYTES_MAX = 256 << 20  # ... and the bytes of their tables: past this, tables are made per call
 _RUN_BYTES = [0]
 _RUN_TABLE_RATIO = 4  # a table's bytes per output byte, at most: an int32 per byte
+# A view whose runs are shorter than this many bytes and that has more than two strided axes is
+# gathered through a table instead: a strided copy walks such a view element by element through
+# every axis (the SM90 triton_kernels interleave: 9 axes of 1-byte runs, 3x slower than the table;
+# the 128x4 scale swizzles: 4-byte runs, 10-50x slower)
+_RUN_VIEW_BYTES = 16
 _RUN_WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -118,9 +124,10 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
                 affine = ([experts] + list(affine[0]), [expert_stride] + list(affine[1]), affine[2])
         runs = starts.numel()
         wide = int(starts.max()) >= 2**31 - g
-        if affine is not None:
+        small = runs * (8 if wide else 4) <= _RUN_TABLE_RATIO * runs * g * itemsize  # bounded by the output
+        if affine is not None and (g * itemsize >= _RUN_VIEW_BYTES or len(affine[0]) <= 2 or not small):
             plan = ("view", tuple(affine[0]) + (g,), tuple(affine[1]) + (1,), affine[2])
-        elif runs * (8 if wide else 4) <= _RUN_TABLE_RATIO * runs * g * itemsize:  # bounded by the output
+        elif small:
             fill = (starts < 0).nonzero().flatten()
             safe = torch.where(starts < 0, 0, starts)
             aligned = bool((safe % g == 0).all())

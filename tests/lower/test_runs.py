@@ -49,11 +49,19 @@ def test_a_transpose_is_a_strided_view():
         o0, o1, o2 = torch.meshgrid(torch.arange(start, stop), torch.arange(6), torch.arange(4), indexing="ij")
         return o0 * 24 + o2 * 6 + o1
 
+    h["_RUN_VIEW_BYTES"] = 1  # every view kept as a view
     plan, y = _run(h, index_of, (3, 6, 4), x)
     assert plan[0] == "view"
     assert torch.equal(y, full)
     plan, y = _run(h, lambda s, e: index_of(0, 1), (3, 6, 4), x, stride=24)  # expert 0, then moved
     assert plan[0] == "view" and torch.equal(y, full)
+    # by default runs of 4 bytes over three strided axes go through a table (a strided copy of short
+    # runs is slower); two axes stay a view
+    h["_RUN_VIEW_BYTES"] = 16
+    plan, y = _run(h, index_of, (3, 6, 4), x)
+    assert plan[0] == "table" and torch.equal(y, full)
+    plan, y = _run(h, lambda s, e: index_of(0, 1)[0], (6, 4), x[:24])
+    assert plan[0] == "view" and torch.equal(y, full[0])
 
 
 def test_a_view_of_runs_of_whole_words_copies_words_and_any_offset_copies_bytes():
@@ -204,3 +212,19 @@ def test_a_rows_plan_takes_a_run_plan_too():
     assert_same_bits(got, spec.convert(x, lowering="eager"), "cutedsl_nvfp4")
     plans = {k[0]: v for k, v in spec.module._RUN_PLANS.items()}
     assert plans["_gather_w13_weight_0"] is not None and plans["_gather_w13_weight_0"][0] == "table"
+
+
+@pytest.mark.slow  # compiling the spec takes 10-30 s on the 2-core machine
+def test_a_words_plan_without_quads_gathers_bytes_by_a_run_plan_then_permutes_bits():
+    """triton_kernels_mxfp4_hopper's weights (a bit permutation within 32-bit words whose source bytes
+    form no quads) read each byte through an int64 index and permuted bits with masked shifts, per call
+    (100x a clone); now the source bytes come from a run plan (a table or a view, per shape) and the
+    words are permuted by the half-word tables, bit for bit the eager reference."""
+    spec = _spec("triton_kernels_mxfp4_hopper")
+    assert "def _gather_w13_weight_0_index(" in spec.source and "_permute_words(" in spec.source
+    spec.module._RUN_PLANS.clear()
+    for dims in ({"E": 2, "I": 128, "H": 256}, {"E": 1, "I": 96, "H": 160}):  # the second pads
+        x = synthetic_inputs(spec, dims, seed=5)
+        assert_same_bits(spec.convert(x, lowering="gather"), spec.convert(x, lowering="eager"), str(dims))
+    plans = {k[0]: v for k, v in spec.module._RUN_PLANS.items()}
+    assert plans["_gather_w13_weight_0"] is not None and plans["_gather_w2_weight_2"] is not None
