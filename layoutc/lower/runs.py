@@ -186,8 +186,14 @@ def _run_gather(flat, plan, shape, fill):
     else:  # runs start anywhere: rows of an overlapping view, one per element
         torch.index_select(flat.as_strided((n - g + 1, g), (1, 1), flat.storage_offset()), 0, table, out=out)
     if bad is not None:  # the fill's bits, through an integer view (index_fill_ has no float8 kernels)
-        bits = torch.tensor(fill, dtype=torch.float64).to(flat.dtype).view(_FILL_BITS[flat.element_size()])
-        out.view(_FILL_BITS[flat.element_size()]).index_fill_(0, bad, bits.item())
+        ibits = _FILL_BITS[flat.element_size()]
+        if flat.dtype.is_floating_point:
+            value = torch.tensor(fill, dtype=torch.float64).to(flat.dtype).view(ibits).item()
+        else:  # a bit pattern (0xBF80: bf16 -1.0 moved as int16) as the signed value of its width
+            width = 8 * flat.element_size()
+            value = int(fill) % (1 << width)
+            value -= (1 << width) if ibits.is_signed and value >= 1 << (width - 1) else 0
+        out.view(ibits).index_fill_(0, bad, value)
     return out.view(shape)
 
 

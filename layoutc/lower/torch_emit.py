@@ -5,8 +5,11 @@ axis (``name_part``): the index expressions evaluated on ``arange`` grids and on
 over chunks of experts. Where the plan moves whole words, the eager-mode driver takes a part that
 moves them as words (``name_quads``: SM90 FP4 weights, ``name_coarse``: runs of elements), which
 is several times faster on the CPU; ``tests/lower/test_cpu_gather.py`` holds them to the eager
-reference bit for bit. ``compiled``: the same part under ``torch.compile`` once over the whole
-tensor (one loop, no index tensor in memory; compiling costs seconds per shape).
+reference bit for bit. Gather and rows plans first try a run plan per shape (``name_index``,
+:mod:`layoutc.lower.runs`); so do words plans without a quads part, over their source bytes, the
+words then permuted by two half-word lookups (``_permute_words``). ``compiled``: the same part under
+``torch.compile`` once over the whole tensor (one loop, no index tensor in memory; compiling costs
+seconds per shape).
 """
 
 from __future__ import annotations
@@ -186,7 +189,13 @@ def _part_body(p: Gather | Rows | Words, sizes: Sequence[str], bitwise: bool, t)
         else:
             part.append(f"    ok = ({t(m.valid)}) & (zero == 0)")
             part.append("    v = flat[torch.where(ok, src, 0)]")
-            part.append(f"    return torch.where(ok, v, torch.as_tensor({t(m.fill)}, dtype=v.dtype))")
+            fill = t(m.fill)
+            width = p.in_elem.bits
+            if bitwise and isinstance(m.fill, ex.Const) and width in (16, 32, 64):  # a bit pattern moved as a
+                # signed integer of its width: 0xBF80 (bf16 -1.0) is int16 -16512 (as_tensor(49024) overflows)
+                bits = int(m.fill.value) % (1 << width)
+                fill = repr(bits - (1 << width) if bits >= 1 << (width - 1) else bits)
+            part.append(f"    return torch.where(ok, v, torch.as_tensor({fill}, dtype=v.dtype))")
     return part
 
 

@@ -228,3 +228,19 @@ def test_a_words_plan_without_quads_gathers_bytes_by_a_run_plan_then_permutes_bi
         assert_same_bits(spec.convert(x, lowering="gather"), spec.convert(x, lowering="eager"), str(dims))
     plans = {k[0]: v for k, v in spec.module._RUN_PLANS.items()}
     assert plans["_gather_w13_weight_0"] is not None and plans["_gather_w2_weight_2"] is not None
+
+
+def test_a_fill_with_the_sign_bit_set_moves_as_its_bits_in_both_paths():
+    """bf16 -1.0 (0xBF80 = 49024) as a pad value, moved as int16 bits: the run plan's fill and the element
+    gather's (the fallback) both write 0xBF80 (torch.as_tensor(49024, dtype=int16) overflowed)."""
+    spec = layoutc.compile_source("dims E, N\ninput x : bf16[E, N]\npad(x, dim=1, multiple=4, value=49024)\n"
+                                  "output x : bf16[E, round_up(N, 4)]\n", "pad_fill_sign_runs.lyt")
+    x = torch.zeros(2, 3, dtype=torch.bfloat16)
+    spec.module._RUN_PLANS.clear()
+    ran = spec.convert({"x": x}, lowering="gather")["x"]
+    assert any(v is not None for v in spec.module._RUN_PLANS.values())
+    for k in list(spec.module._RUN_PLANS):
+        spec.module._RUN_PLANS[k] = None  # every later call of this shape: the element gather
+    walked = spec.convert({"x": x}, lowering="gather")["x"]
+    for out in (ran, walked):
+        assert out[:, 3].tolist() == [-1.0, -1.0] and out[:, :3].abs().sum().item() == 0
