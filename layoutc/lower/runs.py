@@ -17,8 +17,8 @@ transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device
 * else, if a table of run starts (int32 where the addresses fit) is at most ``_RUN_TABLE_RATIO``
   times the output's bytes (an int32 per byte of a byte shuffle: the 128x4 scale swizzles of
   unaligned widths, whose element gather re-evaluated some forty int64 passes of index arithmetic
-  per call, 5-10x the rest of the layer), a call is one ``index_select`` of runs (as words of 2, 4 or 8 bytes where a run is one aligned
-  word) and an ``index_fill_`` of the fill runs;
+  per call, 5-10x the rest of the layer), a call is one ``index_select`` of runs (as words of 2,
+  4 or 8 bytes where a run is one aligned word) and an ``index_fill_`` of the fill runs;
 * else ``None``: the caller runs the element gather, as before.
 
 Tables are remembered per process up to ``_RUN_BYTES_MAX`` bytes in all (a shape past it uses its
