@@ -21,7 +21,7 @@ import attrs
 from ..lang.compiler import Chain, Variant
 from . import eager, memo, triton_emit, torch_emit
 from .maptext import map_text
-from .plan import Gather, Plan, Words, plan, tables
+from .plan import Gather, Plan, Rows, Words, plan, tables
 from ..algebra import expr as ex
 from ..front.text import comment
 from ..lang.ops.base import Category
@@ -249,9 +249,9 @@ def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
         # elements (Marlin's int32 weights) run the eager lowering on the CPU, as before
         return None
     name = f"_gather_{ctx.tag(chain)}"
-    if isinstance(p, Words) and p.quads is not None:
+    if isinstance(p, Words):  # the quads part and the byte run path permute words by the half-word tables
         ctx.define("_bit_tables", torch_emit.bit_tables_source())
-    if isinstance(p, Gather) or (isinstance(p, Words) and p.quads is not None):
+    if isinstance(p, (Gather, Rows, Words)):
         ctx.define("_run_plan", torch_emit.runs_source())
     cite = ctx.header(chain, walk=False)  # the spec lines it computes
     return ctx.define(name, cite + "\n" + ctx.gather(chain, name))

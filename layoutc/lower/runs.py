@@ -12,10 +12,13 @@ transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device
   checked on every element, not from op names;
 * if the runs' start addresses are a mixed-radix affine function of the run number (a strided
   view: transposes, tile permutations, swaps of whole halves), the plan is that view and a call is
-  one strided ``copy_``, no table;
-* else, if a table of run starts (int32 where the addresses fit) is no larger than the output, a
-  call is one ``index_select`` of runs (as words of 2, 4 or 8 bytes where a run is one aligned
-  word) and an ``index_fill_`` of the fill runs;
+  one strided ``copy_``, no table; unless the runs are short (under ``_RUN_VIEW_BYTES``) and the
+  view has more than two axes, where the table below is faster;
+* else, if a table of run starts (int32 where the addresses fit) is at most ``_RUN_TABLE_RATIO``
+  times the output's bytes (an int32 per byte of a byte shuffle: the 128x4 scale swizzles of
+  unaligned widths, whose element gather re-evaluated some forty int64 passes of index arithmetic
+  per call, 5-10x the rest of the layer), a call is one ``index_select`` of runs (as words of 2,
+  4 or 8 bytes where a run is one aligned word) and an ``index_fill_`` of the fill runs;
 * else ``None``: the caller runs the element gather, as before.
 
 Tables are remembered per process up to ``_RUN_BYTES_MAX`` bytes in all (a shape past it uses its
@@ -29,9 +32,15 @@ The functions here are copied whole into generated converters (torch and builtin
 import torch
 
 _RUN_PLANS = {}  # (converter function, dims, device) -> ("view", ...), ("table", ...) or None
-_RUN_PLANS_MAX = 64  # shapes remembered per process (each table is at most its output's size) ...
+_RUN_PLANS_MAX = 64  # shapes remembered per process (each table at most _RUN_TABLE_RATIO times its output) ...
 _RUN_BYTES_MAX = 256 << 20  # ... and the bytes of their tables: past this, tables are made per call
 _RUN_BYTES = [0]
+_RUN_TABLE_RATIO = 4  # a table's bytes per output byte, at most: an int32 per byte
+# A view whose runs are shorter than this many bytes and that has more than two strided axes is
+# gathered through a table instead: a strided copy walks such a view element by element through
+# every axis (the SM90 triton_kernels interleave: 9 axes of 1-byte runs, 3x slower than the table;
+# the 128x4 scale swizzles: 4-byte runs, 10-50x slower)
+_RUN_VIEW_BYTES = 16
 _RUN_WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -115,9 +124,10 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
                 affine = ([experts] + list(affine[0]), [expert_stride] + list(affine[1]), affine[2])
         runs = starts.numel()
         wide = int(starts.max()) >= 2**31 - g
-        if affine is not None:
+        small = runs * (8 if wide else 4) <= _RUN_TABLE_RATIO * runs * g * itemsize  # bounded by the output
+        if affine is not None and (g * itemsize >= _RUN_VIEW_BYTES or len(affine[0]) <= 2 or not small):
             plan = ("view", tuple(affine[0]) + (g,), tuple(affine[1]) + (1,), affine[2])
-        elif runs * (8 if wide else 4) <= runs * g * itemsize:  # the table is no larger than the output
+        elif small:
             fill = (starts < 0).nonzero().flatten()
             safe = torch.where(starts < 0, 0, starts)
             aligned = bool((safe % g == 0).all())
@@ -176,8 +186,14 @@ def _run_gather(flat, plan, shape, fill):
     else:  # runs start anywhere: rows of an overlapping view, one per element
         torch.index_select(flat.as_strided((n - g + 1, g), (1, 1), flat.storage_offset()), 0, table, out=out)
     if bad is not None:  # the fill's bits, through an integer view (index_fill_ has no float8 kernels)
-        bits = torch.tensor(fill, dtype=torch.float64).to(flat.dtype).view(_FILL_BITS[flat.element_size()])
-        out.view(_FILL_BITS[flat.element_size()]).index_fill_(0, bad, bits.item())
+        ibits = _FILL_BITS[flat.element_size()]
+        if flat.dtype.is_floating_point:
+            value = torch.tensor(fill, dtype=torch.float64).to(flat.dtype).view(ibits).item()
+        else:  # a bit pattern (0xBF80: bf16 -1.0 moved as int16) as the signed value of its width
+            width = 8 * flat.element_size()
+            value = int(fill) % (1 << width)
+            value -= (1 << width) if ibits.is_signed and value >= 1 << (width - 1) else 0
+        out.view(ibits).index_fill_(0, bad, value)
     return out.view(shape)
 
 

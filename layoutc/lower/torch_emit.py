@@ -5,8 +5,11 @@ axis (``name_part``): the index expressions evaluated on ``arange`` grids and on
 over chunks of experts. Where the plan moves whole words, the eager-mode driver takes a part that
 moves them as words (``name_quads``: SM90 FP4 weights, ``name_coarse``: runs of elements), which
 is several times faster on the CPU; ``tests/lower/test_cpu_gather.py`` holds them to the eager
-reference bit for bit. ``compiled``: the same part under ``torch.compile`` once over the whole
-tensor (one loop, no index tensor in memory; compiling costs seconds per shape).
+reference bit for bit. Gather and rows plans first try a run plan per shape (``name_index``,
+:mod:`layoutc.lower.runs`); so do words plans without a quads part, over their source bytes, the
+words then permuted by two half-word lookups (``_permute_words``). ``compiled``: the same part under
+``torch.compile`` once over the whole tensor (one loop, no index tensor in memory; compiling costs
+seconds per shape).
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
         eager_part = "part"
         part += ["", "", f"def {name}_coarse({args}, start, stop):",
                  *_named(lambda t: coarse_part(p, dims, t), dims, own)]
-    runs = isinstance(p, Gather) and isinstance(p.map.fill, ex.Const)
+    runs = isinstance(p, (Gather, Rows)) and isinstance(p.map.fill, ex.Const)
     if runs:  # the map evaluated once per shape, cut into runs (layoutc.lower.runs); the parts stay the fallback
         m = p.map  # expert e of the output reads expert e of the input alone, alike for all: evaluate expert 0
         alike = (rank >= 2 and m.src[0] == ex.Var("o0") and p.in_shape[0] == p.out_shape[0]
@@ -110,12 +113,30 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
         ]
         flat = (f"x.contiguous().view(torch.{BIT_VIEWS[p.in_elem.bits]}).reshape(-1)" if bitwise
                 else "x.contiguous().reshape(-1)")
+        gathered = f"_run_gather({flat}, runs, ({', '.join(sizes)},), {p.map.fill.value!r})"
+    elif isinstance(p, Words) and not choose:  # no quads part: the bytes by a run plan, then the bit tables
+        runs = True
+        src = p.word_sources
+        alike = (rank >= 2 and p.in_shape[0] == p.word_shape[0] and all(c[0] == ex.Var("o0") for c in src)
+                 and not any("o0" in ex.free_vars(e) for e in (*(e for c in src for e in c[1:]), *p.word_valid)))
+        stride = f", x.numel() * x.element_size() // max(1, {sizes[0]})" if alike else ""
+        byte_sizes = ", ".join(sizes[:-1] + [f"4 * ({sizes[-1]})"])
+        part += ["", "", f"def {name}_index({args}, start, stop):",
+                 *_named(lambda t: _words_index_body(p, sizes, t), dims, terms)]
+        choose += [
+            "    # CPU path: the source byte of every output byte (layoutc.lower.runs: a view, a table, or None:",
+            "    # the per-byte part below), then each word's bits permuted by two half-word table lookups",
+            f"    runs = None if compiled else _run_plan(({name!r}, {', '.join(dims)}, str(x.device)), {name}_index, "
+            f"({args},), ({byte_sizes},), 1{stride})",
+        ]
+        gathered = (f"_permute_words(_run_gather(x.contiguous().view(torch.uint8).reshape(-1), runs, ({byte_sizes},), "
+                    f"0).view(torch.int32), {tuple(p.table)!r})")
     drive = [
         f"def {name}(x, d, compiled=False):",
         *bind,
         *choose,
         *([f"    if runs is not None:",
-           f"        y = _run_gather({flat}, runs, ({', '.join(sizes)},), {p.map.fill.value!r})",
+           f"        y = {gathered}",
            "    elif compiled:"] if runs else ["    if compiled:"]),
         f"        y = _compiled({name}_part)({args}, 0, {sizes[0]})",
         f"    elif {per} * {sizes[0]} <= 1 << 24:  # one part: its result is the output, no copy",
@@ -168,7 +189,13 @@ def _part_body(p: Gather | Rows | Words, sizes: Sequence[str], bitwise: bool, t)
         else:
             part.append(f"    ok = ({t(m.valid)}) & (zero == 0)")
             part.append("    v = flat[torch.where(ok, src, 0)]")
-            part.append(f"    return torch.where(ok, v, torch.as_tensor({t(m.fill)}, dtype=v.dtype))")
+            fill = t(m.fill)
+            width = p.in_elem.bits
+            if bitwise and isinstance(m.fill, ex.Const) and width in (16, 32, 64):  # a bit pattern moved as a
+                # signed integer of its width: 0xBF80 (bf16 -1.0) is int16 -16512 (as_tensor(49024) overflows)
+                bits = int(m.fill.value) % (1 << width)
+                fill = repr(bits - (1 << width) if bits >= 1 << (width - 1) else bits)
+            part.append(f"    return torch.where(ok, v, torch.as_tensor({fill}, dtype=v.dtype))")
     return part
 
 
@@ -182,6 +209,23 @@ def _index_body(p: Plan, sizes: Sequence[str], t) -> list[str]:
         part.append(f"    ok = ({t(m.valid)}) & (zero == 0)")
         part.append("    src = torch.where(ok, src, -1)")
     return part + ["    return src"]
+
+
+def _words_index_body(p: Words, sizes: Sequence[str], t) -> list[str]:
+    """The lines of ``name_index`` for a words plan: over the word grid [start, stop), the source byte
+    address of each of a word's four bytes (-1 where the byte is padding, which reads 0), as the
+    output's bytes: the last axis 4 bytes a word, little-endian as the part builds the word."""
+    part = ["    _dev = x.device"] + _coordinates(sizes)
+    index = []
+    for b, (coords, valid) in enumerate(zip(p.word_sources, p.word_valid)):
+        addr = f"({t(linear(coords, p.in_shape))}) + zero"
+        if valid == ex.TRUE:
+            index.append(addr)
+        else:
+            part.append(f"    ok{b} = ({t(valid)}) & (zero == 0)")
+            index.append(f"torch.where(ok{b}, {addr}, -1)")
+    part.append("    src = torch.stack([" + ", ".join(index) + "], dim=-1)  # word, byte b")
+    return part + ["    return src.reshape(src.shape[:-2] + (-1,))"]
 
 
 def runs_source() -> str:
@@ -345,6 +389,21 @@ def bit_tables_source() -> str:
         "        out.append(r if device is None else r.to(device))\n"
         "    _BIT_TABLES[key] = out\n"
         "    return out\n"
+        "\n"
+        "\n"
+        "def _permute_words(w, table):\n"
+        "    # The bits of every int32 word of ``w`` permuted by ``table`` (output bit i = input bit table[i]):\n"
+        "    # two lookups of the half words (little-endian: the low half first), as the quads part does.\n"
+        "    low, high = _bit_tables(table, w.device)\n"
+        "    halves = w.reshape(-1).view(torch.int16).view(-1, 2)\n"
+        "    if w.device.type == 'cpu':  # uint16 widens in one pass, no mask\n"
+        "        r = low.index_select(0, halves[:, 0].view(torch.uint16).to(torch.int32))\n"
+        "        r |= high.index_select(0, halves[:, 1].view(torch.uint16).to(torch.int32))\n"
+        "    else:\n"
+        "        wide = halves.to(torch.int32) & 0xFFFF\n"
+        "        r = low.index_select(0, wide[:, 0])\n"
+        "        r |= high.index_select(0, wide[:, 1])\n"
+        "    return r.view(w.shape)\n"
     )
 
 

@@ -2,7 +2,7 @@
 
 Per shape, a gather plan's map is evaluated once and cut into runs; a call is then one strided
 copy (the run starts are a mixed-radix affine function: a view) or one ``index_select`` of runs
-(a table no larger than the output), else the element gather runs as before. The unit tests
+(a table at most four times the output's bytes), else the element gather runs as before. The unit tests
 drive the helpers with maps of known structure (a transpose, a swap of halves with padding, a
 byte shuffle that needs the fallback, unaligned inputs); the property test holds every shipped
 spec's generated ``gather`` lowering to the eager reference at small random (seeded) dims and
@@ -49,11 +49,19 @@ def test_a_transpose_is_a_strided_view():
         o0, o1, o2 = torch.meshgrid(torch.arange(start, stop), torch.arange(6), torch.arange(4), indexing="ij")
         return o0 * 24 + o2 * 6 + o1
 
+    h["_RUN_VIEW_BYTES"] = 1  # every view kept as a view
     plan, y = _run(h, index_of, (3, 6, 4), x)
     assert plan[0] == "view"
     assert torch.equal(y, full)
     plan, y = _run(h, lambda s, e: index_of(0, 1), (3, 6, 4), x, stride=24)  # expert 0, then moved
     assert plan[0] == "view" and torch.equal(y, full)
+    # by default runs of 4 bytes over three strided axes go through a table (a strided copy of short
+    # runs is slower); two axes stay a view
+    h["_RUN_VIEW_BYTES"] = 16
+    plan, y = _run(h, index_of, (3, 6, 4), x)
+    assert plan[0] == "table" and torch.equal(y, full)
+    plan, y = _run(h, lambda s, e: index_of(0, 1)[0], (6, 4), x[:24])
+    assert plan[0] == "view" and torch.equal(y, full[0])
 
 
 def test_a_view_of_runs_of_whole_words_copies_words_and_any_offset_copies_bytes():
@@ -86,13 +94,18 @@ def test_a_swap_of_halves_with_padding_is_a_table_of_rows():
     assert torch.equal(y, _element_gather(x, index_of(0, e), 7))
 
 
-def test_a_byte_shuffle_falls_back_to_the_element_gather():
+def test_a_byte_shuffle_is_a_table_of_bytes_and_past_int32_falls_back_to_the_element_gather():
+    """An int32 per byte (four times the output) is kept: re-evaluating the map per call costs far more
+    (the element gather); an int64 per byte (addresses past 2**31, eight times) is not."""
     h = _helpers()
     g = torch.Generator().manual_seed(0)
     perm = torch.randperm(4096, generator=g)
     x = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=g)
-    plan, _ = _run(h, lambda start, stop: perm.view(64, 64)[start:stop], (64, 64), x)
-    assert plan is None  # one int32 index per byte would be four times the output
+    plan, y = _run(h, lambda start, stop: perm.view(64, 64)[start:stop], (64, 64), x)
+    assert plan[0] == "table" and plan[1] == 1 and plan[2].dtype == torch.int32
+    assert torch.equal(y, _element_gather(x, perm.view(64, 64), 0))
+    plan, _ = _run(h, lambda start, stop: perm.view(64, 64)[start:stop] + 2**31, (64, 64), x)
+    assert plan is None
 
 
 def test_runs_that_start_anywhere_and_unaligned_inputs():
@@ -185,3 +198,49 @@ def test_a_table_plan_fills_float8_padding_by_its_bits():
     assert out.dtype == torch.float8_e4m3fn
     assert out.view(torch.uint8).tolist() == flat.view(torch.uint8)[[6, 7]].tolist() + [0, 0] + \
         flat.view(torch.uint8)[[2, 3]].tolist()
+
+
+def test_a_rows_plan_takes_a_run_plan_too():
+    """A ``Rows`` plan (a gather whose last axis is copied as is: cutedsl_nvfp4's w13_weight, row swaps and
+    interleaves) was walked element by element on the CPU (an int64 index per byte, 20x a clone); its map
+    is cut into runs like any gather's, bit for bit the eager reference."""
+    spec = _spec("flashinfer_cutedsl_nvfp4")
+    assert "def _gather_w13_weight_0_index(" in spec.source
+    x = synthetic_inputs(spec, {"E": 2, "I": 128, "H": 64}, seed=3)
+    spec.module._RUN_PLANS.clear()
+    got = spec.convert(x, lowering="gather")
+    assert_same_bits(got, spec.convert(x, lowering="eager"), "cutedsl_nvfp4")
+    plans = {k[0]: v for k, v in spec.module._RUN_PLANS.items()}
+    assert plans["_gather_w13_weight_0"] is not None and plans["_gather_w13_weight_0"][0] == "table"
+
+
+@pytest.mark.slow  # compiling the spec takes 10-30 s on the 2-core machine
+def test_a_words_plan_without_quads_gathers_bytes_by_a_run_plan_then_permutes_bits():
+    """triton_kernels_mxfp4_hopper's weights (a bit permutation within 32-bit words whose source bytes
+    form no quads) read each byte through an int64 index and permuted bits with masked shifts, per call
+    (100x a clone); now the source bytes come from a run plan (a table or a view, per shape) and the
+    words are permuted by the half-word tables, bit for bit the eager reference."""
+    spec = _spec("triton_kernels_mxfp4_hopper")
+    assert "def _gather_w13_weight_0_index(" in spec.source and "_permute_words(" in spec.source
+    spec.module._RUN_PLANS.clear()
+    for dims in ({"E": 2, "I": 128, "H": 256}, {"E": 1, "I": 96, "H": 160}):  # the second pads
+        x = synthetic_inputs(spec, dims, seed=5)
+        assert_same_bits(spec.convert(x, lowering="gather"), spec.convert(x, lowering="eager"), str(dims))
+    plans = {k[0]: v for k, v in spec.module._RUN_PLANS.items()}
+    assert plans["_gather_w13_weight_0"] is not None and plans["_gather_w2_weight_2"] is not None
+
+
+def test_a_fill_with_the_sign_bit_set_moves_as_its_bits_in_both_paths():
+    """bf16 -1.0 (0xBF80 = 49024) as a pad value, moved as int16 bits: the run plan's fill and the element
+    gather's (the fallback) both write 0xBF80 (torch.as_tensor(49024, dtype=int16) overflowed)."""
+    spec = layoutc.compile_source("dims E, N\ninput x : bf16[E, N]\npad(x, dim=1, multiple=4, value=49024)\n"
+                                  "output x : bf16[E, round_up(N, 4)]\n", "pad_fill_sign_runs.lyt")
+    x = torch.zeros(2, 3, dtype=torch.bfloat16)
+    spec.module._RUN_PLANS.clear()
+    ran = spec.convert({"x": x}, lowering="gather")["x"]
+    assert any(v is not None for v in spec.module._RUN_PLANS.values())
+    for k in list(spec.module._RUN_PLANS):
+        spec.module._RUN_PLANS[k] = None  # every later call of this shape: the element gather
+    walked = spec.convert({"x": x}, lowering="gather")["x"]
+    for out in (ran, walked):
+        assert out[:, 3].tolist() == [-1.0, -1.0] and out[:, :3].abs().sum().item() == 0

@@ -1123,8 +1123,6 @@ def test_pad_value_is_a_bit_pattern_in_every_lowering(elem, fill):
     assert int(bits(run_map(op, t, x, {}))[1, 3]) % (1 << 8 * x.element_size()) == want
 
 
-@pytest.mark.xfail(strict=True, reason="lower/ (gather plan): a 16/32-bit fill with the high bit set overflows "
-                                       "torch.as_tensor(fill, dtype=int16) in the generated code")
 def test_pad_fill_with_the_sign_bit_set_in_the_gather_lowering():
     import layoutc
 
