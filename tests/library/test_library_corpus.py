@@ -80,9 +80,25 @@ def round_trip(compiled: layoutc.CompiledSpec, inputs: dict, out: dict, dims: di
         same_bits(back[name], x, f"inverse: {name}")
 
 
-def test_the_corpus_has_six_layouts_each_with_a_mistake():
-    assert len(LAYOUTS) >= 6
+def test_the_corpus_has_eleven_layouts_each_with_a_mistake():
+    assert len(LAYOUTS) >= 11
     assert {p.stem for p in MISTAKES} == {f"{p.stem}_mistake" for p in LAYOUTS}
+
+
+#: The corpus layouts that take another packing at some sizes in the library's own code, each one spec whose
+#: size conditions are the library's branches (spec-level, outputs declared per branch, or a family role's
+#: `if` on the sizes it binds), each compared below with the library's own function on both sides.
+SIZE_SWITCHES = {
+    "prims_ts_shuffle_bias": ["2*I >= 32"],  # shuffle_matrix: fewer than 32 rows returned as they are
+    "sm12x_w4a16": ["H/32 == 1", "I/32 == 1"],  # _permute_packed_scales: one K group takes the channelwise table
+    "b12x_w8a8_mxfp8_scales": ["I mod 128 != 0"],  # w13_split_halves: the halves swizzled apart
+    "marlin_gptq_scales": ["K/128 > 1"],  # marlin_permute_scales / _permute_packed_scales: group_size < size_k
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIZE_SWITCHES))
+def test_size_switching_layouts_are_one_spec_with_the_branch(name):
+    assert [c.label for c in spec(name).program.conditions] == SIZE_SWITCHES[name]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,6 +280,12 @@ def _marlin_permute_scales(s: torch.Tensor, size_k: int, size_n: int, group_size
 
 
 def test_marlin_gptq_scales():
+    """Compared with a reference written here from vLLM's public code (``_marlin_permute_scales`` above,
+    commit cited), not with vLLM itself, which is not installable on this CPU machine; and with
+    FlashInfer's own copy of the Marlin scale permutation, ``moe_w4a16_prepare._permute_packed_scales``
+    (same tables and branch, ``group_size < size_k``: the 64-column table, else the 32-column
+    channelwise one), called on both sides of the branch (K == 128, the boundary, and K > 128)."""
+    permute = library("flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_w4a16_prepare", "_permute_packed_scales")
     compiled = spec("marlin_gptq_scales")
     assert [c.label for c in compiled.program.conditions] == ["K/128 > 1"]
     # K == 128: one group spans all of K (the channelwise table); K > 128: the grouped table
@@ -275,7 +297,34 @@ def test_marlin_gptq_scales():
             want = torch.stack([_marlin_permute_scales(s[e], K, N, 128) for e in range(E)])
             same_bits(out["scales"], want, f"marlin_permute_scales K={K} N={N} ({lowering})")
             same_bits(out["qweight"], q, "qweight passes through")
+        theirs = torch.stack([permute(s[e], size_k=K, size_n=N, group_size=128) for e in range(E)])
+        same_bits(out["scales"], theirs, f"FlashInfer _permute_packed_scales K={K} N={N}")
         round_trip(compiled, {"qweight": q, "scales": s}, out, {"E": E, "K": K, "N": N})
+
+
+def test_b12x_w8a8_mxfp8_scales():
+    mod = "flashinfer.experimental.b12x.moe._shared.kernels.w8a8.weights"
+    prepare, split = library(mod, "prepare_w8a8_mxfp8_weights"), library(mod, "w13_split_halves")
+    compiled = spec("b12x_w8a8_mxfp8_scales")
+    # I % 128 != 0 (halves swizzled apart, half-major): 32, 96, 160; == 0 (one grid, expert-major): 128, 256;
+    # the boundary 128 between 96 and 160
+    for E, I, H in [(1, 32, 128), (2, 96, 256), (2, 128, 128), (1, 160, 128), (2, 256, 256)]:
+        x = {"w13": codes(E, 2 * I, H, dtype=torch.float8_e4m3fn, seed=1), "w13_scale": codes(E, 2 * I, H // 32, seed=2, high=255),
+             "w2": codes(E, H, I, dtype=torch.float8_e4m3fn, seed=3), "w2_scale": codes(E, H, I // 32, seed=4, high=255)}
+        # UE8M0 bytes up to 0xFE: the function rejects the NaN byte 0xFF
+        ref = prepare(w13_values=x["w13"], w13_scale=x["w13_scale"], w13_scale_2=torch.ones(E), w2_values=x["w2"],
+                      w2_scale=x["w2_scale"], w2_scale_2=torch.ones(E), num_experts=E, hidden_size=H, intermediate_size=I)
+        rows = -(-I // 128) * 128
+        assert tuple(ref.w13_sf_swizzled.shape) == ((2, E, rows, -(-H // 128) * 4) if split(I) else (E, 2 * I, H // 128 * 4))
+        for lowering in ("gather", "eager"):
+            out = compiled.convert(x, lowering=lowering)
+            same_bits(out["w13"], ref.w13_values, f"w13_values I={I} ({lowering})")
+            same_bits(out["w2"], ref.w2_values, f"w2_values I={I} ({lowering})")
+            # the library's storage, [2, E, rows, c] or [E, 2*I, c], viewed as the spec's [2*E, rows, c]
+            same_bits(out["w13_scale"], ref.w13_sf_swizzled.view(2 * E, rows, -1), f"w13_sf_swizzled I={I} ({lowering})")
+            same_bits(out["w2_scale"], ref.w2_sf_swizzled, f"w2_sf_swizzled I={I} ({lowering})")
+        round_trip(compiled, x, out, {"E": E, "I": I, "H": H})
+
 
 
 # ---------------------------------------------------------------------------------------------
