@@ -31,12 +31,12 @@ from ..algebra import expr as ex
 from ..lang.compiler import Chain, Compiled, Constraint, Variant, shape_axes
 from ..lang.ir import TensorSpec
 from . import pywrap, registry
-from ..runtime import fingerprint, guard_rt, checks as runtime
+from ..runtime import fingerprint, guard_rt, warm, checks as runtime
 from ..front.text import comment
 from ..lang.versions import distribution
 
 #: The run-time modules copied whole into every converter, in this order.
-RUNTIME_MODULES = (dimsolve, runtime, fingerprint, guard_rt)
+RUNTIME_MODULES = (dimsolve, runtime, warm, fingerprint, guard_rt)
 #: What the copied modules may import (the converter imports these at its top).
 RUNTIME_IMPORTS = frozenset({"difflib", "hashlib", "importlib.metadata", "importlib.util", "itertools", "linecache", "os",
                              "sys", "types", "fractions", "torch"})
@@ -240,17 +240,26 @@ def _emit_direction(
             "    once per set of addresses) and returns them, stamped for the guard as any output; no allocation.",
             '    """',
             "    _check_requires(REQUIRES, SPEC_NAME)",
+            "    # A call with the key of one that passed every check skips the checks (runtime.warm: why that is sound).",
+            "    warm = _warm_key(tensors, dims, lowering, out) if chunk is None and not inplace else None",
+            "    hit = _WARM.get(warm) if warm is not None else None",
+            "    if hit is not None:",
+            "        return _plain(_converted, tensors, hit[0], hit[1], hit[2], None, False, fingerprint, out, hit[3])",
             f"    d, present = _check_call(tensors, dims, 'convert', {contract}, {shapes}, {axes}, DIMS, _CONDITIONS, {checks})",
             "    static = None  # out=: the key its check passed under (the stamp reuses its records)",
             "    if out is not None:",
             "        if chunk is not None or inplace:",
             "            raise LayoutError('convert: out= cannot be combined with chunk or inplace')",
             "        static = _check_out(out, tensors, d, present, OUTPUTS, _OUTPUT_SHAPES)",
-            f"    tensors = _widened(tensors, {contract})  # inputs declared 'accepts T': exact conversion first",
+            f"    given, tensors = tensors, _widened(tensors, {contract})  # inputs declared 'accepts T': exact conversion first",
             "    how = _choose_lowering(lowering, tensors, _LOWERINGS)",
             "    # Plain tensors out whatever the caller's mode (inference_mode, requires_grad inputs): no autograd",
             "    # graph, and version counters the guard can read.",
-            "    return _plain(_converted, tensors, d, present, how, chunk, inplace, fingerprint, out, static)",
+            "    res = _plain(_converted, tensors, d, present, how, chunk, inplace, fingerprint, out, static)",
+            "    if warm is not None:",
+            "        _warm_store(warm, d, present, how, static, _warm_widened(given, tensors),",
+            "                    _warm_remembered(lowering, tensors, _LOWERINGS))",
+            "    return res",
             "",
             "",
             "def _converted(tensors, d, present, how, chunk, inplace, fingerprint, outs, static):",
