@@ -8,9 +8,9 @@ apply), instead of reading the same tensors again for the input checks, the out=
 widening and the lowering choice.
 
 What a key match proves, and what it does not. The key holds, per input and per out= tensor, its
-name, Python type, dtype, shape, strides, device, and (with out=) its address, and per out= tensor
-whether it requires grad and is an inference tensor; the given dims with their types; the lowering
-asked for. Those are everything the input checks, the out= check (dtypes, shapes, devices,
+name, Python type, dtype, shape and device, and with out= its address and (out=) its contiguity or
+(inputs) its strides unless contiguous, and per out= tensor whether it requires grad and is an inference
+tensor; the given dims with their types; the lowering asked for. Those are everything the input checks, the out= check (dtypes, shapes, devices,
 contiguity, alignment, autograd and inference flags, and no byte shared between an output and an
 input or another output: byte extents are functions of address, shape, strides and dtype) and the
 lowering choice read, so a hit gives the same verdicts as checking the call in full: an out= tensor
@@ -23,8 +23,9 @@ on every call. Without out=, no address is in the key (no check reads one), so l
 an entry.
 
 Per-call work a hit keeps: the key itself (a few attribute reads per tensor), the autograd mode, the
-conversion (the layer functions' prepared-launch key, the launch), the outputs' shape check and the
-stamp (call number, versions). Widening of inputs declared ``accepts`` runs on every call that needs it.
+conversion (the layer functions' prepared-launch key, the launch), the out= results' addresses (_into) and
+the stamp (call number, storages, versions). The outputs' shape check is not repeated: the shapes the
+conversion gives are a function of the dims, variant and lowering, which the hit's call had and passed. Widening of inputs declared ``accepts`` runs on every call that needs it.
 """
 
 import torch
@@ -46,14 +47,14 @@ def _warm_key(tensors, dims, lowering, out):
         for k, t in tensors.items():
             if t is None:
                 key.append(k)
-            elif addresses:
-                key += (k, type(t), t.dtype, t.shape, t.stride(), t.device, t.data_ptr())
+            elif addresses:  # an input's extent: its address, shape, dtype, and strides unless contiguous
+                key += (k, type(t), t.dtype, t.shape, t.device, t.data_ptr(), t.is_contiguous() or t.stride())
             else:
-                key += (k, type(t), t.dtype, t.shape, t.stride(), t.device)
+                key += (k, type(t), t.dtype, t.shape, t.device)
         if addresses:
             key.append(None)  # inputs end here
             for k, t in out.items():
-                key += (k, type(t), t.dtype, t.shape, t.stride(), t.device, t.data_ptr(), t.requires_grad,
+                key += (k, type(t), t.dtype, t.shape, t.device, t.data_ptr(), t.is_contiguous(), t.requires_grad,
                         t.is_inference())
         key = tuple(key)
         hash(key)
