@@ -1,7 +1,8 @@
 """Host time of one ``convert`` call on the GPU (issue 15, small layers: target under 30 us warm).
 
     python benchmarks/host_time.py [--device cuda] [--reps 200] [--out host_time.json]
-    python benchmarks/host_time.py --fake-launch [--reps 2000]   # CPU: the Python path, conversion faked
+    python benchmarks/host_time.py --fake-launch [--reps 2000] [--baseline-module OLD.py]
+        (CPU: the Python path of a warm call, conversion faked; OLD.py: the converter another checkout wrote)
 
 For every shipped spec (the variants gpu_bench.py uses, and those of the other engines) on a tiny
 layer (E=2, I=H=256: the device work is a few microseconds, so the call is host-bound) and on a
@@ -198,11 +199,21 @@ def fake_launch(args) -> int:
     x = synthetic_inputs(spec, SHAPES["tiny"], 1, "cpu")
     ref = spec.convert(x)
     o = {k: torch.empty_like(v) for k, v in ref.items()}
+    fns = {}
+    if args.baseline_module:  # the same spec's converter written by another checkout, in this process
+        import importlib.util
+
+        loader = importlib.util.spec_from_file_location("host_time_baseline", args.baseline_module)
+        base = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(base)
+        base.convert(x)
+        base._convert = lambda tensors, d, present, how, outs=None: dict(outs) if outs is not None else dict(ref)
+        fns["baseline: convert(x, fingerprint=False, out=o)"] = lambda: base.convert(x, fingerprint=False, out=o)
+        fns["baseline: convert(x, fingerprint=False)"] = lambda: base.convert(x, fingerprint=False)
     m._convert = lambda tensors, d, present, how, outs=None: dict(outs) if outs is not None else dict(ref)
     real_key = getattr(m, "_warm_key", None)
     calls = {"convert(x, fingerprint=False, out=o)": lambda: m.convert(x, fingerprint=False, out=o),
              "convert(x, fingerprint=False)": lambda: m.convert(x, fingerprint=False)}
-    fns = {}
     for what, fn in calls.items():
         if real_key is not None:
             def cold(fn=fn):
@@ -250,6 +261,9 @@ def main() -> int:
     ap.add_argument("--no-breakdown", action="store_true", help="skip the step-by-step breakdown")
     ap.add_argument("--fake-launch", action="store_true",
                     help="on the CPU: time a warm call's Python path with the conversion faked, step by step")
+    ap.add_argument("--baseline-module", type=Path, default=None,
+                    help="with --fake-launch: a flashinfer_cutlass_bf16 converter another checkout wrote "
+                         "(python -m layoutc compile), timed in the same process")
     args = ap.parse_args()
     if args.fake_launch:
         return fake_launch(args)

@@ -276,7 +276,7 @@ def _into(res, out):
     given = {}
     for name, y in res.items():
         t = out[name]
-        if y.data_ptr() != t.data_ptr() or y.shape != t.shape:
+        if y is not t and (y.data_ptr() != t.data_ptr() or y.shape != t.shape):  # a prepared launch returns t
             t.view(y.dtype).copy_(y)
         given[name] = t
     return given
