@@ -10,6 +10,7 @@ The module a spec compiles to exposes::
     LayoutError                                         raised for tensors that break the contract
 
 It holds copies, whole, of the run-time modules (:mod:`layoutc.runtime.dimsolve`, :mod:`layoutc.runtime.checks`,
+:mod:`layoutc.runtime.warm`,
 :mod:`layoutc.runtime.guard_rt`), the eager functions the spec's ops use (:mod:`layoutc.lang.ops.torch_impl`,
 or an op's own module), and what each registered lowering (:mod:`layoutc.lower.registry`) writes for
 the spec's chains: so the module runs where layoutc is not installed. ``layoutc.compile_file`` loads
