@@ -83,3 +83,21 @@ def _copy(lowering, name):
     import attrs
 
     return attrs.evolve(lowering, name=name)
+
+
+def test_a_freed_lookup_table_s_device_copy_is_not_taken_for_another_at_its_id():
+    from layoutc.lower.triton_emit import TABLE_ON
+
+    ns = {"torch": torch}
+    exec(TABLE_ON, ns)  # the text every converter with lookup tables carries
+    used = set()
+    for _ in range(20):
+        values = tuple(range(5))
+        ns["_table_on"](values, "cpu")
+        used.add(id(values))
+        del values
+    other = _reuse(lambda: tuple(range(10, 15)), used)
+    if other is None:  # no id was freed: the entries hold their tables
+        assert {id(entry[0]) for entry in ns["_TABLES_ON_DEVICES"].values()} == used
+        other = tuple(range(10, 15))
+    assert ns["_table_on"](other, "cpu").tolist() == list(other)
