@@ -1,6 +1,8 @@
 """Host time of one ``convert`` call on the GPU (issue 15, small layers: target under 30 us warm).
 
     python benchmarks/host_time.py [--device cuda] [--reps 200] [--out host_time.json]
+    python benchmarks/host_time.py --fake-launch [--reps 2000] [--baseline-module OLD.py]
+        (CPU: the Python path of a warm call, conversion faked; OLD.py: the converter another checkout wrote)
 
 For every shipped spec (the variants gpu_bench.py uses, and those of the other engines) on a tiny
 layer (E=2, I=H=256: the device work is a few microseconds, so the call is host-bound) and on a
@@ -172,6 +174,83 @@ def _graph_check(m, x, out):
         print(f"  CUDA graph of convert(out=, fingerprint=False): {type(err).__name__}: {str(err)[:200]}", flush=True)
 
 
+def _cpu_median_us(fns: dict, reps: int) -> dict:
+    """Median microseconds per call of each function, the functions taking turns call by call (one process,
+    the same disturbances for all: the machine is shared)."""
+    times = {k: [] for k in fns}
+    for fn in fns.values():
+        for _ in range(20):
+            fn()
+    for _ in range(reps):
+        for k, fn in fns.items():
+            t0 = time.perf_counter_ns()
+            fn()
+            times[k].append(time.perf_counter_ns() - t0)
+    return {k: statistics.median(v) / 1e3 for k, v in times.items()}
+
+
+def fake_launch(args) -> int:
+    """The Python path of a warm call on the CPU (no CUDA needed): the seed spec on the tiny layer, with the
+    conversion itself (_convert: the layer functions and their launch) replaced by one that returns the
+    outputs as they are, so what is timed is everything a call does besides converting. The warm-call
+    lookup (layoutc.runtime.warm) on and off, side by side, and the steps one by one."""
+    spec = layoutc.compile_file(ROOT / "specs" / "flashinfer_cutlass_bf16.lyt")
+    m = spec.module
+    x = synthetic_inputs(spec, SHAPES["tiny"], 1, "cpu")
+    ref = spec.convert(x)
+    o = {k: torch.empty_like(v) for k, v in ref.items()}
+    fns = {}
+    if args.baseline_module:  # the same spec's converter written by another checkout, in this process
+        import importlib.util
+
+        loader = importlib.util.spec_from_file_location("host_time_baseline", args.baseline_module)
+        base = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(base)
+        base.convert(x)
+        base._convert = lambda tensors, d, present, how, outs=None: dict(outs) if outs is not None else dict(ref)
+        fns["baseline: convert(x, fingerprint=False, out=o)"] = lambda: base.convert(x, fingerprint=False, out=o)
+        fns["baseline: convert(x, fingerprint=False)"] = lambda: base.convert(x, fingerprint=False)
+    m._convert = lambda tensors, d, present, how, outs=None: dict(outs) if outs is not None else dict(ref)
+    real_key = getattr(m, "_warm_key", None)
+    calls = {"convert(x, fingerprint=False, out=o)": lambda: m.convert(x, fingerprint=False, out=o),
+             "convert(x, fingerprint=False)": lambda: m.convert(x, fingerprint=False)}
+    for what, fn in calls.items():
+        if real_key is not None:
+            def cold(fn=fn):
+                m._warm_key = lambda *a: None
+                try:
+                    fn()
+                finally:
+                    m._warm_key = real_key
+            fns[f"{what}, every check (no warm key)"] = cold
+        fns[what] = fn
+    d, present = m._check_call(x, None, "convert", m.INPUTS, m._INPUT_SHAPES, m._INPUT_AXES, m.DIMS,
+                               m._CONDITIONS, m._CONVERT_CHECKS)
+    static = m._check_out(o, x, d, present, m.OUTPUTS, m._OUTPUT_SHAPES)
+    steps = {
+        "  input checks (_check_call, cached)": lambda: m._check_call(x, None, "convert", m.INPUTS, m._INPUT_SHAPES,
+                                                                      m._INPUT_AXES, m.DIMS, m._CONDITIONS,
+                                                                      m._CONVERT_CHECKS),
+        "  out= check (_check_out, cached)": lambda: m._check_out(o, x, d, present, m.OUTPUTS, m._OUTPUT_SHAPES),
+        "  accepted dtypes (_widened)": lambda: m._widened(x, m.INPUTS),
+        "  lowering choice": lambda: m._choose_lowering("auto", x, m._LOWERINGS),
+        "  output shape checks": lambda: m._check_outputs(o, m._OUTPUT_SHAPES, d, "convert"),
+        "  results into out= (_into)": lambda: m._into(o, o),
+        "  stamp of out=, records copied": lambda: m._stamp(o, m.SPEC_NAME, m.SPEC_SHA256, m.PARAMS, m.REQUIRES, d,
+                                                            False, static),
+        "  stamp without out=": lambda: m._stamp(ref, m.SPEC_NAME, m.SPEC_SHA256, m.PARAMS, m.REQUIRES, d, False),
+    }
+    if real_key is not None:
+        steps["  warm key with out= (_warm_key)"] = lambda: m._warm_key(x, None, "auto", o)
+        steps["  warm key + lookup with out="] = lambda: m._WARM.get(m._warm_key(x, None, "auto", o))
+        steps["  warm key without out="] = lambda: m._warm_key(x, None, "auto", None)
+    print(f"CPU Python path of a warm call (conversion faked), torch {torch.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}, {args.reps} calls each (median)", flush=True)
+    for what, us in {**_cpu_median_us(fns, args.reps), **_cpu_median_us(steps, args.reps)}.items():
+        print(f"  {what:60s} {us:7.1f} us", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -180,7 +259,14 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES), help="which of " + ", ".join(SHAPES))
     ap.add_argument("--only", default=None, help="only the specs whose name contains one of these (comma-separated)")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the step-by-step breakdown")
+    ap.add_argument("--fake-launch", action="store_true",
+                    help="on the CPU: time a warm call's Python path with the conversion faked, step by step")
+    ap.add_argument("--baseline-module", type=Path, default=None,
+                    help="with --fake-launch: a flashinfer_cutlass_bf16 converter another checkout wrote "
+                         "(python -m layoutc compile), timed in the same process")
     args = ap.parse_args()
+    if args.fake_launch:
+        return fake_launch(args)
     shapes = {k: SHAPES[k] for k in args.shapes.split(",")}
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, layoutc {layoutc.__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)

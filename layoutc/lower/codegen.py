@@ -10,6 +10,7 @@ The module a spec compiles to exposes::
     LayoutError                                         raised for tensors that break the contract
 
 It holds copies, whole, of the run-time modules (:mod:`layoutc.runtime.dimsolve`, :mod:`layoutc.runtime.checks`,
+:mod:`layoutc.runtime.warm`,
 :mod:`layoutc.runtime.guard_rt`), the eager functions the spec's ops use (:mod:`layoutc.lang.ops.torch_impl`,
 or an op's own module), and what each registered lowering (:mod:`layoutc.lower.registry`) writes for
 the spec's chains: so the module runs where layoutc is not installed. ``layoutc.compile_file`` loads
@@ -31,12 +32,12 @@ from ..algebra import expr as ex
 from ..lang.compiler import Chain, Compiled, Constraint, Variant, shape_axes
 from ..lang.ir import TensorSpec
 from . import pywrap, registry
-from ..runtime import fingerprint, guard_rt, checks as runtime
+from ..runtime import fingerprint, guard_rt, warm, checks as runtime
 from ..front.text import comment
 from ..lang.versions import distribution
 
 #: The run-time modules copied whole into every converter, in this order.
-RUNTIME_MODULES = (dimsolve, runtime, fingerprint, guard_rt)
+RUNTIME_MODULES = (dimsolve, runtime, warm, fingerprint, guard_rt)
 #: What the copied modules may import (the converter imports these at its top).
 RUNTIME_IMPORTS = frozenset({"difflib", "hashlib", "importlib.metadata", "importlib.util", "itertools", "linecache", "os",
                              "sys", "types", "fractions", "torch"})
@@ -240,25 +241,35 @@ def _emit_direction(
             "    once per set of addresses) and returns them, stamped for the guard as any output; no allocation.",
             '    """',
             "    _check_requires(REQUIRES, SPEC_NAME)",
+            "    # A call with the key of one that passed every check skips the checks (runtime.warm: why that is sound).",
+            "    warm = _warm_key(tensors, dims, lowering, out) if chunk is None and not inplace else None",
+            "    hit = _WARM.get(warm) if warm is not None else None",
+            "    if hit is not None:",
+            "        return _plain(_converted, tensors, hit[0], hit[1], hit[2], None, False, fingerprint, out, hit[3], True)",
             f"    d, present = _check_call(tensors, dims, 'convert', {contract}, {shapes}, {axes}, DIMS, _CONDITIONS, {checks})",
             "    static = None  # out=: the key its check passed under (the stamp reuses its records)",
             "    if out is not None:",
             "        if chunk is not None or inplace:",
             "            raise LayoutError('convert: out= cannot be combined with chunk or inplace')",
             "        static = _check_out(out, tensors, d, present, OUTPUTS, _OUTPUT_SHAPES)",
-            f"    tensors = _widened(tensors, {contract})  # inputs declared 'accepts T': exact conversion first",
+            f"    given, tensors = tensors, _widened(tensors, {contract})  # inputs declared 'accepts T': exact conversion first",
             "    how = _choose_lowering(lowering, tensors, _LOWERINGS)",
             "    # Plain tensors out whatever the caller's mode (inference_mode, requires_grad inputs): no autograd",
             "    # graph, and version counters the guard can read.",
-            "    return _plain(_converted, tensors, d, present, how, chunk, inplace, fingerprint, out, static)",
+            "    res = _plain(_converted, tensors, d, present, how, chunk, inplace, fingerprint, out, static)",
+            "    if warm is not None:",
+            "        _warm_store(warm, d, present, how, static, _warm_widened(given, tensors),",
+            "                    _warm_remembered(lowering, tensors, _LOWERINGS))",
+            "    return res",
             "",
             "",
-            "def _converted(tensors, d, present, how, chunk, inplace, fingerprint, outs, static):",
+            "def _converted(tensors, d, present, how, chunk, inplace, fingerprint, outs, static, warm=False):",
             "    if chunk is None and not inplace:",
             "        out = _convert(tensors, d, present, how, outs)",
             "    else:",
             "        out = _convert_in_chunks(_convert, tensors, d, present, how, 1 if chunk is None else chunk, inplace, _OUTPUT_SHAPES, CHUNK_DIM)",
-            "    _check_outputs(out, _OUTPUT_SHAPES, d, 'convert')",
+            "    if not warm:  # a warm call's shapes are those its key's first call had (checked)",
+            "        _check_outputs(out, _OUTPUT_SHAPES, d, 'convert')",
             "    if outs is not None:",
             "        out = _into(out, outs)",
             "    _stamp(out, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, d, fingerprint, static)",

@@ -171,8 +171,17 @@ def names() -> tuple[str, ...]:
 
 
 def signature() -> tuple:
-    """Changes when the registry does (generated modules depend on it)."""
-    return tuple((lw.name, id(lw)) for lw in lowerings())
+    """Changes when the registry does (generated modules depend on it). Every lowering whose id went into
+    a signature is kept alive (_SIGNED), so an id is never reused by another lowering that would then give a
+    removed one's signature (and a compiled module cached under it)."""
+    found = lowerings()
+    for lw in found:
+        _SIGNED.setdefault(id(lw), lw)
+    return tuple((lw.name, id(lw)) for lw in found)
+
+
+#: Lowerings whose id a signature holds, by id (a few per process: tests register and remove some).
+_SIGNED: dict[int, Lowering] = {}
 
 
 # ---------------------------------------------------------------------------

@@ -419,10 +419,12 @@ TABLE_ON = '''_TABLES_ON_DEVICES = {}
 
 def _table_on(values, device):
     # A lookup table of an index map as int32 entries on the kernel's device, built once per table and device.
+    # The entry keeps `values`, whose id is in the key, and is read only for that very object.
     key = (id(values), device)
-    if key not in _TABLES_ON_DEVICES:
-        _TABLES_ON_DEVICES[key] = torch.tensor(values, dtype=torch.int32, device=device)
-    return _TABLES_ON_DEVICES[key]
+    hit = _TABLES_ON_DEVICES.get(key)
+    if hit is None or hit[0] is not values:
+        hit = _TABLES_ON_DEVICES[key] = (values, torch.tensor(values, dtype=torch.int32, device=device))
+    return hit[1]
 '''
 
 

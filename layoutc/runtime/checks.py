@@ -162,12 +162,15 @@ def _check_outputs(out, shapes, d, what):
     # The converter's post-condition: every output has the shape its declaration gives for these
     # dims. A mismatch is a spec whose transforms disagree with its contract on sizes the verifier
     # did not try: name it instead of handing the kernel a tensor of the wrong size.
+    # Keyed by id(shapes) with `shapes` kept in the entry and compared: an id is reused once its
+    # object is freed, and another converter's table at that id must not read this one's shapes.
     key = (id(shapes), tuple(d.items()))
-    expected = _EXPECTED.get(key)
-    if expected is None:
+    hit = _EXPECTED.get(key)
+    if hit is None or hit[0] is not shapes:
         if len(_EXPECTED) >= 256:
             _EXPECTED.clear()
-        expected = _EXPECTED[key] = {name: tuple(f(**d)) for name, f in shapes.items()}
+        hit = _EXPECTED[key] = (shapes, {name: tuple(f(**d)) for name, f in shapes.items()})
+    expected = hit[1]
     for name, t in out.items():
         if t.shape != expected[name]:
             raise LayoutError(
@@ -215,7 +218,7 @@ def _check_out(out, tensors, d, present, contract, shapes, what="convert"):
     # input (converters never modify inputs) or another output. Checked once per key (_out_key), which is
     # returned (None: not remembered): the stamp copies the records of outputs under that key.
     key = _out_key(out, tensors, d, present, shapes)
-    if key is not None and key in _OUT_CHECKED:
+    if key is not None and _OUT_CHECKED.get(key) is shapes:  # the key holds id(shapes): the entry keeps it
         return key
     if not hasattr(out, "items") or not hasattr(out, "__getitem__"):
         raise LayoutError(f"{what}: out= takes a mapping from output names to tensors, got {type(out).__name__}")
@@ -263,7 +266,7 @@ def _check_out(out, tensors, d, present, contract, shapes, what="convert"):
     if key is not None:
         if len(_OUT_CHECKED) >= 256:
             _OUT_CHECKED.clear()
-        _OUT_CHECKED[key] = True
+        _OUT_CHECKED[key] = shapes
     return key
 
 
@@ -273,7 +276,7 @@ def _into(res, out):
     given = {}
     for name, y in res.items():
         t = out[name]
-        if y.data_ptr() != t.data_ptr() or y.shape != t.shape:
+        if y is not t and (y.data_ptr() != t.data_ptr() or y.shape != t.shape):  # a prepared launch returns t
             t.view(y.dtype).copy_(y)
         given[name] = t
     return given
@@ -391,7 +394,8 @@ def _launch(kernel, programs, args, consts, num_warps):
     key = (id(kernel), torch.cuda.current_device() if args[0].is_cuda else -1,
            tuple(a.dtype for a in args), tuple(a.data_ptr() % 16 == 0 for a in args), tuple(consts.values()))
     # Returns the compiled kernel when it can be launched directly (else None): _prepare keeps it.
-    compiled = _LAUNCHES.get(key) if _DIRECT_LAUNCH else None
+    hit = _LAUNCHES.get(key) if _DIRECT_LAUNCH else None  # (kernel, compiled): the id is compared with it
+    compiled = hit[1] if hit is not None and hit[0] is kernel else None
     if compiled is not None:
         compiled[(programs, 1, 1)](*args, *consts.values())
         return compiled
@@ -399,8 +403,8 @@ def _launch(kernel, programs, args, consts, num_warps):
     names = list(getattr(kernel, "arg_names", ()))
     direct = (args[0].is_cuda and hasattr(compiled, "__getitem__") and hasattr(compiled, "function")
               and names[len(args):] == list(consts) and len(names) == len(args) + len(consts))
-    _LAUNCHES[key] = compiled if direct else None
-    return _LAUNCHES[key]
+    _LAUNCHES[key] = (kernel, compiled if direct else None)
+    return _LAUNCHES[key][1]
 
 
 #: What Triton's per-call runner (CompiledKernel.__getitem__) must say for _direct to call its launcher
