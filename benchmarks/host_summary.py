@@ -65,7 +65,7 @@ def main() -> int:
     folder = Path(sys.argv[1])
     if (folder / "host_after.json").exists() and (folder / "host_before.json").exists():
         host(folder)
-    for name in ("ba.jsonl", "ba_host.jsonl"):
+    for name in ("ba.jsonl", "ba_host.jsonl", "ba_other.jsonl"):
         if (folder / name).exists():
             single(folder / name)
     return 0
