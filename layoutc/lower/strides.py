@@ -103,7 +103,7 @@ def transpose_axis(m: IndexMap, in_shape: Sequence[ex.Expr], out_shape: Sequence
         if bool(((last == 1) & last_ok).any()):
             return None
         candidates = {k for k in candidates if bool(((strides[k][0] == 1) | ~strides[k][1]).all())}
-        for k in candidates:
-            seen[k] += bool(strides[k][1].any())
+        for k in candidates:  # an instance counts where both axes step between elements read (H = 1: no row)
+            seen[k] += bool(strides[k][1].any()) and bool(last_ok.any())
     candidates = {k for k in candidates if seen[k] >= 2}
     return max(candidates) if candidates else None

@@ -54,6 +54,16 @@ def test_too_few_instances_decide_nothing():
     assert transpose_axis(_map((o0, o2, o1)), (E, A, B), (E, B, A), INSTANCES[:1]) is None
 
 
+def test_an_instance_whose_last_axis_reads_one_element_per_row_decides_nothing():
+    # out[e, h] = in[e, perm(h)] padded (trtllm's w2_bias): o0 reads stride H, 1 where H = 1, and there
+    # the last axis never steps between two elements read; such instances are no evidence of a transpose
+    perm = ex.add(ex.floordiv(ex.mod(o1, 8), 4), ex.mul(2, ex.mod(o1, 4)))
+    m = IndexMap((E, A), (E, ex.mul(8, ex.ceil_div(A, 8))), (o0, perm), ex.lt(perm, A))
+    tiny = [{"E": 2, "A": 1}, {"E": 3, "A": 1}]
+    assert transpose_axis(m, (E, A), m.out_shape, tiny) is None
+    assert transpose_axis(m, (E, A), m.out_shape, tiny + [{"E": 2, "A": 8}]) is None
+
+
 def _scales(spec):
     return [c for v in spec.compiled.variants for c in v.chains if c.tensor.endswith("_scale")]
 
