@@ -24,6 +24,9 @@ instances of the dims:
               words before the transpose (``triton_emit.swar_terms``), two 8-byte loads when source words
               pair up. Checked for dims that are multiples of ``Quads.multiple``; the launcher
               takes it when the call's dims are, and the ``words`` walk otherwise.
+``tiles``     2-D tiles of (the output axis reading the source in order, the last axis) of a
+              transposing map (``Gather.tile_axis``, :mod:`layoutc.lower.strides`): loads along
+              the source's rows, stores along the output's
 
 The planner owns the arithmetic: every expression a lowering emits is simplified here with the
 simplifier ``explain`` uses, also under the map's validity condition (inside the padding test
@@ -46,6 +49,7 @@ from ..algebra.indexmap import IndexMap, compose_all, identity
 from ..lang.ops.base import Category
 from ..lang.ops.conversion import BitPermutation, Conversion, UnknownKind, known
 from .bytemaps import byte_maps, byte_shape
+from .strides import affine_strides, contiguous_strides, linear, transpose_axis  # noqa: F401  (re-exported)
 
 
 class Access(enum.StrEnum):
@@ -55,6 +59,7 @@ class Access(enum.StrEnum):
     ROWS = "rows"
     WORDS = "words"
     QUADS = "quads"
+    TILES = "tiles"
 
 
 def unknown(what: str, value) -> UnknownKind:
@@ -140,6 +145,9 @@ class Affine(Plan):
 
     pattern: ClassVar[str] = "affine"
     map: IndexMap  # out element -> input element
+    tile_axis: int | None = None  # the tiles walk's source-contiguous output axis (lower.transposes)
+
+    access = property(lambda self: Access.TILES if self.tile_axis is not None else Access.ELEMENTS)
 
 
 @attrs.frozen(kw_only=True)
@@ -152,6 +160,9 @@ class Gather(Plan):
     coarse: int = 1  # the map moves runs of this many elements; the kernel moves them as one word
     coarse_src: ex.Expr | None = None  # ... source word index over the coarse output grid
     coarse_valid: ex.Expr = ex.TRUE
+    tile_axis: int | None = None  # the tiles walk's source-contiguous output axis (lower.transposes)
+
+    access = property(lambda self: Access.TILES if self.tile_axis is not None else Access.ELEMENTS)
 
 
 @attrs.frozen(kw_only=True)
@@ -268,48 +279,6 @@ def nonnegative(*es: ex.Expr) -> bool:
     return True
 
 
-def contiguous_strides(shape: Sequence[ex.Expr]) -> tuple[ex.Expr, ...]:
-    strides: list[ex.Expr] = []
-    acc: ex.Expr = ex.Const(1)
-    for size in reversed(shape):
-        strides.append(acc)
-        acc = ex.mul(acc, size)
-    return tuple(reversed(strides))
-
-
-def linear(coords: Sequence[ex.Expr], shape: Sequence[ex.Expr]) -> ex.Expr:
-    """The flat (row-major) index of ``coords`` in a tensor of ``shape``."""
-    return ex.add(*(ex.mul(c, s) for c, s in zip(coords, contiguous_strides(shape))))
-
-
-def affine_strides(m: IndexMap) -> tuple[tuple[ex.Expr, ...], ex.Expr] | None:
-    """(input-element stride of each output axis, offset) when ``m`` is a strided view, else None."""
-    if not m.is_total() or m.bit_level:
-        return None
-    rank = m.out_rank
-    zero = {f"o{k}": 0 for k in range(rank)}
-    in_strides = contiguous_strides(m.in_shape)
-    for sample in (64 * 3, 64 * 5):  # linear in the coordinates for two bindings of the dims
-        dims = {d: sample + 7 * i for i, d in enumerate(sorted(set().union(*(ex.free_vars(s) for s in m.in_shape))))}
-        for s in m.src:
-            form = ex.linear_form(ex.substitute(s, dims))
-            if form is None or any(c.denominator != 1 for c in form[0].values()):
-                return None
-    lin = ex.add(*(ex.mul(s, st) for s, st in zip(m.src, in_strides)))
-    offset = ex.substitute(lin, zero)
-    strides = []
-    for k in range(rank):
-        unit = dict(zero)
-        unit[f"o{k}"] = 1
-        strides.append(ex.add(ex.substitute(lin, unit), ex.mul(-1, offset)))
-    # torch views have no negative strides (a reversed axis): such a map is a gather
-    for sample in (64 * 3, 64 * 5):
-        dims = {d: sample + 7 * i for i, d in enumerate(sorted(set().union(*(ex.free_vars(s) for s in m.in_shape))))}
-        if any(ex.evaluate(st, dims) < 0 for st in strides):
-            return None
-    return tuple(strides), offset
-
-
 # ---------------------------------------------------------------------------
 # planning
 
@@ -326,6 +295,8 @@ def plan(chain: Chain) -> Plan:
         raw = Rows(map=raw.map, row_valid=split[0], col_bound=split[1], **raw.shared())
     elif isinstance(raw, Gather) and not raw.conversions:
         raw = _coarsen(raw, chain)
+    if isinstance(raw, (Affine, Gather)) and raw.coarse == 1:  # a transposing map: the tiles walk
+        raw = attrs.evolve(raw, tile_axis=transpose_axis(raw.map, raw.in_shape, raw.out_shape, samples(chain)))
     return attrs.evolve(raw, unsigned=nonnegative(*index_exprs(raw)))
 
 

@@ -40,6 +40,9 @@ BLOCK_WORDS = 512  # words: one 32-bit output word per lane
 BLOCK_QUADS = 1024  # quads: 16 output bytes per lane
 ROW_TILE_COLS = 1024  # rows: tiles of up to this many columns ...
 ROW_TILE_ELEMENTS = 4096  # ... and this many elements
+# tiles (a transposing map): TILE_IN output elements along the axis that reads the source in order
+# (one run of TILE_IN source elements per tile column) by TILE_OUT along the output's last axis
+TILE_IN, TILE_OUT = 64, 64
 
 
 def t(e: ex.Expr) -> str:
@@ -89,7 +92,7 @@ TERMS = "#<terms>"
 #: Names a body binds itself (a named term takes none of them).
 #: None is ``_`` and one letter: those are the header's terms (maptext.TERM_PREFIX).
 _LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_lane", "_out", "_KW", "mask", "pid", "rows", "cols", "live",
-           "inside", "_TILE", "_ALT", "_ASM", "_bits", "_half", "_field", "_nan", "_nct", "_read"}
+           "inside", "_TILE", "_ALT", "_ASM", "_bits", "_half", "_field", "_nan", "_nct", "_read", "_nit", "_plane"}
 
 
 # ---------------------------------------------------------------------------
@@ -107,7 +110,8 @@ def header(chain: Chain, p: Plan, filename: str, walk: bool = True, mapped: str 
         raise unknown("Triton header", p)
     lane = f"{COPY_BYTES // (32 * NUM_WARPS)} bytes per lane" if _plain_copy(p) else "one element per lane"
     walks = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else lane,
-             "rows": "2-D tiles of rows", "words": "one word per lane", "quads": "four words per lane"}
+             "rows": "2-D tiles of rows", "words": "one word per lane", "quads": "four words per lane",
+             "tiles": f"{TILE_IN}x{TILE_OUT} tiles loaded along source rows"}
     lines = [f"{chain.tensor}: {src.elem.name}{src.shape_str()} -> "
              f"{out.elem.name + out.shape_str() if out is not None else chain.out_type}; {how}"
              + (f", {walks[p.access]}" if walk else "")]
@@ -240,6 +244,42 @@ def _coarse(p: Gather, t=t) -> list[str]:
         body += _load("v", f"({t(p.coarse_src)})", t(p.coarse_valid), ", other=0")
     body.append("tl.store(y_ptr + offs, v, mask=mask)")
     return body
+
+
+def _tiles(p: Affine | Gather, t=t) -> list[str]:
+    """A transposing map (``tile_axis``): 2-D tiles of (o_a, the last axis), o_a the axis that reads
+    the source in order. The loads of a tile column are one run of source elements, the stores of a
+    tile row one run of output elements; the compiler regroups the tile between them."""
+    m, a, rank = p.map, p.tile_axis, len(p.out_shape)
+    last = rank - 1
+    planes = [k for k in range(rank) if k not in (a, last)]
+    size_a, size_b = t(p.out_shape[a]), t(p.out_shape[last])
+    moved = (["_plane"] if planes else []) + ["rows", "cols"]  # computed from pid, then widened or made unsigned
+    names = ", ".join(moved)
+    lines = [
+        f"_nct = ({size_b} + {TILE_OUT - 1}) // {TILE_OUT}  # column tiles",
+        f"_nit = ({size_a} + {TILE_IN - 1}) // {TILE_IN}  # tiles along o{a}",
+        *([f"_plane = pid // (_nct * _nit)  # this program: its index over o{', o'.join(map(str, planes))}"]
+          if planes else []),
+        f"rows = (pid // _nct) % _nit * {TILE_IN} + tl.arange(0, {TILE_IN})",
+        f"cols = pid % _nct * {TILE_OUT} + tl.arange(0, {TILE_OUT})",
+        "if WIDE:",
+        f"    {names} = {', '.join(f'{v}.to(tl.int64)' for v in moved)}",
+        "else:",
+        f"    {names} = {', '.join(f'{v}.to({_index_type(p)})' for v in moved)}",
+        *unravel("_plane", [p.out_shape[k] for k in planes], t)[:-1],
+    ]
+    for j, k in reversed(list(enumerate(planes))):  # unravel named them o0.. in order: rename to the axes'
+        if j != k:
+            lines = [x.replace(f"o{j} = ", f"o{k} = ") for x in lines]
+    lines += [f"o{a} = rows[:, None]", f"o{last} = cols[None, :]", TERMS,
+              f"mask = (o{a} < ({size_a})) & (o{last} < ({size_b}))"]
+    if m.is_total():
+        lines += _load("v", f"({t(linear(m.src, p.in_shape))})", None, "")
+    else:
+        lines += _load("v", f"({t(linear(m.src, p.in_shape))})", t(m.valid), f", other={t(m.fill)}")
+    out = linear([ex.Var(f"o{k}") for k in range(rank)], p.out_shape)
+    return lines + _conversions(p, "v") + [f"tl.store(y_ptr + ({t(out)}), v, mask=mask)"]
 
 
 def rows_word(p: Plan) -> int:
@@ -495,6 +535,8 @@ def body(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.
         lines = named(lambda t: _rows(p, 1, t))
     elif isinstance(p, Gather) and p.coarse > 1:
         lines = alternative(lambda t: _coarse(p, t), lambda t: _elements(p, t))
+    elif isinstance(p, (Affine, Gather)) and p.tile_axis is not None:
+        lines = named(lambda t: _tiles(p, t))
     elif isinstance(p, (Copy, Affine, Gather)):
         lines = named(lambda t: _elements(p, t))
     else:
@@ -601,6 +643,12 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
     if not isinstance(p, (Copy, Affine, Gather)):
         raise unknown("Triton launcher", p)
     total = ex.to_python(ex.mul(*p.out_shape)) if p.out_shape else "1"
+    if not isinstance(p, Copy) and p.tile_axis is not None:  # tiles of TILE_IN x TILE_OUT
+        a, last = p.tile_axis, len(p.out_shape) - 1
+        planes = [ex.to_python(s) for k, s in enumerate(p.out_shape) if k not in (a, last)]
+        count = (f"{'*'.join(f'({x})' for x in planes) or '1'} * -(-({ex.to_python(p.out_shape[a])}) // {TILE_IN})"
+                 f" * -(-({ex.to_python(p.out_shape[last])}) // {TILE_OUT})")
+        return [(None, walk(same, same, count))]
     plain = walk(same, same, f"-(-({total}) // {elements_block(p)})")
     if p.coarse > 1:
         wide = BIT_VIEWS[p.in_elem.bits * p.coarse]
