@@ -170,7 +170,8 @@ def residue_gaps(dims: Sequence[str], constraints: Sequence[tuple[ex.Expr, int]]
     for d in dims:
         deep = nested(exprs, d)
         if d in inexact:
-            out.append(f"{d}: a size expression is not quasi-affine in {d} (a floor of a comparison, a table, a product of two factors in it)")
+            out.append(f"{d}: a size expression is not quasi-affine in {d} (a floor of a comparison, a table, "
+                       "a product of two factors in it)")
             continue
         if deep is None or found.get(d, 1) <= 1:
             continue

@@ -241,18 +241,21 @@ def _emit_direction(
             "    once per set of addresses) and returns them, stamped for the guard as any output; no allocation.",
             '    """',
             "    _check_requires(REQUIRES, SPEC_NAME)",
-            "    # A call with the key of one that passed every check skips the checks (runtime.warm: why that is sound).",
+            "    # A call with the key of one that passed every check skips the checks"
+            " (runtime.warm: why that is sound).",
             "    warm = _warm_key(tensors, dims, lowering, out) if chunk is None and not inplace else None",
             "    hit = _WARM.get(warm) if warm is not None else None",
             "    if hit is not None:",
-            "        return _plain(_converted, tensors, hit[0], hit[1], hit[2], None, False, fingerprint, out, hit[3], True)",
+            "        return _plain(_converted, tensors, hit[0], hit[1], hit[2], None, False, fingerprint, out, hit[3],"
+            " True)",
             f"    d, present = _check_call(tensors, dims, 'convert', {contract}, {shapes}, {axes}, DIMS, _CONDITIONS, {checks})",
             "    static = None  # out=: the key its check passed under (the stamp reuses its records)",
             "    if out is not None:",
             "        if chunk is not None or inplace:",
             "            raise LayoutError('convert: out= cannot be combined with chunk or inplace')",
             "        static = _check_out(out, tensors, d, present, OUTPUTS, _OUTPUT_SHAPES)",
-            f"    given, tensors = tensors, _widened(tensors, {contract})  # inputs declared 'accepts T': exact conversion first",
+            f"    given, tensors = tensors, _widened(tensors, {contract})"
+            "  # inputs declared 'accepts T': exact conversion first",
             "    how = _choose_lowering(lowering, tensors, _LOWERINGS)",
             "    # Plain tensors out whatever the caller's mode (inference_mode, requires_grad inputs): no autograd",
             "    # graph, and version counters the guard can read.",
@@ -267,7 +270,8 @@ def _emit_direction(
             "    if chunk is None and not inplace:",
             "        out = _convert(tensors, d, present, how, outs)",
             "    else:",
-            "        out = _convert_in_chunks(_convert, tensors, d, present, how, 1 if chunk is None else chunk, inplace, _OUTPUT_SHAPES, CHUNK_DIM)",
+            "        out = _convert_in_chunks(_convert, tensors, d, present, how, 1 if chunk is None else chunk, inplace,"
+            " _OUTPUT_SHAPES, CHUNK_DIM)",
             "    if not warm:  # a warm call's shapes are those its key's first call had (checked)",
             "        _check_outputs(out, _OUTPUT_SHAPES, d, 'convert')",
             "    if outs is not None:",
@@ -295,7 +299,8 @@ def _emit_direction(
         body.append(f"    {', '.join(dims)} = {', '.join(f'd[{n!r}]' for n in dims)}")
     if lowered and layers:
         body.append("    _layer = _LAYERS.get((how, present))")
-        body.append("    out = _layer(tensors, d, outs) if _layer is not None else {}  # a lowering that converts the whole layer at once")
+        body.append("    out = _layer(tensors, d, outs) if _layer is not None else {}"
+                    "  # a lowering that converts the whole layer at once")
     else:
         body.append("    out = {}")
     for spec in tensors:
@@ -341,6 +346,11 @@ def _emit_direction(
     return body
 
 
+
+def _digest12(text: str) -> str:
+    """The first 12 hex digits of ``text``'s sha256 (names a kernel source apart from its spec's others)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
 def _lowered(compiled: Compiled) -> tuple[list[list[str]], dict[tuple, tuple[str, list[str]]],
                                            dict[frozenset, list[tuple[str, str]]]]:
     """What the registered lowerings write for the convert chains: module-level source (in parts of whole
@@ -372,7 +382,7 @@ def _lowered(compiled: Compiled) -> tuple[list[list[str]], dict[tuple, tuple[str
         # one name per kernel text: Triton's interpreter reads a kernel's source back through linecache by
         # this name when it first runs it, and two variants of one spec (activation=silu, relu2) in one
         # process must not overwrite each other's lines there
-        f"_TRITON_FILE = {f'<layoutc triton kernels of {p.name} {hashlib.sha256(kernel_text.encode()).hexdigest()[:12]}>'!r}",
+        f"_TRITON_FILE = {f'<layoutc triton kernels of {p.name} {_digest12(kernel_text)}>'!r}",
         f"_TRITON_SOURCE = {text_literal(chr(10) + kernel_text) if kernel_text else repr('')}",
         "",
     ]

@@ -10,8 +10,8 @@ widening and the lowering choice.
 What a key match proves, and what it does not. The key holds, per input and per out= tensor, its
 name, Python type, dtype, shape and device, and with out= its address and (out=) its contiguity or
 (inputs) its strides unless contiguous, and per out= tensor whether it requires grad and is an inference
-tensor; the given dims with their types; the lowering asked for. Those are everything the input checks, the out= check (dtypes, shapes, devices,
-contiguity, alignment, autograd and inference flags, and no byte shared between an output and an
+tensor; the given dims with their types; the lowering asked for. Those are everything the input checks,
+the out= check (dtypes, shapes, devices, contiguity, alignment, autograd and inference flags, and no byte shared between an output and an
 input or another output: byte extents are functions of address, shape, strides and dtype) and the
 lowering choice read, so a hit gives the same verdicts as checking the call in full: an out= tensor
 that overlaps an input has the extents of a refused call, which never reaches the table. A match
@@ -25,7 +25,8 @@ an entry.
 Per-call work a hit keeps: the key itself (a few attribute reads per tensor), the autograd mode, the
 conversion (the layer functions' prepared-launch key, the launch), the out= results' addresses (_into) and
 the stamp (call number, storages, versions). The outputs' shape check is not repeated: the shapes the
-conversion gives are a function of the dims, variant and lowering, which the hit's call had and passed. Widening of inputs declared ``accepts`` runs on every call that needs it.
+conversion gives are a function of the dims, variant and lowering, which the hit's call had and passed.
+Widening of inputs declared ``accepts`` runs on every call that needs it.
 """
 
 import torch
