@@ -293,11 +293,18 @@ def plan(chain: Chain) -> Plan:
             raw = attrs.evolve(raw, spread_quads=q and attrs.evolve(q, row_tile=_row_tile(raw, q, chain)))
     elif isinstance(raw, Gather) and (split := _rows_form(raw.map)) is not None:
         raw = Rows(map=raw.map, row_valid=split[0], col_bound=split[1], **raw.shared())
-    elif isinstance(raw, Gather) and not raw.conversions:
+    elif isinstance(raw, Gather) and relabels_only(raw):
         raw = _coarsen(raw, chain)
     if isinstance(raw, (Affine, Gather)) and raw.coarse == 1:  # a transposing map: the tiles walk
         raw = attrs.evolve(raw, tile_axis=transpose_axis(raw.map, raw.in_shape, raw.out_shape, samples(chain)))
     return attrs.evolve(raw, unsigned=nonnegative(*index_exprs(raw)))
+
+
+def relabels_only(p: Plan) -> bool:
+    """Whether ``p``'s value conversions keep every bit of each element (``Conversion.keeps_bits``, a
+    relabelling such as ``view(t, e4m3)`` of e8m0 scales): runs of its elements can then move as one
+    wider word, bits as they are, the conversions a no-op on the bytes."""
+    return p.in_elem.bits == p.out_elem.bits and all(c.keeps_bits for c in p.conversions)
 
 
 def tables(p: Plan) -> tuple[tuple[int, ...], ...]:

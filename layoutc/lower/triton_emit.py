@@ -23,7 +23,7 @@ from ..front.text import comment
 from . import maptext
 from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
-from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, tables, unknown
+from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, relabels_only, tables, unknown
 from .terms import collect_and_name, is_size, replace
 from .torch_emit import BIT_VIEWS
 
@@ -235,7 +235,10 @@ def _elements(p: Copy | Affine | Gather, t=t) -> list[str]:
 
 
 def _coarse(p: Gather, t=t) -> list[str]:
-    """The elements walk over words of ``coarse`` elements (x and y viewed as wider integers)."""
+    """The elements walk over words of ``coarse`` elements (x and y viewed as wider integers): the
+    plan's conversions keep every bit (``plan.relabels_only``), so the words move as they are."""
+    if not relabels_only(p):
+        raise unknown("coarse walk (conversions that change bits)", p)
     shape = p.out_shape[:-1] + (ex.div(p.out_shape[-1], p.coarse),)
     body = _lanes(p, BLOCK_ELEMENTS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape, t)
     if p.coarse_valid == ex.TRUE:
