@@ -49,6 +49,7 @@ from ..algebra.indexmap import IndexMap, compose_all, identity
 from ..lang.ops.base import Category
 from ..lang.ops.conversion import BitPermutation, Conversion, UnknownKind, known
 from .bytemaps import byte_maps, byte_shape
+from .stepped import Steps, find_steps, relabels_only
 from .strides import affine_strides, contiguous_strides, linear, transpose_axis  # noqa: F401  (re-exported)
 
 
@@ -161,6 +162,7 @@ class Gather(Plan):
     coarse_src: ex.Expr | None = None  # ... source word index over the coarse output grid
     coarse_valid: ex.Expr = ex.TRUE
     tile_axis: int | None = None  # the tiles walk's source-contiguous output axis (lower.transposes)
+    steps: Steps | None = None  # runs of sub-word elements read fixed steps apart (lower.stepped)
 
     access = property(lambda self: Access.TILES if self.tile_axis is not None else Access.ELEMENTS)
 
@@ -297,14 +299,9 @@ def plan(chain: Chain) -> Plan:
         raw = _coarsen(raw, chain)
     if isinstance(raw, (Affine, Gather)) and raw.coarse == 1:  # a transposing map: the tiles walk
         raw = attrs.evolve(raw, tile_axis=transpose_axis(raw.map, raw.in_shape, raw.out_shape, samples(chain)))
+    if isinstance(raw, Gather) and raw.coarse == 1 and raw.tile_axis is None and not raw.conversions:
+        raw = attrs.evolve(raw, steps=_steps(raw, chain))
     return attrs.evolve(raw, unsigned=nonnegative(*index_exprs(raw)))
-
-
-def relabels_only(p: Plan) -> bool:
-    """Whether ``p``'s value conversions keep every bit of each element (``Conversion.keeps_bits``, a
-    relabelling such as ``view(t, e4m3)`` of e8m0 scales): runs of its elements can then move as one
-    wider word, bits as they are, the conversions a no-op on the bytes."""
-    return p.in_elem.bits == p.out_elem.bits and all(c.keeps_bits for c in p.conversions)
 
 
 def tables(p: Plan) -> tuple[tuple[int, ...], ...]:
@@ -336,6 +333,8 @@ def index_exprs(p: Plan) -> list[ex.Expr]:
         raise unknown("index expressions", p)
     if isinstance(p, Gather) and p.coarse_src is not None:
         out += [p.coarse_src, p.coarse_valid]
+    if isinstance(p, Gather) and p.steps is not None:
+        out += [*p.steps.src, *p.steps.offsets]
     if isinstance(p, Rows) and p.col_bound is not None:
         out += [p.row_valid, p.col_bound]
     return out
@@ -630,6 +629,21 @@ def _pairs_hold(p: Words, bases, valid, dims: dict) -> bool:
         if not bool(((ok[hi] == ok[lo]) & ((b[hi] == b[lo] + 4) & (b[lo] % 8 == 0) | ~ok[lo])).all()):
             return False
     return True
+
+
+def _steps(p: Gather, chain: Chain) -> Steps | None:
+    """The stepped runs of ``p``'s map (:mod:`layoutc.lower.stepped`), checked where the output's last
+    axis is a multiple of the run (the launcher takes them there)."""
+    from ..algebra.instances import sample_dims
+
+    names, known = tuple(_dims_of(chain)), [(c.value, c.multiple) for c in chain.constraints]
+
+    def instances(r: int) -> list[dict]:
+        fits = sample_dims(names, known + [(p.out_shape[-1], r)], per_dim=4)
+        return fits[:: max(1, len(fits) // 6)][:6]
+
+    return find_steps(p.map, p.in_shape, p.out_shape, p.in_elem.bits, instances,
+                      lambda e, shape, dims: tidy(e, shape, dims))
 
 
 def _coarsen(p: Gather, chain: Chain) -> Gather:

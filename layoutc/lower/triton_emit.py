@@ -23,7 +23,8 @@ from ..front.text import comment
 from . import maptext
 from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
-from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, relabels_only, tables, unknown
+from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, tables, unknown
+from .stepped import coarse_body, steps_body
 from .terms import collect_and_name, is_size, replace
 from .torch_emit import BIT_VIEWS
 
@@ -109,7 +110,9 @@ def header(chain: Chain, p: Plan, filename: str, walk: bool = True, mapped: str 
     if how is None:
         raise unknown("Triton header", p)
     lane = f"{COPY_BYTES // (32 * NUM_WARPS)} bytes per lane" if _plain_copy(p) else "one element per lane"
-    walks = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else lane,
+    runs = isinstance(p, Gather) and p.steps is not None
+    walks = {"elements": f"{p.coarse} elements per word" if p.coarse > 1 else
+             f"runs of {p.steps.run} elements read apart per word" if runs else lane,
              "rows": "2-D tiles of rows", "words": "one word per lane", "quads": "four words per lane",
              "tiles": f"{TILE_IN}x{TILE_OUT} tiles loaded along source rows"}
     lines = [f"{chain.tensor}: {src.elem.name}{src.shape_str()} -> "
@@ -230,21 +233,6 @@ def _elements(p: Copy | Affine | Gather, t=t) -> list[str]:
     else:
         body += _load("v", f"({t(linear(m.src, p.in_shape))})", t(m.valid), f", other={t(m.fill)}")
     body += _conversions(p, "v")
-    body.append("tl.store(y_ptr + offs, v, mask=mask)")
-    return body
-
-
-def _coarse(p: Gather, t=t) -> list[str]:
-    """The elements walk over words of ``coarse`` elements (x and y viewed as wider integers): the
-    plan's conversions keep every bit (``plan.relabels_only``), so the words move as they are."""
-    if not relabels_only(p):
-        raise unknown("coarse walk (conversions that change bits)", p)
-    shape = p.out_shape[:-1] + (ex.div(p.out_shape[-1], p.coarse),)
-    body = _lanes(p, BLOCK_ELEMENTS) + [f"mask = offs < ({t(ex.mul(*shape))})"] + unravel("offs", shape, t)
-    if p.coarse_valid == ex.TRUE:
-        body += _load("v", f"({t(p.coarse_src)})", None, "")
-    else:
-        body += _load("v", f"({t(p.coarse_src)})", t(p.coarse_valid), ", other=0")
     body.append("tl.store(y_ptr + offs, v, mask=mask)")
     return body
 
@@ -537,9 +525,13 @@ def body(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.
     elif isinstance(p, Rows):
         lines = named(lambda t: _rows(p, 1, t))
     elif isinstance(p, Gather) and p.coarse > 1:
-        lines = alternative(lambda t: _coarse(p, t), lambda t: _elements(p, t))
+        lines = alternative(lambda t: coarse_body(p, _lanes(p, BLOCK_ELEMENTS), unravel, _load, t),
+                            lambda t: _elements(p, t))
     elif isinstance(p, (Affine, Gather)) and p.tile_axis is not None:
         lines = named(lambda t: _tiles(p, t))
+    elif isinstance(p, Gather) and p.steps is not None:
+        lines = alternative(lambda t: steps_body(p, _lanes(p, BLOCK_ELEMENTS), unravel, t, UINT),
+                            lambda t: _elements(p, t))
     elif isinstance(p, (Copy, Affine, Gather)):
         lines = named(lambda t: _elements(p, t))
     else:
@@ -658,6 +650,9 @@ def _walks(p: Plan) -> list[tuple[str | None, list[str]]]:
         coarse = walk(wide, wide, f"-(-({total}) // {p.coarse * BLOCK_ELEMENTS})")
         return [(f"x.shape[-1] % {p.coarse} == 0 and y.shape[-1] % {p.coarse} == 0  # whole words", coarse),
                 (None, plain)]
+    if isinstance(p, Gather) and p.steps is not None:
+        runs = walk(BIT_VIEWS[p.in_elem.bits], "int32", f"-(-({total}) // {p.steps.run * BLOCK_ELEMENTS})")
+        return [(f"y.shape[-1] % {p.steps.run} == 0  # whole runs", runs), (None, plain)]
     return [(None, plain)]
 
 

@@ -24,6 +24,8 @@ from layoutc.lower.plan import plan, relabels_only  # noqa: E402
 from layoutc.lang.ops.conversion import UnknownKind  # noqa: E402
 from tests.helpers import assert_same_bits  # noqa: E402
 
+pytestmark = pytest.mark.slow  # compiles two specs: about 1 s each on the loaded 2-core machine
+
 SWIZZLE = ("dims E, N, K\ninput w : fp4x2[E, N, 16*K]\ninput s : e8m0[E, N, K] scales w block 32\n"
            "interleave(s, sf_128x4){view}\noutput w : fp4x2[E, N, 16*K]\n"
            "output s : {out}[E, round_up(N, 128), round_up(K, 4)] packing sf_128x4\n")
@@ -67,4 +69,4 @@ def test_a_conversion_that_changes_bits_keeps_one_element_per_lane():
     cast = attrs.evolve(p, conversions=(Cast(to=ELEMENT_TYPES["e4m3"]),), coarse=4)
     assert not relabels_only(cast)
     with pytest.raises(UnknownKind, match="coarse walk"):  # the emitter refuses to drop a real conversion
-        triton_emit._coarse(cast)
+        triton_emit.body(cast, "_b", ("E", "N", "K"))
