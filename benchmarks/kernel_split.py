@@ -50,6 +50,7 @@ def main() -> int:
     ap.add_argument("--dims", default=DIMS)
     ap.add_argument("--tree", type=Path, default=Path("."))
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--warps", default="", help="also the layer kernel at these num_warps (comma-separated)")
     args = ap.parse_args()
     sys.path.insert(0, str(args.tree.resolve()))
     import torch
@@ -101,7 +102,17 @@ def main() -> int:
                 t = _events(kern)
                 t_b2b = _events(kern, calls=10)
                 row["layer_kernel_ms"], row["layer_kernel_b2b_ms"] = t, t_b2b
-                print(f"   layer kernel {getattr(kernel, '__name__', '?')}: {programs} programs, {t:.3f} ms, b2b {t_b2b:.3f} ms")
+                ck = kernel[(programs,)](*largs, **consts, num_warps=nw)
+                res = {k: getattr(ck, k, None) for k in ("n_regs", "n_spills")}
+                res["shared"] = getattr(getattr(ck, "metadata", None), "shared", None)
+                row["layer_kernel_resources"] = res
+                print(f"   layer kernel {getattr(kernel, '__name__', '?')}: {programs} programs, {t:.3f} ms, "
+                      f"b2b {t_b2b:.3f} ms, {res}")
+                for w in [int(v) for v in args.warps.split(",") if v]:
+                    kw = lambda c=consts, p=programs, w=w: kernel[(p,)](*largs, **c, num_warps=w)  # noqa: E731
+                    tw, tw2 = _events(kw), _events(kw, calls=10)
+                    row[f"layer_kernel_warps{w}_ms"], row[f"layer_kernel_warps{w}_b2b_ms"] = tw, tw2
+                    print(f"   layer kernel at num_warps={w}: {tw:.3f} ms, b2b {tw2:.3f} ms")
                 for blk, i in order:
                     i = int(i)
                     g = consts[f"_G{i}"]
@@ -112,12 +123,14 @@ def main() -> int:
                         continue
                     one = lambda c=c, g=g: kernel[(g,)](*largs, **c, num_warps=nw)  # noqa: E731
                     tb, tb2 = _events(one), _events(one, calls=10)
+                    ck = kernel[(g,)](*largs, **c, num_warps=nw)
+                    res = (getattr(ck, "n_regs", None), getattr(getattr(ck, "metadata", None), "shared", None))
                     info = {"block": blk, "programs": g, "bytes": nbytes, "ms": tb, "b2b_ms": tb2,
                             "pct": 100 * nbytes / tb / rate, "b2b_pct": 100 * nbytes / tb2 / rate_b2b,
                             "consts": {k: v for k, v in c.items() if k.endswith(str(i)) and k[1] in "GWAT"}}
                     row["blocks"].append(info)
                     print(f"   {blk:32s} {g:8d} programs {nbytes / 1e6:9.1f} MB  {tb:.3f} ms ({info['pct']:.1f}%)"
-                          f"  b2b {tb2:.3f} ms ({info['b2b_pct']:.1f}%)  {info['consts']}", flush=True)
+                          f"  b2b {tb2:.3f} ms ({info['b2b_pct']:.1f}%)  {info['consts']} regs/smem {res}", flush=True)
             if args.out:
                 with open(args.out, "a") as f:
                     f.write(json.dumps(row) + "\n")
