@@ -139,7 +139,7 @@ def steps_body(p, lanes: list[str], unravel: Callable, t, uint: dict) -> list[st
     parts = []
     for i in range(s.run):
         addr = "_base" if s.offsets[i] == ex.Const(0) else f"_base + ({t(s.offsets[i])})"
-        inside = [f"(_s{k} + {d} < {t(n)})" if d else f"(_s{k} < {t(n)})"
+        inside = [f"(_s{k} {'+' if d > 0 else '-'} {abs(d)} < {t(n)})" if d else f"(_s{k} < {t(n)})"
                   for k, (d, n) in enumerate(zip(s.steps[i], s.bounds))]
         body.append(f"_ok = mask & {' & '.join(inside)}")
         body.append(f"_e{i} = tl.load(x_ptr + {addr}, mask=_ok, other={s.fill})")
