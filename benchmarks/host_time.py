@@ -151,6 +151,16 @@ def _out_steps(m, x, d, layer, out):
         direct = getattr(m, "_RUNNER_CHECKED", {})
         print(f"  Triton's runner checked for a direct launch: {direct} (the prepared launch is "
               f"{'bound to the launcher' if getattr(launch, '__name__', '') == 'launch' else 'Triton runner'})")
+    if hasattr(m, "_warm_hit"):  # the one-lookup warm call (layoutc.runtime.warm)
+        hit = m._warm_hit(m._warm_key(x, None, "auto", o))
+        steps["warm key with out= (_warm_key)"] = lambda: m._warm_key(x, None, "auto", o)
+        steps["warm key + tensor check with out= (_warm_hit)"] = lambda: m._warm_hit(m._warm_key(x, None, "auto", o))
+        if hit is not None and hit[5] is not None:
+            steps["prepared launch of the hit (_warm_run)"] = lambda: m._warm_run(hit[5], x, o)
+            steps["stamp of the hit's out= (token)"] = lambda: m._stamp(o, m.SPEC_NAME, m.SPEC_SHA256, m.PARAMS,
+                                                                         m.REQUIRES, d, False, hit[4])
+        print(f"  warm call: tensor check {'TensorGuards' if m._warm_guards() else 'Python tuple'}, hit "
+              f"{hit is not None}, direct prepared launch {hit is not None and hit[5] is not None}", flush=True)
     return steps
 
 
