@@ -186,7 +186,9 @@ def main() -> int:
                     times.update(new_out=[], new_out_b2b=[])
                     outs_of.append("new_out")
                     if "out" in inspect.signature(converters["old"].convert).parameters:
-                        o_old = {k: torch.empty_like(v) for k, v in o.items()}
+                        # the old converter's own output shapes (an AS_OLD row's old layout is another one)
+                        o_old = {k: torch.empty_like(v)
+                                 for k, v in converters["old"].convert(x, fingerprint=False).items()}
                         calls["old_out"] = lambda: converters["old"].convert(x, fingerprint=False, out=o_old)
                         times.update(old_out=[], old_out_b2b=[])
                         outs_of.append("old_out")
@@ -220,7 +222,7 @@ def main() -> int:
                     if "old_out" in outs_of:
                         got = converters["old"].convert(x, fingerprint=False, out=o_old)
                         row["old_out_same_output"] = all(got[k].view(torch.uint8).equal(o[k].view(torch.uint8))
-                                                         for k in got)
+                                                         if got[k].shape == o[k].shape else False for k in got)
                     o = o_old = outs = got = None
                 for tag in ("old", "new", *outs_of):
                     row.setdefault(f"{tag}_bytes", row["new_bytes"])

@@ -248,8 +248,8 @@ def _emit_direction(
             "    if hit is not None:  # (check, dims, variant, lowering, out= key, prepared launch of the whole call)",
             "        res = _warm_run(hit[5], tensors, out) if hit[5] is not None else None",
             "        if res is None:",
-            "            return _plain(_converted, tensors, hit[1], hit[2], hit[3], None, False, fingerprint, out, hit[4],"
-            " True)",
+            "            return _plain(_converted, tensors, hit[1], hit[2], hit[3], None, False, fingerprint, out,"
+            " hit[4], True)",
             "        _stamp(res, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, hit[1], fingerprint, hit[4])",
             "        return res",
             f"    d, present = _check_call(tensors, dims, 'convert', {contract}, {shapes}, {axes}, DIMS, _CONDITIONS, {checks})",
