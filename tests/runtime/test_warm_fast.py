@@ -253,3 +253,38 @@ def test_out_tensors_of_other_strides_on_a_size_one_axis_get_records_of_their_st
     got = bf16.convert(x, out=again, fingerprint=False)
     assert all(guard.provenance(t)["stride"] == t.stride() for t in got.values())
     assert guard.check(got, bf16, same_call=True)
+
+
+# One spec of each kind of layer function (six, four and two tensors; padding; another checkpoint's names).
+FLASHINFER = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutedsl_nvfp4", {"activation": "relu2"}),
+              ("flashinfer_trtllm_mxfp4", {"pad_to": 128}), ("flashinfer_cutlass_mxfp4_padded", {"checkpoint": "gpt_oss"}),
+              ("flashinfer_trtllm_bf16", {"activation": "silu"})]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,params", FLASHINFER)
+def test_every_flashinfer_spec_s_warm_call_takes_its_layer_s_prepared_launch(monkeypatch, name, params):
+    # The generated layer functions themselves (not a stand-in): Triton's launch replaced by a compiled kernel
+    # that launches nothing, the fused lowering chosen on the CPU. A second call, with out= and without, must
+    # be a hit that calls the prepared launch of the whole call (runtime.warm._warm_fast found it).
+    from tests.helpers import spec as compile_spec
+
+    m = compile_spec(name, **params).module
+
+    class Compiled:
+        function = object()
+
+        def __getitem__(self, grid):
+            return lambda *args: None
+    monkeypatch.setattr(m, "_launch", lambda kernel, programs, args, consts, warps: Compiled())
+    monkeypatch.setattr(m, "_triton_kernels", lambda source, filename: {f"_k_layer_{i}": None for i in range(16)})
+    monkeypatch.setattr(m, "_choose_lowering", lambda lowering, tensors, lowerings: "fused")
+    monkeypatch.setattr(m, "_warm_remembered", lambda *args: True)
+    monkeypatch.setattr(m, "_WARM", {})
+    monkeypatch.setattr(m, "_PREPARED", {})
+    x = synthetic_inputs(compile_spec(name, **params), {"E": 2, "I": 256, "H": 256}, 1)
+    out = _out(m.convert(x, lowering="eager", fingerprint=False))
+    for o in (out, None):
+        m.convert(x, fingerprint=False, out=o)
+        hit = m._warm_hit(m._warm_key(x, None, "auto", o))
+        assert hit is not None and hit[5] is not None
