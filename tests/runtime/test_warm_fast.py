@@ -258,7 +258,8 @@ def test_out_tensors_of_other_strides_on_a_size_one_axis_get_records_of_their_st
 # One spec of each kind of layer function (six, four and two tensors; padding; another checkpoint's names).
 FLASHINFER = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutedsl_nvfp4", {"activation": "relu2"}),
               ("flashinfer_trtllm_mxfp4", {"pad_to": 128}),
-              ("flashinfer_cutlass_mxfp4_padded", {"checkpoint": "gpt_oss"}), ("flashinfer_trtllm_bf16", {"activation": "silu"})]
+              ("flashinfer_cutlass_mxfp4_padded", {"checkpoint": "gpt_oss"}),
+              ("flashinfer_trtllm_bf16", {"activation": "silu"})]
 
 
 @pytest.mark.slow
