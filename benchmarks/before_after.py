@@ -179,28 +179,36 @@ def main() -> int:
                          for tag, m in converters.items()}
                 calls["new_fingerprinted"] = lambda: converters["new"].convert(x)
                 times.update(old_b2b=[], new_b2b=[], copy_b2b=[])
+                outs_of = []  # the tags timed with out= too: new, and old where its convert takes out=
                 if args.out_arg:  # the outputs preallocated by the caller: no allocation in the call
                     o = {k: torch.empty_like(v) for k, v in converters["new"].convert(x, fingerprint=False).items()}
                     calls["new_out"] = lambda: converters["new"].convert(x, fingerprint=False, out=o)
                     times.update(new_out=[], new_out_b2b=[])
+                    outs_of.append("new_out")
+                    if "out" in inspect.signature(converters["old"].convert).parameters:
+                        # the old converter's own output shapes (an AS_OLD row's old layout is another one)
+                        o_old = {k: torch.empty_like(v)
+                                 for k, v in converters["old"].convert(x, fingerprint=False).items()}
+                        calls["old_out"] = lambda: converters["old"].convert(x, fingerprint=False, out=o_old)
+                        times.update(old_out=[], old_out_b2b=[])
+                        outs_of.append("old_out")
                 for r in range(args.rounds):
                     for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
                         times[tag].append(timeit(calls[tag], "cuda") * 1e3)
                         times[f"{tag}_b2b"].append(timeit(calls[tag], "cuda", reps=5, calls=10) * 1e3)
                     times["new_fingerprinted"].append(timeit(calls["new_fingerprinted"], "cuda") * 1e3)
-                    if args.out_arg:
-                        times["new_out"].append(timeit(calls["new_out"], "cuda") * 1e3)
-                        times["new_out_b2b"].append(timeit(calls["new_out"], "cuda", reps=5, calls=10) * 1e3)
+                    for tag in (outs_of if r % 2 == 0 else outs_of[::-1]):
+                        times[tag].append(timeit(calls[tag], "cuda") * 1e3)
+                        times[f"{tag}_b2b"].append(timeit(calls[tag], "cuda", reps=5, calls=10) * 1e3)
                     times["copy"].append(timeit(lambda: buf.copy_(flat), "cuda") * 1e3)
                     times["copy_b2b"].append(timeit(lambda: buf.copy_(flat), "cuda", reps=5, calls=10) * 1e3)
                 if args.host:  # issue 25: the host's share of a warm call, before and after, fingerprint on and off
                     host = {"old": [], "new": [], "old_fingerprinted": [], "new_fingerprinted": []}
                     calls["old_fingerprinted"] = lambda: converters["old"].convert(x)
-                    if args.out_arg:
-                        host["new_out"] = []
+                    host.update({k: [] for k in outs_of})
                     for r in range(args.rounds):
                         for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                            for k in (tag, f"{tag}_fingerprinted") + (("new_out",) if tag == "new" and args.out_arg
+                            for k in (tag, f"{tag}_fingerprinted") + ((f"{tag}_out",) if f"{tag}_out" in outs_of
                                                                       else ()):
                                 host[k].append(_host_median(calls[k], 100) * 1e6)
                     for k, v in host.items():
@@ -211,8 +219,12 @@ def main() -> int:
                     outs = converters["new"].convert(x, fingerprint=False, out=o)
                     row["new_out_same_output"] = all(outs[k].view(torch.uint8).equal(converters["new"].convert(
                         x, fingerprint=False)[k].view(torch.uint8)) for k in outs)
-                    o = outs = None
-                for tag in ("old", "new") + (("new_out",) if args.out_arg else ()):
+                    if "old_out" in outs_of:
+                        got = converters["old"].convert(x, fingerprint=False, out=o_old)
+                        row["old_out_same_output"] = all(got[k].view(torch.uint8).equal(o[k].view(torch.uint8))
+                                                         if got[k].shape == o[k].shape else False for k in got)
+                    o = o_old = outs = got = None
+                for tag in ("old", "new", *outs_of):
                     row.setdefault(f"{tag}_bytes", row["new_bytes"])
                     row[f"{tag}_median_ms"] = statistics.median(times[tag])
                     row[f"{tag}_fraction_of_copy"] = (row[f"{tag}_bytes"] / row[f"{tag}_median_ms"]) / (

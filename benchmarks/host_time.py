@@ -151,6 +151,16 @@ def _out_steps(m, x, d, layer, out):
         direct = getattr(m, "_RUNNER_CHECKED", {})
         print(f"  Triton's runner checked for a direct launch: {direct} (the prepared launch is "
               f"{'bound to the launcher' if getattr(launch, '__name__', '') == 'launch' else 'Triton runner'})")
+    if hasattr(m, "_warm_hit"):  # the one-lookup warm call (layoutc.runtime.warm)
+        hit = m._warm_hit(m._warm_key(x, None, "auto", o))
+        steps["warm key with out= (_warm_key)"] = lambda: m._warm_key(x, None, "auto", o)
+        steps["warm key + tensor check with out= (_warm_hit)"] = lambda: m._warm_hit(m._warm_key(x, None, "auto", o))
+        if hit is not None and hit[5] is not None:
+            steps["prepared launch of the hit (_warm_run)"] = lambda: m._warm_run(hit[5], x, o)
+            steps["stamp of the hit's out= (token)"] = lambda: m._stamp(o, m.SPEC_NAME, m.SPEC_SHA256, m.PARAMS,
+                                                                         m.REQUIRES, d, False, hit[4])
+        print(f"  warm call: tensor check {'TensorGuards' if m._warm_guards() else 'Python tuple'}, hit "
+              f"{hit is not None}, direct prepared launch {hit is not None and hit[5] is not None}", flush=True)
     return steps
 
 
@@ -189,62 +199,97 @@ def _cpu_median_us(fns: dict, reps: int) -> dict:
     return {k: statistics.median(v) / 1e3 for k, v in times.items()}
 
 
+class _NoKernel:
+    """A compiled kernel that launches nothing: its runner returns at once (the host path around it is timed)."""
+    function = object()
+
+    def __getitem__(self, grid):
+        return lambda *args: None
+
+
+def fake_layer(m, ref, work=None):
+    """A layer function for module ``m`` that converts every output of ``ref`` in one prepared launch, as the
+    fused lowering's layer functions do on CUDA (runtime._prepare), with ``work(xs, ys)`` as the kernel (None:
+    nothing is launched). Installed in ``m._LAYERS`` for the CPU lowering, it lets the CPU take the CUDA warm
+    path: the prepared key, the prepared run and (layoutc.runtime.warm) the direct call of it."""
+    names = list(ref)
+    compiled = _NoKernel()
+    if work is not None:
+        # a subclass: an instance attribute does not override a dunder
+        compiled = type("_Work", (_NoKernel,), {"__getitem__": lambda self, grid: lambda *a: work(a[0::2], a[1::2])})()
+
+    def layer(tensors, d, outs=None):
+        xs = tuple(tensors[n] for n in names)
+        key = m._prepared_key(layer, xs, d)
+        run = m._PREPARED.get(key)
+        if run is not None:
+            return run(xs, outs)
+        out = {n: outs[n] if outs is not None else torch.empty_like(ref[n]) for n in names}
+        args = [t for n, x in zip(names, xs) for t in (x, out[n])]
+        compiled[(1, 1, 1)](*args)
+        m._prepare(key, compiled, 1, {}, out, args, [])
+        return out
+    return layer
+
+
 def fake_launch(args) -> int:
     """The Python path of a warm call on the CPU (no CUDA needed): the seed spec on the tiny layer, with the
-    conversion itself (_convert: the layer functions and their launch) replaced by one that returns the
-    outputs as they are, so what is timed is everything a call does besides converting. The warm-call
-    lookup (layoutc.runtime.warm) on and off, side by side, and the steps one by one."""
+    layer function replaced by one that prepares a launch of nothing (fake_layer), so what is timed is
+    everything a warm CUDA call does but the launch itself. This tree's converter and (--baseline-module)
+    another checkout's, call by call in one process; the steps one by one."""
     spec = layoutc.compile_file(ROOT / "specs" / "flashinfer_cutlass_bf16.lyt")
     m = spec.module
     x = synthetic_inputs(spec, SHAPES["tiny"], 1, "cpu")
     ref = spec.convert(x)
+    present = m._check_call(x, None, "convert", m.INPUTS, m._INPUT_SHAPES, m._INPUT_AXES, m.DIMS,
+                            m._CONDITIONS, m._CONVERT_CHECKS)[1]
+    how = m._choose_lowering("auto", x, m._LOWERINGS)
     o = {k: torch.empty_like(v) for k, v in ref.items()}
     fns = {}
+    mods = {"": m}
     if args.baseline_module:  # the same spec's converter written by another checkout, in this process
         import importlib.util
 
         loader = importlib.util.spec_from_file_location("host_time_baseline", args.baseline_module)
         base = importlib.util.module_from_spec(loader)
         loader.loader.exec_module(base)
-        base.convert(x)
-        base._convert = lambda tensors, d, present, how, outs=None: dict(outs) if outs is not None else dict(ref)
-        fns["baseline: convert(x, fingerprint=False, out=o)"] = lambda: base.convert(x, fingerprint=False, out=o)
-        fns["baseline: convert(x, fingerprint=False)"] = lambda: base.convert(x, fingerprint=False)
-    m._convert = lambda tensors, d, present, how, outs=None: dict(outs) if outs is not None else dict(ref)
-    real_key = getattr(m, "_warm_key", None)
-    calls = {"convert(x, fingerprint=False, out=o)": lambda: m.convert(x, fingerprint=False, out=o),
-             "convert(x, fingerprint=False)": lambda: m.convert(x, fingerprint=False)}
-    for what, fn in calls.items():
-        if real_key is not None:
-            def cold(fn=fn):
-                m._warm_key = lambda *a: None
-                try:
-                    fn()
-                finally:
-                    m._warm_key = real_key
-            fns[f"{what}, every check (no warm key)"] = cold
-        fns[what] = fn
-    d, present = m._check_call(x, None, "convert", m.INPUTS, m._INPUT_SHAPES, m._INPUT_AXES, m.DIMS,
-                               m._CONDITIONS, m._CONVERT_CHECKS)
+        mods["baseline: "] = base
+    for label, mod in mods.items():
+        mod._LAYERS = {(how, present): fake_layer(mod, ref)}
+        getattr(mod, "_WARM", {}).clear()  # entries of the calls above, made without the layer function
+        ob = {k: torch.empty_like(v) for k, v in ref.items()}
+        mod.convert(x, fingerprint=False, out=ob)
+        mod.convert(x, fingerprint=False)
+        fns[f"{label}convert(x, fingerprint=False, out=o)"] = lambda mod=mod, ob=ob: mod.convert(x, fingerprint=False,
+                                                                                                  out=ob)
+        fns[f"{label}convert(x, fingerprint=False)"] = lambda mod=mod: mod.convert(x, fingerprint=False)
+    m.convert(x, fingerprint=False, out=o)
+    d = m.bind_dims(x)
     static = m._check_out(o, x, d, present, m.OUTPUTS, m._OUTPUT_SHAPES)
+    layer = m._LAYERS[(how, present)]
     steps = {
         "  input checks (_check_call, cached)": lambda: m._check_call(x, None, "convert", m.INPUTS, m._INPUT_SHAPES,
                                                                       m._INPUT_AXES, m.DIMS, m._CONDITIONS,
                                                                       m._CONVERT_CHECKS),
         "  out= check (_check_out, cached)": lambda: m._check_out(o, x, d, present, m.OUTPUTS, m._OUTPUT_SHAPES),
-        "  accepted dtypes (_widened)": lambda: m._widened(x, m.INPUTS),
-        "  lowering choice": lambda: m._choose_lowering("auto", x, m._LOWERINGS),
-        "  output shape checks": lambda: m._check_outputs(o, m._OUTPUT_SHAPES, d, "convert"),
-        "  results into out= (_into)": lambda: m._into(o, o),
+        "  layer, prepared run into out=": lambda: layer(x, d, o),
         "  stamp of out=, records copied": lambda: m._stamp(o, m.SPEC_NAME, m.SPEC_SHA256, m.PARAMS, m.REQUIRES, d,
                                                             False, static),
         "  stamp without out=": lambda: m._stamp(ref, m.SPEC_NAME, m.SPEC_SHA256, m.PARAMS, m.REQUIRES, d, False),
+        "  autograd mode (_plain of nothing)": lambda: m._plain(lambda: None),
     }
-    if real_key is not None:
+    if hasattr(m, "_warm_hit"):
+        warm = m._warm_key(x, None, "auto", o)
+        hit = m._warm_hit(warm)
         steps["  warm key with out= (_warm_key)"] = lambda: m._warm_key(x, None, "auto", o)
-        steps["  warm key + lookup with out="] = lambda: m._WARM.get(m._warm_key(x, None, "auto", o))
-        steps["  warm key without out="] = lambda: m._warm_key(x, None, "auto", None)
-    print(f"CPU Python path of a warm call (conversion faked), torch {torch.__version__}, "
+        steps["  warm key + tensor check with out="] = lambda: m._warm_hit(m._warm_key(x, None, "auto", o))
+        steps["  tensor check alone with out="] = lambda: m._warm_hit(warm)
+        steps["  warm key + tensor check without out="] = lambda: m._warm_hit(m._warm_key(x, None, "auto", None))
+        if hit is not None and hit[5] is not None:
+            steps["  prepared run of the hit (_warm_run)"] = lambda: m._warm_run(hit[5], x, o)
+        print(f"  tensor check: {'torch TensorGuards' if m._warm_guards() else 'Python tuple'}; hit with out=: "
+              f"{hit is not None}, direct prepared run: {hit is not None and hit[5] is not None}", flush=True)
+    print(f"CPU Python path of a warm call (launch faked), torch {torch.__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}, {args.reps} calls each (median)", flush=True)
     for what, us in {**_cpu_median_us(fns, args.reps), **_cpu_median_us(steps, args.reps)}.items():
         print(f"  {what:60s} {us:7.1f} us", flush=True)

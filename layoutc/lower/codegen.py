@@ -244,10 +244,14 @@ def _emit_direction(
             "    # A call with the key of one that passed every check skips the checks"
             " (runtime.warm: why that is sound).",
             "    warm = _warm_key(tensors, dims, lowering, out) if chunk is None and not inplace else None",
-            "    hit = _WARM.get(warm) if warm is not None else None",
-            "    if hit is not None:",
-            "        return _plain(_converted, tensors, hit[0], hit[1], hit[2], None, False, fingerprint, out, hit[3],"
-            " True)",
+            "    hit = _warm_hit(warm) if warm is not None else None",
+            "    if hit is not None:  # (check, dims, variant, lowering, out= key, prepared launch of the whole call)",
+            "        res = _warm_run(hit[5], tensors, out) if hit[5] is not None else None",
+            "        if res is None:",
+            "            return _plain(_converted, tensors, hit[1], hit[2], hit[3], None, False, fingerprint, out,"
+            " hit[4], True)",
+            "        _stamp(res, SPEC_NAME, SPEC_SHA256, PARAMS, REQUIRES, hit[1], fingerprint, hit[4])",
+            "        return res",
             f"    d, present = _check_call(tensors, dims, 'convert', {contract}, {shapes}, {axes}, DIMS, _CONDITIONS, {checks})",
             "    static = None  # out=: the key its check passed under (the stamp reuses its records)",
             "    if out is not None:",
@@ -262,7 +266,7 @@ def _emit_direction(
             "    res = _plain(_converted, tensors, d, present, how, chunk, inplace, fingerprint, out, static)",
             "    if warm is not None:",
             "        _warm_store(warm, d, present, how, static, _warm_widened(given, tensors),",
-            "                    _warm_remembered(lowering, tensors, _LOWERINGS))",
+            "                    _warm_remembered(lowering, tensors, _LOWERINGS), tensors, res, _LAYERS)",
             "    return res",
             "",
             "",

@@ -189,9 +189,9 @@ def _out_key(out, tensors, d, present, shapes):
     # the inputs' extents (aliasing), the dims and variant. None when it cannot be read (checked in full).
     try:
         key = [id(shapes), tuple(d.values()), present]
-        for k, t in out.items():
-            key += (k, type(t), t.dtype, t.shape, t.device, t.data_ptr(), t.is_contiguous(), t.requires_grad,
-                    t.is_inference())
+        for k, t in out.items():  # strides, not contiguity: the stamp's records (static) keep them
+            key += (k, type(t), t.dtype, t.shape, t.device, t.data_ptr(), t.stride(), t.is_contiguous(),
+                    t.requires_grad, t.is_inference())
         for t in tensors.values():
             if t is not None:
                 key += (t.data_ptr(), t.nbytes) if t.is_contiguous() else (t.data_ptr(), t.shape, t.stride(), t.dtype)
@@ -215,11 +215,13 @@ def _check_out(out, tensors, d, present, contract, shapes, what="convert"):
     # declared dtype (or a torch alias of it), shape and device, contiguous and 16-byte aligned (as
     # torch.empty makes them: the fused kernels store whole words at their addresses), writable
     # without autograd and with a version counter (the guard reads it), and share no byte with an
-    # input (converters never modify inputs) or another output. Checked once per key (_out_key), which is
-    # returned (None: not remembered): the stamp copies the records of outputs under that key.
+    # input (converters never modify inputs) or another output. Checked once per key (_out_key); returned is
+    # a token of that key (None: not remembered): the stamp copies the records of outputs under that token
+    # (a small object: hashed on every call, where the key is a hundred values).
     key = _out_key(out, tensors, d, present, shapes)
-    if key is not None and _OUT_CHECKED.get(key) is shapes:  # the key holds id(shapes): the entry keeps it
-        return key
+    hit = _OUT_CHECKED.get(key) if key is not None else None
+    if hit is not None and hit[0] is shapes:  # the key holds id(shapes): the entry keeps it
+        return hit[1]
     if not hasattr(out, "items") or not hasattr(out, "__getitem__"):
         raise LayoutError(f"{what}: out= takes a mapping from output names to tensors, got {type(out).__name__}")
     wanted = [n for n, c in contract.items() if not c["optional"] or n in present]
@@ -263,11 +265,12 @@ def _check_out(out, tensors, d, present, contract, shapes, what="convert"):
             if sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]:
                 raise LayoutError(f"{a} shares memory with {b}: converters never write into their inputs, and "
                                   "each output needs its own memory")
-    if key is not None:
-        if len(_OUT_CHECKED) >= 256:
-            _OUT_CHECKED.clear()
-        _OUT_CHECKED[key] = shapes
-    return key
+    if key is None:
+        return None
+    if len(_OUT_CHECKED) >= 256:
+        _OUT_CHECKED.clear()
+    _OUT_CHECKED[key] = (shapes, object())  # a new token per entry: one cleared and made again is another
+    return _OUT_CHECKED[key][1]
 
 
 def _into(res, out):
@@ -506,6 +509,8 @@ def _prepare(key, compiled, programs, consts, out, args, apart):
             launch(*[t for pair in zip(xs, ys) for t in pair], *constants)
         return dict(zip(names, ys))
 
+    run.names = tuple(names)  # the outputs it writes, in order, from the inputs of the same names (runtime.warm)
+    run.copies = bool(copies)  # torch copies besides the launch (autograd must be off for them: runtime.warm)
     if len(_PREPARED) >= 256:
         _PREPARED.clear()
     _PREPARED[key] = run

@@ -108,17 +108,20 @@ def _sweep(reg):
         reg.sweep_at = max(64, 2 * len(reg.records))
 
 
-#: Per (caller's key, spec, parameters): the parts of each output's origin and record that do not change
-#: from one call to the next (convert(..., out=) into the same tensors; see _stamp's `static`).
+#: Per (caller's token, spec, parameters): the parts of each output's origin and record that do not change
+#: from one call to the next (convert(..., out=) into the same tensors, or a warm call's new outputs of the
+#: same shapes; see _stamp's `static`).
 _TEMPLATES = {}
 
 
 def _stamp(outputs, spec_name, sha256, params, requires, dims=None, fingerprint=True, static=None):
     # Record which spec produced each output, and queue the fingerprints of their bytes (fingerprint=False:
     # none; the outputs are then known by their storage alone, and a copy of them is not followed).
-    # `static`: a key under which the caller vouches that the outputs have the names, shapes, dtypes and
-    # strides they had the last time it was given (the out= check's key): their records are then copied
-    # from the last ones and only the call, dims, version (and storage, if another) change.
+    # `static`: a token (hashable, small) under which the caller vouches that the outputs have the names,
+    # shapes, dtypes and strides they had the last time it was given (the out= check's token, whose key holds
+    # the strides; a warm call's token for the prepared launch's new contiguous outputs): their records are
+    # then copied from the last ones and only the call, dims, version, and the storage where it is another
+    # (a new weak reference, its address and size) change.
     reg = _provenance_registry()
     _sweep(reg)
     call = next(reg.calls)
@@ -133,16 +136,19 @@ def _stamp(outputs, spec_name, sha256, params, requires, dims=None, fingerprint=
     templates = _TEMPLATES.get(tkey) if tkey is not None else None
     if templates is not None and templates[0] is params and templates[1] == tuple(outputs):
         origins = []
-        for t, (origin_t, record_t, key_t, nbytes_t) in zip(outputs.values(), templates[2]):
+        for t, (origin_t, record_t, key_t, nbytes_t, cdata_t) in zip(outputs.values(), templates[2]):
             storage = t.untyped_storage()
             key = (storage.data_ptr(), t.storage_offset())
-            if key != key_t or storage.nbytes() != nbytes_t or record_t["storage"].expired():
-                templates = None  # another storage at these addresses: recorded in full below
-                break
             origin = dict(origin_t, call=call, dims=dims)
-            records[key] = dict(record_t, call=call, dims=dims, origin=origin, version=t._version)
+            # The same storage: the template's weak reference (which keeps the storage's C++ object from
+            # being reused, so an equal address of that object is the same storage, alive: t holds it).
+            if storage._cdata == cdata_t and key == key_t and storage.nbytes() == nbytes_t:
+                records[key] = dict(record_t, call=call, dims=dims, origin=origin, version=t._version)
+            else:  # another storage (new outputs, out= tensors elsewhere): its own weak reference and size
+                records[key] = dict(record_t, call=call, dims=dims, origin=origin, version=t._version,
+                                    nbytes=storage.nbytes(), storage=_weakref_class()(storage))
             origins.append(origin)
-    if templates is None:
+    else:
         # What every output of the call shares, copied into each origin (the dims of the call: a padded
         # output does not tell I or H back, so the guard uses these; one copy per call, never changed).
         shared = {"spec": spec_name, "sha256": sha256, "params": params, "library": library, "call": call,
@@ -154,10 +160,11 @@ def _stamp(outputs, spec_name, sha256, params, requires, dims=None, fingerprint=
             key, records[key] = _record(t, origin, records, stride)
             origins.append(origin)
             made.append((origin, records[key], key))
-        if tkey is not None and all(r["version"] is not None for _, r, _ in made):
+        if tkey is not None and all(r["version"] is not None and hasattr(r["storage"], "cdata") for _, r, _ in made):
             if len(_TEMPLATES) >= 64:
                 _TEMPLATES.clear()
-            _TEMPLATES[tkey] = (params, tuple(outputs), [(dict(o), dict(r), k, r["nbytes"]) for o, r, k in made])
+            _TEMPLATES[tkey] = (params, tuple(outputs), [(dict(o), dict(r), k, r["nbytes"], r["storage"].cdata)
+                                                         for o, r, k in made])
     if not fingerprint:
         return
     handle = _fingerprint_start(list(outputs.values()))
