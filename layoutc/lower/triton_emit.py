@@ -187,7 +187,7 @@ def _conversions(p: Plan, value: str) -> list[str]:
     elem = p.in_elem
     for conv in p.conversions:
         lines += known(conv).kernel(value, elem)
-        elem = conv.to
+        elem = conv.out_elem(elem)
     return lines
 
 

@@ -54,6 +54,10 @@ class Conversion:
         """Whether some elements of ``src`` lose bits or value on the way."""
         raise UnknownKind(f"{type(self).__name__} declares no loss fact")
 
+    def out_elem(self, src: ElemType) -> ElemType:
+        """The element type an element of ``src`` becomes."""
+        return self.to
+
     def field(self) -> tuple[int, int] | None:
         """(shift, width) of the bit field of the source element the result keeps, if it is one."""
         return None
@@ -181,7 +185,49 @@ class InsertBits(Conversion):
                 f"{value} = (_field << {self.shift}).to({dtype}, bitcast=True)"]
 
 
-KINDS: tuple[type[Conversion], ...] = (View, Cast, ExtractBits, InsertBits)
+def _lookup(field: str, width: int, table: Sequence[int]) -> str:
+    """A Triton expression for ``table[field]`` with the table as integer literals: the entries packed
+    into 32-bit words (32 // width entries a word), the word picked by a chain of ``tl.where``."""
+    per = 32 // width
+    words = [sum(v << (width * j) for j, v in enumerate(table[i:i + per])) for i in range(0, len(table), per)]
+    mask = (1 << width) - 1
+    expr = f"((({words[-1]:#x} >> (({field} % {per}) * {width})) & {mask:#x}))"
+    for w in reversed(range(len(words) - 1)):
+        pick = f"(({words[w]:#x} >> (({field} % {per}) * {width})) & {mask:#x})"
+        expr = f"tl.where({field} < {(w + 1) * per}, {pick}, {expr})"
+    return expr
+
+
+@attrs.frozen
+class MapBits(Conversion):
+    """Each ``width``-bit field of the element replaced by ``table[field]``; the type is kept (``to`` is
+    None: the source's)."""
+
+    width: int = attrs.field(kw_only=True)
+    table: tuple[int, ...] = attrs.field(kw_only=True)
+    kind: ClassVar[str] = "map_bits"
+
+    def out_elem(self, src: ElemType) -> ElemType:
+        return src
+
+    def lossy(self, src: ElemType) -> bool:
+        return sorted(self.table) != list(range(len(self.table)))  # two fields map to one value
+
+    def eager(self, var: str) -> str:
+        return f"map_bits({var}, {int(self.width)!r}, {tuple(int(v) for v in self.table)!r})"
+
+    def kernel(self, value: str, src: ElemType) -> list[str]:
+        uint = UINT[src.bits]
+        lines = [f"_raw = {value}.to({uint}, bitcast=True)", "_out = tl.zeros_like(_raw)"]
+        mask = (1 << self.width) - 1
+        for f in range(src.bits // self.width):
+            lines.append(f"_field = ((_raw >> {f * self.width}) & {mask:#x}).to(tl.uint32)")
+            lines.append(f"_out = _out | ({_lookup('_field', self.width, self.table)}).to({uint}) << {f * self.width}")
+        lines.append(f"{value} = _out.to({TRITON_DTYPES[src.canonical]}, bitcast=True)")
+        return lines
+
+
+KINDS: tuple[type[Conversion], ...] = (View, Cast, ExtractBits, InsertBits, MapBits)
 
 
 def known(conv: object) -> Conversion:
