@@ -94,10 +94,13 @@ def encode_and_reorder_int4b_grouped(w: torch.Tensor) -> torch.Tensor:
 
 def packed_scale(s: torch.Tensor) -> torch.Tensor:
     """cutlass_pack_scale_fp8 / CUTLASS packed_scale_t<float_e4m3_t, int4b_t>: for each E4M3 scale the 8 E4M3
-    values s * -8, s * -7, .., s * -1 (float products rounded to E4M3), flattened as vLLM returns them
-    ([numel * 8])."""
+    values s * -8, s * -7, .., s * -1 (float products rounded to E4M3, saturating at +-448; a NaN scale gives
+    CUTLASS's NaN byte 0x7F eight times), flattened as vLLM returns them ([numel * 8])."""
     mult = torch.arange(-8, 0, dtype=torch.float32, device=s.device)
-    return (s.float().reshape(-1, 1) * mult).to(torch.float8_e4m3fn).reshape(-1)
+    prod = s.float().reshape(-1, 1) * mult
+    q = prod.to(torch.float8_e4m3fn).view(torch.uint8)
+    q = torch.where(prod.isnan(), torch.full_like(q, 0x7F), q)
+    return q.view(torch.float8_e4m3fn).reshape(-1)
 
 
 def convert_bf16_scales_to_fp8(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
