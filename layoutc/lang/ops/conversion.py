@@ -58,6 +58,12 @@ class Conversion:
         """The element type an element of ``src`` becomes."""
         return self.to
 
+    def bytewise(self) -> bool:
+        """Whether each byte of the element is converted on its own (the same function on every byte,
+        whatever its neighbours): such a conversion commutes with moves of whole bytes, so a lowering
+        may apply it to bytes or to words of any width."""
+        return False
+
     def field(self) -> tuple[int, int] | None:
         """(shift, width) of the bit field of the source element the result keeps, if it is one."""
         return None
@@ -209,6 +215,9 @@ class MapBits(Conversion):
 
     def out_elem(self, src: ElemType) -> ElemType:
         return src
+
+    def bytewise(self) -> bool:
+        return 8 % self.width == 0  # the fields tile each byte: the same table on every byte
 
     def lossy(self, src: ElemType) -> bool:
         return sorted(self.table) != list(range(len(self.table)))  # two fields map to one value
