@@ -125,8 +125,10 @@ def test_spec_matches_vllm_at_real_sizes(dims):
 @pytest.mark.slow  # whole real layers, one expert: seconds each on two cores
 @pytest.mark.parametrize("dims, tp", [({"E": 1, **QWEN3_MOE}, {}), ({"E": 1, **DEEPSEEK_V3}, {}),
                                       ({"E": 1, **DEEPSEEK_V3}, {"tp_size": 8, "tp_rank": 5}),
-                                      ({"E": 1, **LLAMA4}, {})],
-                         ids=["qwen3-30b-a3b", "deepseek-v3", "deepseek-v3-tp8", "llama-4"])
+                                      ({"E": 1, "I": LLAMA4["I"], "H": 256}, {}),
+                                      ({"E": 1, "I": 256, "H": LLAMA4["H"]}, {})],
+                         ids=["qwen3-30b-a3b", "deepseek-v3", "deepseek-v3-tp8", "llama-4-intermediate",
+                              "llama-4-hidden"])
 def test_spec_matches_vllm_at_whole_real_layers(dims, tp):
     _compare(dims, **tp)
 
