@@ -28,7 +28,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dry", action="store_true", help="tiny layers (a check of the script on the CPU)")
     args = ap.parse_args()
+    layers = [(n, {"E": 2, "I": 256, "H": 256}, r) for n, _, r in LAYERS] if args.dry else LAYERS
+    dev = args.device
 
     import torch
 
@@ -41,10 +45,10 @@ def main() -> int:
     spec = layoutc.compile_file(ROOT / "specs" / "vllm_cutlass_w4a8.lyt", {})
     plans = {c.tensor: type(plan(c)).__name__ for c in spec.compiled.variant(()).chains}
     rows = []
-    for name, dims, with_reference in LAYERS:
+    for name, dims, with_reference in layers:
         row = {"spec": "vllm_cutlass_w4a8", "layer": name, "dims": dims, "plans": plans,
-               "device": torch.cuda.get_device_name()}
-        x = synthetic_inputs(spec, dims, 1, "cuda")
+               "device": torch.cuda.get_device_name() if dev == "cuda" else dev}
+        x = synthetic_inputs(spec, dims, 1, dev)
         fused = spec.convert(x, fingerprint=False)
         eager = spec.convert(x, lowering="eager", fingerprint=False)
         row["fused_equals_eager"] = all(fused[k].view(torch.uint8).equal(eager[k].contiguous().view(torch.uint8))
@@ -63,10 +67,10 @@ def main() -> int:
         call = lambda: spec.convert(x, fingerprint=False)  # noqa: E731
         copy = lambda: buf.copy_(flat)  # noqa: E731
         for _ in range(args.rounds):
-            times["convert"].append(timeit(call, "cuda") * 1e3)
-            times["copy"].append(timeit(copy, "cuda") * 1e3)
-            times["convert_b2b"].append(timeit(call, "cuda", reps=5, calls=10) * 1e3)
-            times["copy_b2b"].append(timeit(copy, "cuda", reps=5, calls=10) * 1e3)
+            times["convert"].append(timeit(call, dev) * 1e3)
+            times["copy"].append(timeit(copy, dev) * 1e3)
+            times["convert_b2b"].append(timeit(call, dev, reps=5, calls=10) * 1e3)
+            times["copy_b2b"].append(timeit(copy, dev, reps=5, calls=10) * 1e3)
         for k, v in times.items():
             row[f"{k}_ms"] = statistics.median(v)
         row["fraction_of_copy"] = row["copy_ms"] / row["convert_ms"]
@@ -74,7 +78,8 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
         x = flat = buf = None
-        torch.cuda.empty_cache()
+        if dev == "cuda":
+            torch.cuda.empty_cache()
     args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0
 
