@@ -47,7 +47,7 @@ from ..lang.compiler import Chain
 from ..algebra.dtypes import ELEMENT_TYPES, ElemType
 from ..algebra.indexmap import IndexMap, compose_all, identity
 from ..lang.ops.base import Category
-from ..lang.ops.conversion import BitPermutation, Conversion, UnknownKind, known
+from ..lang.ops.conversion import BitPermutation, Conversion, MapBits, UnknownKind, known
 from .bytemaps import byte_maps, byte_shape
 from .strides import affine_strides, contiguous_strides, linear, transpose_axis  # noqa: F401  (re-exported)
 
@@ -411,8 +411,14 @@ def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
 def _byte_words_plan(chain: Chain, values: tuple[Conversion, ...], base: dict) -> Plan:
     """A chain that moves whole bytes and converts each byte on its own, as a words plan whose
     permutation is the identity: the byte moves are its gather, the conversions run on each word."""
+    folded: list[Conversion] = []
+    for c in values:  # consecutive tables of one width: one table (the kernel looks each field up once)
+        if folded and isinstance(c, MapBits) and isinstance(folded[-1], MapBits) and c.width == folded[-1].width:
+            folded[-1] = folded[-1].then(c)
+        else:
+            folded.append(c)
     p = _words_around(chain, chain.steps, (), chain.out_type, BitPermutation(4, tuple(range(32))), base)
-    return attrs.evolve(p, conversions=values) if isinstance(p, Words) else p
+    return attrs.evolve(p, conversions=tuple(folded)) if isinstance(p, Words) else p
 
 
 def _words_around(chain: Chain, first: Sequence, then: Sequence, mid, perm: BitPermutation, base: dict) -> Plan:

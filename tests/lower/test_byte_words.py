@@ -59,3 +59,13 @@ def test_every_lowering_equals_eager(width):
     eager = spec.convert(x, lowering="eager")
     for lowering in ("fused", "gather"):
         assert_same_bits(spec.convert(x, lowering=lowering), eager, f"{lowering}, width {width}")
+
+
+def test_consecutive_tables_of_one_width_are_one_lookup():
+    two = SPEC.replace("map_bits(w, width={width}, table=[{table}])",
+                       "map_bits(w, width=4, table=[{table}])\nmap_bits(w, width=4, table=[{other}])")
+    first, second = [(5 * i + 3) % 16 for i in range(16)], [(7 * i + 1) % 16 for i in range(16)]
+    spec = layoutc.compile_source(two.format(table=", ".join(map(str, first)), other=", ".join(map(str, second))),
+                                  "nibbles.lyt")
+    p = plan(spec.compiled.variant(()).chain("w"))
+    assert [c.table for c in p.conversions] == [tuple(second[v] for v in first)]

@@ -225,13 +225,27 @@ class MapBits(Conversion):
     def eager(self, var: str) -> str:
         return f"map_bits({var}, {int(self.width)!r}, {tuple(int(v) for v in self.table)!r})"
 
+    def then(self, other: "MapBits") -> "MapBits":
+        """This conversion followed by ``other`` (the same width): one table, ``other.table[table[u]]``."""
+        assert other.width == self.width
+        return MapBits(None, width=self.width, table=tuple(other.table[v] for v in self.table))
+
     def kernel(self, value: str, src: ElemType) -> list[str]:
         uint = UINT[src.bits]
         lines = [f"_raw = {value}.to({uint}, bitcast=True)", "_out = tl.zeros_like(_raw)"]
         mask = (1 << self.width) - 1
+        packed = sum(v << (self.width * j) for j, v in enumerate(self.table))
+        small = self.width << self.width <= 64  # the whole table is one 64-bit literal (width <= 4)
+        if small:  # two 32-bit halves: a literal past 2**63 is no int64
+            lines.append(f"_lut = (tl.full([], {packed >> 32:#x}, tl.uint64) << 32) | {packed & 0xFFFFFFFF:#x}")
         for f in range(src.bits // self.width):
-            lines.append(f"_field = ((_raw >> {f * self.width}) & {mask:#x}).to(tl.uint32)")
-            lines.append(f"_out = _out | ({_lookup('_field', self.width, self.table)}).to({uint}) << {f * self.width}")
+            if small:
+                lines.append(f"_field = ((_raw >> {f * self.width}) & {mask:#x}).to(tl.uint64)")
+                pick = f"(_lut >> (_field * {self.width})) & {mask:#x}"
+            else:
+                lines.append(f"_field = ((_raw >> {f * self.width}) & {mask:#x}).to(tl.uint32)")
+                pick = _lookup("_field", self.width, self.table)
+            lines.append(f"_out = _out | ({pick}).to({uint}) << {f * self.width}")
         lines.append(f"{value} = _out.to({TRITON_DTYPES[src.canonical]}, bitcast=True)")
         return lines
 
