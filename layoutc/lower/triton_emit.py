@@ -18,12 +18,11 @@ import textwrap
 from typing import Sequence
 
 from ..algebra import expr as ex
-from ..algebra.dtypes import ELEMENT_TYPES
 from ..lang.compiler import Chain
 from ..front.text import comment
 from . import maptext
 from .maptext import map_text
-from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
+from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known, words_kernel  # noqa: F401  (re-exported)
 from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, tables, unknown
 from .terms import collect_and_name, is_size, replace
 from .torch_emit import BIT_VIEWS
@@ -339,21 +338,10 @@ def _words(p: Words, t=t) -> list[str]:
         body += _load(f"b{b}", f"({t(linear(coords, p.in_shape))})", None if valid == ex.TRUE else t(valid),
                       ", other=0", ".to(tl.uint32)")
         body.append(f"w = w | (b{b} << {8 * b})" if b else "w = w | b0")
-    body += _word_conversions(p, "w")
+    body += words_kernel(p.conversions, "w")
     body += p.permutation.kernel("w", "r")
     body.append("tl.store(y_ptr + offs, r.to(tl.int32, bitcast=True), mask=mask)")
     return body
-
-
-def _word_conversions(p: Words, word: str) -> list[str]:
-    """A words plan's conversions (each byte on its own: plan.bytewise) on ``word``, a uint32 of source
-    bytes, which stays a uint32."""
-    lines = []
-    for conv in p.conversions:
-        if not known(conv).bytewise():
-            raise unknown("Triton words conversion", conv)
-        lines += conv.kernel(word, ELEMENT_TYPES["i32"]) + [f"{word} = {word}.to(tl.uint32, bitcast=True)"]
-    return lines
 
 
 def swar_terms(table: Sequence[int]) -> list[tuple[int, int, int, int]]:
@@ -397,7 +385,7 @@ def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
             body += _load(f"_s{b}", f"({t(q.bases[b])}) // 4", None if q.valid[b] == ex.TRUE else t(q.valid[b]),
                           ", other=0", ".to(tl.uint32, bitcast=True)")
     for b in range(4):
-        body += _word_conversions(p, f"_s{b}")
+        body += words_kernel(p.conversions, f"_s{b}")
     body.append("# the bit permutation on the source words: _v[b2] |= (_s[b] & mask) << shift")
     started = set()
     for b, b2, d, mask in swar_terms(p.table):

@@ -166,8 +166,8 @@ def test_fused_and_gather_lowerings_equal_eager():
 
 
 @pytest.mark.parametrize("mistake, text, message", [
-    ("group size 256 for 128-value scale groups", ("scales w13_weight_packed block 16", "scales w13_weight_packed block 32"),
-     "in blocks of 32 is H/256"),
+    ("group size 256 for 128-value scale groups",
+     ("scales w13_weight_packed block 16", "scales w13_weight_packed block 32"), "in blocks of 32 is H/256"),
     ("scales left N-major while the weight is reordered",
      ("interleave(w13_weight_packed, cutlass_w4a8); interleave(w13_weight_scale, cutlass_w4a8)",
       "interleave(w13_weight_packed, cutlass_w4a8)"), "its tied w13_weight_scale is not"),

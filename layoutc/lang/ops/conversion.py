@@ -253,6 +253,17 @@ class MapBits(Conversion):
 KINDS: tuple[type[Conversion], ...] = (View, Cast, ExtractBits, InsertBits, MapBits)
 
 
+def words_kernel(convs: Sequence[Conversion], word: str) -> list[str]:
+    """Triton lines applying ``convs`` (each byte on its own: :meth:`Conversion.bytewise`) to ``word``, a
+    block of uint32 words of source bytes, which stays uint32 (the words plan's conversions)."""
+    lines = []
+    for conv in convs:
+        if not known(conv).bytewise():
+            raise UnknownKind(f"{conv!r} converts more than one byte at a time: no words kernel applies it")
+        lines += conv.kernel(word, ELEMENT_TYPES["i32"]) + [f"{word} = {word}.to(tl.uint32, bitcast=True)"]
+    return lines
+
+
 def known(conv: object) -> Conversion:
     """``conv`` when it is one of :data:`KINDS`, else :class:`UnknownKind` (emitters call this before
     printing a conversion, so a subclass that forgot a form is refused, not lowered as another)."""
