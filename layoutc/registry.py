@@ -105,6 +105,9 @@ DEFAULT = Registry({
     "deepgemm_fp8_block_sm100": (SPECS / "deepgemm_fp8_block.lyt", {"arch": "sm100"}),
     "vllm_cutlass_nvfp4": (SPECS / "vllm_cutlass_nvfp4.lyt", {"activation": "silu"}),
     "vllm_cutlass_nvfp4_relu2": (SPECS / "vllm_cutlass_nvfp4.lyt", {"activation": "relu2"}),
+    # vLLM's CUTLASS W4A8 MoE (int4 weights, FP8 activations; group size 128 only): the layout steps of
+    # convert_to_w4a8_moe_kernel_format, its scales' value computations left to the engine (see the spec).
+    "vllm_cutlass_w4a8": SPECS / "vllm_cutlass_w4a8.lyt",
     # Marlin (issue 24): GPTQ int4 MoE, one backend per group size the kernel takes.
     "marlin_gptq_int4": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 128}),
     "marlin_gptq_int4_g64": (SPECS / "marlin_gptq_int4.lyt", {"group_size": 64}),
@@ -132,6 +135,7 @@ VLLM_BACKENDS = {
     "Fp8MoeBackend.DEEPGEMM@sm100": "deepgemm_fp8_block_sm100",
     "NvFp4MoeBackend.VLLM_CUTLASS": "vllm_cutlass_nvfp4",
     "NvFp4MoeBackend.VLLM_CUTLASS@relu2": "vllm_cutlass_nvfp4_relu2",
+    "W4A8MoeBackend.CUTLASS": "vllm_cutlass_w4a8",  # oracle/w4a8.py (compressed-tensors W4A8 MoE)
 }
 
 

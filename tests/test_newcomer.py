@@ -55,7 +55,7 @@ def test_shipped_specs_are_found_by_name_from_anywhere(runner, tmp_path, monkeyp
     from layoutc import shipped
     from layoutc.registry import DEFAULT
 
-    assert len(shipped.names()) == 18 and shipped.find("flashinfer_cutlass_bf16") == SPEC.resolve()
+    assert len(shipped.names()) == 19 and shipped.find("flashinfer_cutlass_bf16") == SPEC.resolve()
     assert shipped.find("../specs/flashinfer_cutlass_bf16") is None and shipped.find("nope") is None
     assert all(path.exists() for path, _ in DEFAULT._entries.values())
     monkeypatch.chdir(tmp_path)

@@ -46,8 +46,8 @@ def chain_mode(chain: Chain) -> str:
     """How a tensor is probed: ``elements`` when its chain moves whole elements (each element's bits
     carry digits of its address), ``bits`` when the chain moves single bits (each bit carries one
     binary digit of its own bit address), ``values`` when it casts (small digits that survive the
-    casts), ``opaque`` when it computes bit fields (no digit survives: values are compared on random
-    inputs only)."""
+    casts), ``opaque`` when it computes bit fields or maps them through a table (no digit survives: values
+    are compared on random inputs only)."""
     mode = None
     for s in chain.steps:
         if s.op.category is not Category.VALUE:
@@ -60,8 +60,8 @@ def chain_mode(chain: Chain) -> str:
         if isinstance(conv, cv.Cast):
             mode = "values"
             continue
-        if isinstance(conv, (cv.ExtractBits, cv.InsertBits)):
-            return "opaque"
+        if isinstance(conv, (cv.ExtractBits, cv.InsertBits, cv.MapBits)):
+            return "opaque"  # a field's value through a table: no digit of an address survives
         raise cv.UnknownKind(f"equiv has no probe encoding for the value conversion {conv!r} of {s.op.name}")
     m = chain.composed_map()
     if mode == "values":

@@ -47,7 +47,7 @@ from ..lang.compiler import Chain
 from ..algebra.dtypes import ELEMENT_TYPES, ElemType
 from ..algebra.indexmap import IndexMap, compose_all, identity
 from ..lang.ops.base import Category
-from ..lang.ops.conversion import BitPermutation, Conversion, UnknownKind, known
+from ..lang.ops.conversion import BitPermutation, Conversion, MapBits, UnknownKind, known
 from .bytemaps import byte_maps, byte_shape
 from .stepped import Steps, find_steps, relabels_only
 from .strides import affine_strides, contiguous_strides, linear, transpose_axis  # noqa: F401  (re-exported)
@@ -395,6 +395,13 @@ def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
     maps are then over the tensors seen as bytes (:mod:`layoutc.lower.bytemaps`), and so is the
     plan's input (``u8``, its last axis times the source element's bytes)."""
     perms = [i for i in bit_steps if chain.steps[i].op.word_permutation() is not None]
+    values = tuple(_conversion(s.op) for s in chain.steps if s.op.category is Category.VALUE)
+    if not perms and all(chain.steps[i].op.keeps_bytes() for i in bit_steps) and values \
+            and all(c.bytewise() for c in values) and chain.out_type.elem.bits == 32:
+        # Views across widths around byte moves, with conversions of each byte on its own (map_bits
+        # of nibbles): the words plan with no bit permutation, the conversions applied to each word
+        # of source bytes (they commute with the byte moves).
+        return _byte_words_plan(chain, values, base)
     if len(perms) != 1 or any(not chain.steps[i].op.keeps_bytes() for i in bit_steps if i != perms[0]):
         return NoPass(reason="bit-level steps other than one permutation of 32-bit words", **base)
     i = perms[0]
@@ -402,10 +409,29 @@ def _words_plan(chain: Chain, bit_steps: list[int], base: dict) -> Plan:
     perm = step.op.word_permutation()
     if perm.word_bytes != 4:
         return NoPass(reason="bit-level steps other than one permutation of 32-bit words", **base)
-    if any(s.op.category is Category.VALUE for s in chain.steps):
+    if values:
         return NoPass(reason="value conversions around a bit permutation", **base)
-    before, after = byte_maps(chain.steps[:i]), byte_maps(chain.steps[i + 1:])
-    in_bytes, mid_bytes = byte_shape(chain.source), byte_shape(step.out_type)
+    return _words_around(chain, chain.steps[:i], chain.steps[i + 1:], step.out_type, perm, base)
+
+
+def _byte_words_plan(chain: Chain, values: tuple[Conversion, ...], base: dict) -> Plan:
+    """A chain that moves whole bytes and converts each byte on its own, as a words plan whose
+    permutation is the identity: the byte moves are its gather, the conversions run on each word."""
+    folded: list[Conversion] = []
+    for c in values:  # consecutive tables of one width: one table (the kernel looks each field up once)
+        if folded and isinstance(c, MapBits) and isinstance(folded[-1], MapBits) and c.width == folded[-1].width:
+            folded[-1] = folded[-1].then(c)
+        else:
+            folded.append(c)
+    p = _words_around(chain, chain.steps, (), chain.out_type, BitPermutation(4, tuple(range(32))), base)
+    return attrs.evolve(p, conversions=tuple(folded)) if isinstance(p, Words) else p
+
+
+def _words_around(chain: Chain, first: Sequence, then: Sequence, mid, perm: BitPermutation, base: dict) -> Plan:
+    """The words plan of ``chain``: the steps ``first`` (byte maps), ``perm`` on the words of their
+    result (of type ``mid``), the steps ``then`` (byte moves that keep each word together)."""
+    before, after = byte_maps(first), byte_maps(then)
+    in_bytes, mid_bytes = byte_shape(chain.source), byte_shape(mid)
     if before is None or after is None or in_bytes is None or mid_bytes is None:
         return NoPass(reason="steps around a bit permutation that are not moves of whole bytes", **base)
     wide = {}

@@ -179,6 +179,10 @@ def _part_body(p: Gather | Rows | Words, sizes: Sequence[str], bitwise: bool, t)
                 part.append(f"    ok = ({t(valid)}) & (zero == 0)")
                 part.append(f"    byte = torch.where(ok, flat[torch.where(ok, {addr}, 0)].to(torch.int64), 0)")
             part.append("    w = byte" if b == 0 else f"    w = w | (byte << {8 * b})")
+        if p.conversions:  # each byte on its own (plan.bytewise): on the word as an int32, then back
+            part.append("    w = torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)")
+            part += conversions(p, "w", "    ")
+            part.append("    w = w.to(torch.int64) & 0xFFFFFFFF")
         part += p.permutation.eager("w", "r", "    ")
         part.append("    return torch.where(r >= 2**31, r - 2**32, r).to(torch.int32)")
     else:

@@ -22,7 +22,7 @@ from ..lang.compiler import Chain
 from ..front.text import comment
 from . import maptext
 from .maptext import map_text
-from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
+from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known, words_kernel  # noqa: F401  (re-exported)
 from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, tables, unknown
 from .stepped import coarse_body, steps_body
 from .terms import collect_and_name, is_size, replace
@@ -190,7 +190,7 @@ def _conversions(p: Plan, value: str) -> list[str]:
     elem = p.in_elem
     for conv in p.conversions:
         lines += known(conv).kernel(value, elem)
-        elem = conv.to
+        elem = conv.out_elem(elem)
     return lines
 
 
@@ -329,6 +329,7 @@ def _words(p: Words, t=t) -> list[str]:
         body += _load(f"b{b}", f"({t(linear(coords, p.in_shape))})", None if valid == ex.TRUE else t(valid),
                       ", other=0", ".to(tl.uint32)")
         body.append(f"w = w | (b{b} << {8 * b})" if b else "w = w | b0")
+    body += words_kernel(p.conversions, "w")
     body += p.permutation.kernel("w", "r")
     body.append("tl.store(y_ptr + offs, r.to(tl.int32, bitcast=True), mask=mask)")
     return body
@@ -374,6 +375,8 @@ def _quads(p: Words, t=t, q: Quads | None = None) -> list[str]:
         for b in range(4):
             body += _load(f"_s{b}", f"({t(q.bases[b])}) // 4", None if q.valid[b] == ex.TRUE else t(q.valid[b]),
                           ", other=0", ".to(tl.uint32, bitcast=True)")
+    for b in range(4):
+        body += words_kernel(p.conversions, f"_s{b}")
     body.append("# the bit permutation on the source words: _v[b2] |= (_s[b] & mask) << shift")
     started = set()
     for b, b2, d, mask in swar_terms(p.table):

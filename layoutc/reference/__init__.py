@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from . import engines, marlin, recipes
+from . import engines, marlin, recipes, w4a8
 
 ANCHORS: dict[str, Callable[..., dict]] = {
     "flashinfer_cutlass_bf16": lambda t, params, k: recipes.cutlass_sm90_mxfp4_bf16(t, k["sm90_interleave_fp4"]),
@@ -40,6 +40,8 @@ ANCHORS: dict[str, Callable[..., dict]] = {
     "marlin_gptq_int4": lambda t, params, k: marlin.marlin_gptq_int4(t, params),
     "marlin_mxfp4": lambda t, params, k: marlin.marlin_mxfp4(t, params),
     "marlin_nvfp4": lambda t, params, k: marlin.marlin_nvfp4(t, params),
+    # vLLM's CUTLASS W4A8 (issue 24): pure torch from vLLM's and CUTLASS's source, checked against CUTLASS's record
+    "vllm_cutlass_w4a8": lambda t, params, k: w4a8.vllm_cutlass_w4a8(t, params),
 }
 
 

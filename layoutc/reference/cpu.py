@@ -74,6 +74,8 @@ def flashinfer_trtllm_bf16(tensors, params=None):
 from .engines import aiter_fp8_block, aiter_mxfp4, deepgemm_fp8_block, triton_kernels_mxfp4_blackwell, triton_kernels_mxfp4_hopper, vllm_cutlass_nvfp4
 # Marlin (issue 24): references written from vLLM's source (marlin.py), already pure torch.
 from .marlin import marlin_gptq_int4, marlin_mxfp4, marlin_nvfp4  # noqa: E402,F401
+# vLLM's CUTLASS W4A8 (issue 24): written from vLLM's and CUTLASS's source (w4a8.py).
+from .w4a8 import vllm_cutlass_w4a8  # noqa: E402,F401
 
 #: spec name -> function
 RECIPES = {name: globals()[name] for name in ANCHORS}

@@ -74,7 +74,7 @@ def engine_shard(t: dict, dims: dict, rank: int, size: int, kind: str) -> dict:
                 out[k] = cut(v, 1, start, end, unit)
             else:
                 out[k] = torch.cat([cut(h, 1, start, end, unit) for h in v.chunk(2, dim=1)], dim=1)
-        elif k in ("w2_weight", "w2_weight_scale"):
+        elif k in ("w2_weight", "w2_weight_scale", "w2_weight_packed"):
             out[k] = cut(v, 2, start, end, i // v.shape[2])
         else:
             out[k] = v  # w2_bias: whole on every rank
@@ -113,6 +113,7 @@ CASES = [
     ("marlin_gptq_int4", {"group_size": 128}, "k_major", {"E": 1, "I": 512, "H": 128}),
     ("marlin_gptq_int4", {"group_size": 64}, "k_major", {"E": 1, "I": 256, "H": 128}),
     ("marlin_gptq_int4", {"group_size": 32}, "k_major", {"E": 1, "I": 256, "H": 128}),
+    ("vllm_cutlass_w4a8", {}, "contiguous", {"E": 1, "I": 1024, "H": 256}),
 ]
 
 
@@ -131,7 +132,8 @@ def test_every_shipped_spec_and_variant_is_covered():
 SLOW = {("flashinfer_cutlass_mxfp4_padded", 2), ("flashinfer_cutlass_mxfp4_padded", 4), ("flashinfer_trtllm_mxfp4", 4),
         ("flashinfer_trtllm_nvfp4", 2), ("flashinfer_trtllm_nvfp4", 4), ("aiter_mxfp4", 2), ("aiter_mxfp4", 4),
         ("triton_kernels_mxfp4_hopper", 4),
-        ("marlin_mxfp4", 2), ("marlin_mxfp4", 4), ("marlin_nvfp4", 2), ("marlin_nvfp4", 4)}
+        ("marlin_mxfp4", 2), ("marlin_mxfp4", 4), ("marlin_nvfp4", 2), ("marlin_nvfp4", 4),
+        ("vllm_cutlass_w4a8", 2), ("vllm_cutlass_w4a8", 4)}
 
 
 def _tp_cases():

@@ -27,6 +27,8 @@ DIGESTS = GOLDENS / "output_digests.json"
 # The nine FlashInfer specs as the fused-lowering tests size them (dims that take the fast paths: quads,
 # coarse, row words); their digests were recorded from 085a3f9, before the kernel refactor.
 from tests.lower.test_fused import CASES  # noqa: E402
+# Specs added after the refactor, each recorded from the commit that shipped it.
+LATER = [("vllm_cutlass_w4a8", {}, {"E": 2, "I": 256, "H": 512})]
 LOWERINGS = ("eager", "gather", "fused")
 
 
@@ -60,7 +62,7 @@ def _run(name, params, dims, which, lowering) -> dict:
 
 
 def _all_cases():
-    for name, params, dims in CASES:
+    for name, params, dims in CASES + LATER:
         for which in ("all", "required"):
             for lowering in LOWERINGS:
                 yield name, params, dims, which, lowering

@@ -206,7 +206,8 @@ SPEC_DIMS = {"E": 2, "I": 192, "H": 256}  # I not a multiple of 128: the padded 
 def test_every_shipped_spec_is_guarded_through_a_copy(stem):
     spec = layoutc.compile_file(SPECS / f"{stem}.lyt")
     whole = ("flashinfer_cutlass_bf16", "flashinfer_cutlass_mxfp8", "flashinfer_trtllm_fp8_block",
-             "marlin_gptq_int4", "aiter_fp8_block", "deepgemm_fp8_block")  # need I % 128
+             "marlin_gptq_int4", "aiter_fp8_block", "deepgemm_fp8_block",  # need I % 128
+             "vllm_cutlass_w4a8")  # I % 256
     dims = {"E": 2, "I": 256, "H": 256} if stem in whole else SPEC_DIMS
     out = spec.convert(synthetic_inputs(spec, dims, 16))
     copy = {k: v.clone() for k, v in out.items()}

@@ -62,6 +62,8 @@ SPEC_CASES = {
     "marlin_nvfp4": ([{"activation": a, "act_dtype": d, "tp_size": n, "tp_rank": n - 1}
                       for n in (1, 2) for a, d in (("silu", "bf16"), ("relu2", "f16"))],
                      [{"E": 2, "I": 128, "H": 64}, {"E": 1, "I": 256, "H": 192}]),
+    "vllm_cutlass_w4a8": ([{"tp_size": n, "tp_rank": n - 1} for n in (1, 2)],
+                          [{"E": 2, "I": 512, "H": 256}, {"E": 1, "I": 1024, "H": 512}]),
 }
 
 

@@ -54,6 +54,16 @@ class Conversion:
         """Whether some elements of ``src`` lose bits or value on the way."""
         raise UnknownKind(f"{type(self).__name__} declares no loss fact")
 
+    def out_elem(self, src: ElemType) -> ElemType:
+        """The element type an element of ``src`` becomes."""
+        return self.to
+
+    def bytewise(self) -> bool:
+        """Whether each byte of the element is converted on its own (the same function on every byte,
+        whatever its neighbours): such a conversion commutes with moves of whole bytes, so a lowering
+        may apply it to bytes or to words of any width."""
+        return False
+
     def field(self) -> tuple[int, int] | None:
         """(shift, width) of the bit field of the source element the result keeps, if it is one."""
         return None
@@ -181,7 +191,77 @@ class InsertBits(Conversion):
                 f"{value} = (_field << {self.shift}).to({dtype}, bitcast=True)"]
 
 
-KINDS: tuple[type[Conversion], ...] = (View, Cast, ExtractBits, InsertBits)
+def _lookup(field: str, width: int, table: Sequence[int]) -> str:
+    """A Triton expression for ``table[field]`` with the table as integer literals: the entries packed
+    into 32-bit words (32 // width entries a word), the word picked by a chain of ``tl.where``."""
+    per = 32 // width
+    words = [sum(v << (width * j) for j, v in enumerate(table[i:i + per])) for i in range(0, len(table), per)]
+    mask = (1 << width) - 1
+    expr = f"((({words[-1]:#x} >> (({field} % {per}) * {width})) & {mask:#x}))"
+    for w in reversed(range(len(words) - 1)):
+        pick = f"(({words[w]:#x} >> (({field} % {per}) * {width})) & {mask:#x})"
+        expr = f"tl.where({field} < {(w + 1) * per}, {pick}, {expr})"
+    return expr
+
+
+@attrs.frozen
+class MapBits(Conversion):
+    """Each ``width``-bit field of the element replaced by ``table[field]``; the type is kept (``to`` is
+    None: the source's)."""
+
+    width: int = attrs.field(kw_only=True)
+    table: tuple[int, ...] = attrs.field(kw_only=True)
+    kind: ClassVar[str] = "map_bits"
+
+    def out_elem(self, src: ElemType) -> ElemType:
+        return src
+
+    def bytewise(self) -> bool:
+        return 8 % self.width == 0  # the fields tile each byte: the same table on every byte
+
+    def lossy(self, src: ElemType) -> bool:
+        return sorted(self.table) != list(range(len(self.table)))  # two fields map to one value
+
+    def eager(self, var: str) -> str:
+        return f"map_bits({var}, {int(self.width)!r}, {tuple(int(v) for v in self.table)!r})"
+
+    def then(self, other: "MapBits") -> "MapBits":
+        """This conversion followed by ``other`` (the same width): one table, ``other.table[table[u]]``."""
+        assert other.width == self.width
+        return MapBits(None, width=self.width, table=tuple(other.table[v] for v in self.table))
+
+    def kernel(self, value: str, src: ElemType) -> list[str]:
+        uint = UINT[src.bits]
+        lines = [f"_raw = {value}.to({uint}, bitcast=True)", "_out = tl.zeros_like(_raw)"]
+        mask = (1 << self.width) - 1
+        packed = sum(v << (self.width * j) for j, v in enumerate(self.table))
+        small = self.width << self.width <= 64  # the whole table is one 64-bit literal (width <= 4)
+        if small:  # two 32-bit halves: a literal past 2**63 is no int64
+            lines.append(f"_lut = (tl.full([], {packed >> 32:#x}, tl.uint64) << 32) | {packed & 0xFFFFFFFF:#x}")
+        for f in range(src.bits // self.width):
+            if small:
+                lines.append(f"_field = ((_raw >> {f * self.width}) & {mask:#x}).to(tl.uint64)")
+                pick = f"(_lut >> (_field * {self.width})) & {mask:#x}"
+            else:
+                lines.append(f"_field = ((_raw >> {f * self.width}) & {mask:#x}).to(tl.uint32)")
+                pick = _lookup("_field", self.width, self.table)
+            lines.append(f"_out = _out | ({pick}).to({uint}) << {f * self.width}")
+        lines.append(f"{value} = _out.to({TRITON_DTYPES[src.canonical]}, bitcast=True)")
+        return lines
+
+
+KINDS: tuple[type[Conversion], ...] = (View, Cast, ExtractBits, InsertBits, MapBits)
+
+
+def words_kernel(convs: Sequence[Conversion], word: str) -> list[str]:
+    """Triton lines applying ``convs`` (each byte on its own: :meth:`Conversion.bytewise`) to ``word``, a
+    block of uint32 words of source bytes, which stays uint32 (the words plan's conversions)."""
+    lines = []
+    for conv in convs:
+        if not known(conv).bytewise():
+            raise UnknownKind(f"{conv!r} converts more than one byte at a time: no words kernel applies it")
+        lines += conv.kernel(word, ELEMENT_TYPES["i32"]) + [f"{word} = {word}.to(tl.uint32, bitcast=True)"]
+    return lines
 
 
 def known(conv: object) -> Conversion:

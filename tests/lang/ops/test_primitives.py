@@ -28,7 +28,7 @@ from layoutc.algebra.expr import Const, Var
 from layoutc.front.args import ArgValue
 from layoutc.lang.expand import family_chain
 from layoutc.lang.ops import REGISTRY, OpTypeError, TensorType
-from layoutc.lang.ops import permute, rearrange, rows, shape, value
+from layoutc.lang.ops import lookup, permute, rearrange, rows, shape, value
 from layoutc.lang.ops.base import Category
 from layoutc.lang.ops.binder import BindError, bind
 
@@ -298,6 +298,17 @@ def naive_bit_field(op, t, x, dims):
     return torch.tensor(vals, dtype={8: torch.uint8, 16: torch.int16, 32: torch.int32}[width_out]).reshape(x.shape)
 
 
+def naive_map_bits(op, t, x, dims):
+    width_in = 8 * x.element_size()
+    vals = []
+    for v in bits(x).reshape(-1).tolist():
+        v &= (1 << width_in) - 1
+        fields = [(v >> (f * op.width)) & ((1 << op.width) - 1) for f in range(width_in // op.width)]
+        r = sum(op.table[u] << (f * op.width) for f, u in enumerate(fields))
+        vals.append(_signed(r, width_in) if width_in > 8 else r)
+    return torch.tensor(vals, dtype={8: torch.uint8, 16: torch.int16, 32: torch.int32}[width_in]).reshape(x.shape)
+
+
 def naive_reinterpret(op, t, x, dims):
     raw = bytes(bits(x).contiguous().view(torch.uint8).reshape(-1).tolist())
     w = op.to.bits // 8
@@ -319,6 +330,7 @@ NAIVE = {
     "extract_bits": naive_bit_field,
     "insert_bits": naive_bit_field,
     "reinterpret": naive_reinterpret,
+    "map_bits": naive_map_bits,
     "pad": lambda op, t, x, dims: along_axis_fill(
         x, op.dim % x.dim(), order_pad(x.shape[op.dim % x.dim()], op.parts, op.multiple), _fill_bits(op.value, x)
     ),
@@ -398,6 +410,11 @@ CASES = [
     (value.ExtractBits(shift=3, width=9, to=ET["i16"]), TT("i32", 4), {}),
     (value.InsertBits(shift=23, width=8, to=ET["f32"]), TT("e8m0", 3, 5), {}),
     (value.InsertBits(shift=0, width=4, to=ET["u8"]), TT("u8", 2, 6), {}),
+    # fields through a table: CUTLASS W4A8's int4 encoding on packed words, a lossy table, bytes, 2-bit fields
+    (lookup.MapBits(width=4, table=(8, 9, 10, 11, 12, 13, 14, 15, 0, 7, 6, 5, 4, 3, 2, 1)), TT("i32", 2, 5), {}),
+    (lookup.MapBits(width=4, table=(0,) * 8 + (1,) * 8), TT("u8", 3, 4), {}),
+    (lookup.MapBits(width=8, table=tuple((7 * i + 3) % 256 for i in range(256))), TT("fp4x2", 2, 6), {}),
+    (lookup.MapBits(width=2, table=(3, 1, 0, 2)), TT("i16", 4), {}),
     (value.Reinterpret(ET["i32"]), TT("u8", 2, 8), {}),
     (value.Reinterpret(ET["u8"]), TT("i32", E_, N_), {"E": 2, "N": 3}),
     (value.Reinterpret(ET["i16"]), TT("e8m0", 3, 4), {}),
@@ -651,6 +668,11 @@ def op_and_input(draw, name):
         if name == "insert_bits":
             dtype_elem, to = to, dtype_elem
         op = (value.ExtractBits if name == "extract_bits" else value.InsertBits)(shift=shift, width=width, to=ET[to])
+        shp = [draw(st.integers(1, 5)) for _ in range(draw(st.integers(1, 3)))]
+    elif name == "map_bits":
+        dtype_elem = draw(st.sampled_from(["u8", "fp4x2", "i16", "i32"]))
+        width = draw(st.sampled_from([1, 2, 4, 8]))
+        op = lookup.MapBits(width=width, table=tuple(draw(st.permutations(range(1 << width)))))
         shp = [draw(st.integers(1, 5)) for _ in range(draw(st.integers(1, 3)))]
     elif name == "reinterpret":
         dtype_elem, to = draw(st.sampled_from([("u8", "i32"), ("i32", "u8"), ("e8m0", "i16"), ("bf16", "f32"),
