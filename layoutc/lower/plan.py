@@ -49,7 +49,8 @@ from ..algebra.indexmap import IndexMap, compose_all, identity
 from ..lang.ops.base import Category
 from ..lang.ops.conversion import BitPermutation, Conversion, MapBits, UnknownKind, known
 from .bytemaps import byte_maps, byte_shape
-from .stepped import Steps, find_steps, relabels_only
+from .grids import evaluate as _evaluate, grid_env
+from .stepped import Steps, coarsen, find_steps, relabels_only
 from .strides import affine_strides, contiguous_strides, linear, transpose_axis  # noqa: F401  (re-exported)
 
 
@@ -460,24 +461,6 @@ def _words_around(chain: Chain, first: Sequence, then: Sequence, mid, perm: BitP
 # checks on small instances
 
 
-def grid_env(shape: Sequence[int], dims: dict) -> dict:
-    """The dims and ``o0, o1, ...`` as broadcasting ``arange`` grids over ``shape``."""
-    import torch
-
-    env = dict(dims)
-    for axis, n in enumerate(shape):
-        view = [1] * len(shape)
-        view[axis] = n
-        env[f"o{axis}"] = torch.arange(n).view(view)
-    return env
-
-
-def _evaluate(e: ex.Expr, env: dict):
-    import torch
-
-    return torch.as_tensor(ex.evaluate(e, env))
-
-
 def samples(chain: Chain, extra: Sequence[tuple[ex.Expr, int]] = (), count: int = 6) -> list[dict]:
     """A spread of small instances of the dims that satisfy the chain's constraints (and ``extra``)."""
     from ..algebra.instances import sample_dims
@@ -673,46 +656,7 @@ def _steps(p: Gather, chain: Chain) -> Steps | None:
 
 
 def _coarsen(p: Gather, chain: Chain) -> Gather:
-    """Runs of R consecutive output elements that read R consecutive, R-aligned input elements
-    (the 4-byte groups of the SM90 scale fold and of the 128x4 swizzle) move as one R-element word."""
-    from ..algebra.instances import sample_dims
-
-    m = p.map
-    if not m.fill == ex.Const(0):
-        return p
-    names = tuple(_dims_of(chain))
+    """Runs of R consecutive output elements that read R consecutive, R-aligned input elements move as one
+    R-element word (:func:`layoutc.lower.stepped.coarsen`)."""
     known = [(c.value, c.multiple) for c in chain.constraints]
-    last = f"o{m.out_rank - 1}"
-    lin = linear(m.src, p.in_shape)
-    for r in (8, 4, 2):
-        if r * p.in_elem.bits > 64:
-            continue
-        base = ex.substitute(lin, {last: ex.mul(r, ex.Var(last))})
-        valid = ex.substitute(m.valid, {last: ex.mul(r, ex.Var(last))})
-        # Checked on small instances where the launcher would take this path (both last axes % r).
-        fits = sample_dims(names, known + [(p.out_shape[-1], r), (p.in_shape[-1], r)], per_dim=4)
-        fits = fits[:: max(1, len(fits) // 6)][:6]
-        ok = len(fits) >= 2
-        for dims in fits if ok else []:
-            out_shape = [int(ex.evaluate(s, dims)) for s in p.out_shape]
-            env = grid_env(out_shape[:-1] + [out_shape[-1] // r], dims)
-            b = _evaluate(base, env)
-            v = _evaluate(valid, env).to(bool)
-            if bool(((b % r != 0) & v).any()):
-                ok = False
-                break
-            for j in range(1, r):
-                shifted = dict(env)
-                shifted[last] = env[last] * r + j
-                same_addr = _evaluate(lin, shifted) == b + j
-                same_valid = _evaluate(m.valid, shifted).to(bool) == v
-                if not bool((same_valid & (same_addr | ~v)).all()):
-                    ok = False
-                    break
-            if not ok:
-                break
-        if ok:
-            coarse_shape = p.out_shape[:-1] + (ex.div(p.out_shape[-1], r),)
-            src = tidy(ex.floordiv(base, r), coarse_shape, names, valid)
-            return attrs.evolve(p, coarse=r, coarse_src=src, coarse_valid=tidy(valid, coarse_shape, names))
-    return p
+    return coarsen(p, tuple(_dims_of(chain)), known, tidy)

@@ -1,11 +1,11 @@
 """Word walks of gathers: runs of output elements moved as one word per lane.
 
-``coarse``: runs that read runs of the source (``Gather.coarse``, found by ``plan._coarsen``).
+``coarse``: runs that read runs of the source (``Gather.coarse``, found by :func:`coarsen`).
 ``steps``: aligned runs of output elements whose sources lie fixed steps apart (``Gather.steps``).
 
 AITER's MXFP4 scale shuffle sends consecutive output bytes to source bytes 16 rows apart, then 4
 columns apart, then 1 row apart: no run of output bytes reads a run of source bytes, so the gather
-can not move words (``plan._coarsen``) and took one byte per lane, its ~40 integer operations of
+can not move words (:func:`coarsen`) and took one byte per lane, its ~40 integer operations of
 index arithmetic per byte making the kernel bound by them (24-27% of a copy on the H200,
 benchmarks/kernel_split.py). But within each aligned run of ``r`` output elements along the last
 axis, element ``i`` reads the source ``offsets[i]`` elements after element 0's address, the same
@@ -25,6 +25,7 @@ import attrs
 
 from ..algebra import expr as ex
 from ..lang.ops.conversion import UnknownKind
+from .grids import evaluate, grid_env
 from .strides import linear
 
 #: Bits of the word a lane stores (the runs' length is WORD_BITS // element bits).
@@ -148,3 +149,49 @@ def steps_body(p, lanes: list[str], unravel: Callable, t, uint: dict) -> list[st
     body.append(f"w = {' | '.join(parts)}")
     body.append("tl.store(y_ptr + offs, w.to(tl.int32, bitcast=True), mask=mask)")
     return body
+
+
+def coarsen(p, names: tuple[str, ...], known: list, tidy: Callable):
+    """Runs of R consecutive output elements that read R consecutive, R-aligned input elements
+    (the 4-byte groups of the SM90 scale fold and of the 128x4 swizzle) move as one R-element word.
+    ``names``: the dims; ``known``: the chain's (value, multiple) constraints; ``tidy``: the planner's
+    simplifier. Returns ``p`` itself where no run length holds."""
+    from ..algebra.instances import sample_dims
+
+    m = p.map
+    if not m.fill == ex.Const(0):
+        return p
+    last = f"o{m.out_rank - 1}"
+    lin = linear(m.src, p.in_shape)
+    for r in (8, 4, 2):
+        if r * p.in_elem.bits > 64:
+            continue
+        base = ex.substitute(lin, {last: ex.mul(r, ex.Var(last))})
+        valid = ex.substitute(m.valid, {last: ex.mul(r, ex.Var(last))})
+        # Checked on small instances where the launcher would take this path (both last axes % r).
+        fits = sample_dims(names, known + [(p.out_shape[-1], r), (p.in_shape[-1], r)], per_dim=4)
+        fits = fits[:: max(1, len(fits) // 6)][:6]
+        ok = len(fits) >= 2
+        for dims in fits if ok else []:
+            out_shape = [int(ex.evaluate(s, dims)) for s in p.out_shape]
+            env = grid_env(out_shape[:-1] + [out_shape[-1] // r], dims)
+            b = evaluate(base, env)
+            v = evaluate(valid, env).to(bool)
+            if bool(((b % r != 0) & v).any()):
+                ok = False
+                break
+            for j in range(1, r):
+                shifted = dict(env)
+                shifted[last] = env[last] * r + j
+                same_addr = evaluate(lin, shifted) == b + j
+                same_valid = evaluate(m.valid, shifted).to(bool) == v
+                if not bool((same_valid & (same_addr | ~v)).all()):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok:
+            coarse_shape = p.out_shape[:-1] + (ex.div(p.out_shape[-1], r),)
+            src = tidy(ex.floordiv(base, r), coarse_shape, names, valid)
+            return attrs.evolve(p, coarse=r, coarse_src=src, coarse_valid=tidy(valid, coarse_shape, names))
+    return p
