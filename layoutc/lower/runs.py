@@ -178,7 +178,9 @@ def _run_gather(flat, plan, shape, fill):
     out = torch.empty((table.numel(), g), dtype=flat.dtype, device=flat.device)
     word = _RUN_WORDS.get(g * flat.element_size())
     n = flat.numel()
-    if aligned and word is not None and (flat.storage_offset() * flat.element_size()) % (g * flat.element_size()) == 0:
+    if g == 1:  # runs of one element: a 1-D gather (a 2-D one of one-element rows is ~3.5x slower)
+        torch.index_select(flat, 0, table, out=out.view(-1))
+    elif aligned and word is not None and (flat.storage_offset() * flat.element_size()) % (g * flat.element_size()) == 0:
         # a run is one aligned word: a 1-D gather of words
         torch.index_select(flat[: n - n % g].view(word), 0, table, out=out.view(word).view(-1))
     elif aligned:

@@ -150,7 +150,9 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
     ]
     if isinstance(p, Words):
         out = ", ".join(ex.to_python(s) for s in p.out_shape)
-        drive.append(f"    return y.view(torch.uint8).reshape({out})")
+        # the words' bytes as the output's elements (Marlin's int32 words: a view across widths moves no byte)
+        wide = f".view(torch.{p.out_elem.canonical})" if p.out_elem.bits != 8 else ""
+        drive.append(f"    return y.view(torch.uint8){wide}.reshape({out})")
     else:
         if p.conversions:
             drive += conversions(p, "y", "    ")
@@ -164,7 +166,9 @@ def _part_body(p: Gather | Rows | Words, sizes: Sequence[str], bitwise: bool, t)
     """The lines of ``name_part``: the output coordinates over [start, stop), each source address
     from the plan's map, one gather (``t`` prints an index expression)."""
     part = ["    _dev = x.device"]
-    if bitwise:
+    if isinstance(p, Words) and p.source_bits != 8:  # the map's addresses are of the input's bytes
+        part.append("    flat = x.contiguous().view(torch.uint8).reshape(-1)  # each element's bytes, little-endian")
+    elif bitwise:
         part.append(f"    flat = x.contiguous().view(torch.{BIT_VIEWS[p.in_elem.bits]}).reshape(-1)"
                     "  # move bits, whatever the type")
     else:
@@ -303,6 +307,7 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
         lines.append(f"    step = ({ex.to_python(q.row_stride)}) // 4  # words between a row's neighbouring quads")
         lines.append(f"    runs = src_words.as_strided((src_words.numel() - ({qshape[-1]} - 1) * step, {qshape[-1]}), (1, step))")
         lines.append(f"    s = runs[rows.reshape(-1)].view(rows.shape[:-2] + (4, {qshape[-1]}))  # row, b, quad")
+        lines += _cpu_quads(f"s.view(torch.uint8).reshape(-1, 4, 4 * ({qshape[-1]}))", p, qshape)
         lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
         lines.append("    w = s.view(torch.uint8).unflatten(-1, (-1, 4)).movedim(-3, -1).contiguous()")
     elif name:  # the index of every quad's source words, once per shape: one gather of words per call
@@ -313,6 +318,7 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
         if any(valid != ex.TRUE for valid in q.valid):
             lines.append("    if unread is not None:")
             lines.append("        s.masked_fill_(unread, 0)")
+        lines += _cpu_quads("s.view(torch.uint8).reshape(-1, 4, 4)", p, qshape)
         lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
         lines.append("    w = s.view(torch.uint8).unflatten(-1, (4, 4)).transpose(-1, -2).contiguous()")
     else:
@@ -340,9 +346,21 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
     lines.append("        halves &= 0xFFFF  # int16, not uint16: every device converts it")
     lines.append("        r = low.index_select(0, halves[:, 0])")
     lines.append("        r |= high.index_select(0, halves[:, 1])")
-    out = ", ".join(["stop - start"] + qshape[1:-1] + [f"4 * ({qshape[-1]})"])
-    lines.append(f"    return r.view({out})")
+    lines.append(f"    return r.view({_quads_out(qshape)})")
     return lines
+
+
+def _quads_out(qshape: Sequence[str]) -> str:
+    """The shape of a quads part's result: its rows of ``4 * quads`` words."""
+    return ", ".join(["stop - start"] + list(qshape[1:-1]) + [f"4 * ({qshape[-1]})"])
+
+
+def _cpu_quads(bytes_view: str, p: Words, qshape: Sequence[str]) -> list[str]:
+    """Lines that return a quads part's words on the CPU from ``bytes_view`` (uint8 [M, 4, L]: byte j of
+    source word b of a quad, at [m, b, 4 * quad + j]) by the four byte tables (``_permute_quads``): the
+    transpose is in which table reads which byte, so its strided byte copy (a third of the part) is not made."""
+    return ["    if _dev.type == 'cpu':  # byte tables: no transposed copy, cache-sized tiles",
+            f"        return _permute_quads({bytes_view}, {tuple(p.table)!r}).view({_quads_out(qshape)})"]
 
 
 def coarse_part(p: Gather, dims: Sequence[str], t=ex.to_torch) -> list[str]:
@@ -391,19 +409,78 @@ def bit_tables_source() -> str:
         "    return out\n"
         "\n"
         "\n"
+        "#: Words per tile of the CPU lookups: the temporaries (three int32 tiles) stay in the core's cache and\n"
+        "#: are reused, where whole-tensor temporaries cost a page fault per 4 KiB on every call\n"
+        "_TILE_WORDS = 1 << 16\n"
+        "\n"
+        "\n"
         "def _permute_words(w, table):\n"
         "    # The bits of every int32 word of ``w`` permuted by ``table`` (output bit i = input bit table[i]):\n"
         "    # two lookups of the half words (little-endian: the low half first), as the quads part does.\n"
         "    low, high = _bit_tables(table, w.device)\n"
         "    halves = w.reshape(-1).view(torch.int16).view(-1, 2)\n"
-        "    if w.device.type == 'cpu':  # uint16 widens in one pass, no mask\n"
-        "        r = low.index_select(0, halves[:, 0].view(torch.uint16).to(torch.int32))\n"
-        "        r |= high.index_select(0, halves[:, 1].view(torch.uint16).to(torch.int32))\n"
-        "    else:\n"
-        "        wide = halves.to(torch.int32) & 0xFFFF\n"
-        "        r = low.index_select(0, wide[:, 0])\n"
-        "        r |= high.index_select(0, wide[:, 1])\n"
+        "    if w.device.type == 'cpu':  # per tile: uint16 widens in one pass, no mask; lookups into the output\n"
+        "        halves = halves.view(torch.uint16)\n"
+        "        n = halves.shape[0]\n"
+        "        r = torch.empty(n, dtype=torch.int32)\n"
+        "        lo, hi, tmp = (torch.empty(min(n, _TILE_WORDS), dtype=torch.int32) for _ in range(3))\n"
+        "        for s in range(0, n, _TILE_WORDS):\n"
+        "            e = min(n, s + _TILE_WORDS)\n"
+        "            k = e - s\n"
+        "            lo[:k].copy_(halves[s:e, 0])\n"
+        "            hi[:k].copy_(halves[s:e, 1])\n"
+        "            torch.index_select(low, 0, lo[:k], out=r[s:e])\n"
+        "            torch.index_select(high, 0, hi[:k], out=tmp[:k])\n"
+        "            r[s:e] |= tmp[:k]\n"
+        "        return r.view(w.shape)\n"
+        "    wide = halves.to(torch.int32) & 0xFFFF\n"
+        "    r = low.index_select(0, wide[:, 0])\n"
+        "    r |= high.index_select(0, wide[:, 1])\n"
         "    return r.view(w.shape)\n"
+        "\n"
+        "\n"
+        "_BYTE_TABLES = {}  # (table, device) -> the four byte tables: built once, not per call\n"
+        "\n"
+        "\n"
+        "def _byte_tables(table, device=None):\n"
+        "    # Output bit i of a word is input bit table[i]. For each input byte k, the output bits of all\n"
+        "    # its 256 values, as int32: a word's permuted bits are the OR of its four bytes' entries.\n"
+        "    key = (table, str(device))\n"
+        "    if key in _BYTE_TABLES:\n"
+        "        return _BYTE_TABLES[key]\n"
+        "    v = torch.arange(256, dtype=torch.int64)\n"
+        "    out = []\n"
+        "    for k in range(4):\n"
+        "        r = torch.zeros(256, dtype=torch.int64)\n"
+        "        for i, s in enumerate(table):\n"
+        "            if s // 8 == k:\n"
+        "                r |= ((v >> (s % 8)) & 1) << i\n"
+        "        r = torch.where(r >= 1 << 31, r - (1 << 32), r).to(torch.int32)  # bit 31: the sign\n"
+        "        out.append(r if device is None else r.to(device))\n"
+        "    _BYTE_TABLES[key] = out\n"
+        "    return out\n"
+        "\n"
+        "\n"
+        "def _permute_quads(b, table):\n"
+        "    # ``b``: uint8 [M, 4, L]; returns int32 [M, L] with out[m, l] = OR over k of T_k[b[m, k, l]]:\n"
+        "    # output word l has byte k of its unpermuted word at b[m, k, l] (the quads' 4x4 byte transpose\n"
+        "    # is in which byte each table reads, so no transposed copy is made). Tiles of about\n"
+        "    # _TILE_WORDS words: four widening copies, four lookups in 256-entry tables, three ORs.\n"
+        "    tabs = _byte_tables(table, b.device)\n"
+        "    m, _, l = b.shape\n"
+        "    out = torch.empty((m, l), dtype=torch.int32, device=b.device)\n"
+        "    rows = max(1, _TILE_WORDS // max(1, l))\n"
+        "    idx = torch.empty((min(rows, m), l), dtype=torch.int32, device=b.device)\n"
+        "    tmp = torch.empty_like(idx)\n"
+        "    for s in range(0, m, rows):\n"
+        "        e = min(m, s + rows)\n"
+        "        o, i, t = out[s:e], idx[: e - s], tmp[: e - s]\n"
+        "        for k in range(4):\n"
+        "            i.copy_(b[s:e, k])\n"
+        "            torch.index_select(tabs[k], 0, i.view(-1), out=(o if k == 0 else t).view(-1))\n"
+        "            if k:\n"
+        "                o |= t\n"
+        "    return out\n"
     )
 
 
