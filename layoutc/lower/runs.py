@@ -57,7 +57,7 @@ def _run_refine(starts, have, want):
         return starts
     ahead = torch.arange(0, have, want, dtype=starts.dtype, device=starts.device)
     fine = starts.unsqueeze(-1) + ahead
-    return torch.where(starts.unsqueeze(-1) < 0, -1, fine).reshape(starts.shape[0], -1)
+    return torch.where(starts.unsqueeze(-1) < 0, starts.unsqueeze(-1), fine).reshape(starts.shape[0], -1)
 
 
 def _run_affine(starts):
@@ -111,7 +111,7 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
         for start in range(0, n0, step):
             a = index(*args, start, min(n0, start + step)).reshape(-1, last)
             head, tail = a[:, :-1], a[:, 1:]
-            joined = ((tail == head + 1) & (head >= 0)) | ((tail < 0) & (head < 0))
+            joined = ((tail == head + 1) & (head >= 0)) | ((tail < 0) & (tail == head))  # fill: one byte a run
             for c in (~joined.all(0)).nonzero().flatten().tolist():  # a run ends after column c
                 g = _run_gcd(g, c + 1)
             parts.append((a[:, ::g].contiguous(), g))
@@ -119,7 +119,7 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
         affine = _run_affine(starts)
         if expert_stride is not None:  # every expert's runs: expert 0's, moved
             ahead = torch.arange(experts, dtype=starts.dtype) * expert_stride
-            starts = torch.where(starts < 0, -1, starts + ahead.unsqueeze(-1)).reshape(-1)
+            starts = torch.where(starts < 0, starts, starts + ahead.unsqueeze(-1)).reshape(-1)
             if affine is not None:
                 affine = ([experts] + list(affine[0]), [expert_stride] + list(affine[1]), affine[2])
         runs = starts.numel()
@@ -132,8 +132,10 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
             safe = torch.where(starts < 0, 0, starts)
             aligned = bool((safe % g == 0).all())
             table = (safe // g if aligned else safe).to(torch.int64 if wide else torch.int32)
-            plan = ("table", g, table, fill if fill.numel() else None, aligned)
-    if not _run_keep(key, plan, [] if plan is None or plan[0] == "view" else [plan[2], plan[3]]):
+            # -1 - b: a fill run of byte b (maps whose fill varies); all -1: the caller's one fill value
+            varied = -1 - starts[fill] if bool((starts[fill] != -1).any()) else None
+            plan = ("table", g, table, fill if fill.numel() else None, aligned, varied)
+    if not _run_keep(key, plan, [] if plan is None or plan[0] == "view" else [plan[2], plan[3], plan[5]]):
         _RUN_PLANS[key] = None  # no room for its table: this call uses it, later ones the element gather
     return plan
 
@@ -174,7 +176,7 @@ def _run_gather(flat, plan, shape, fill):
                 return out
         out.view(sizes).copy_(src.as_strided(sizes, strides, base))
         return out
-    _, g, table, bad, aligned = plan
+    _, g, table, bad, aligned, varied = plan
     out = torch.empty((table.numel(), g), dtype=flat.dtype, device=flat.device)
     word = _RUN_WORDS.get(g * flat.element_size())
     n = flat.numel()
@@ -187,7 +189,10 @@ def _run_gather(flat, plan, shape, fill):
         torch.index_select(flat[: n - n % g].view(-1, g), 0, table, out=out)
     else:  # runs start anywhere: rows of an overlapping view, one per element
         torch.index_select(flat.as_strided((n - g + 1, g), (1, 1), flat.storage_offset()), 0, table, out=out)
-    if bad is not None:  # the fill's bits, through an integer view (index_fill_ has no float8 kernels)
+    if varied is not None:  # each fill run's byte (one-byte elements: the planner sends only those)
+        out.view(torch.uint8).index_copy_(0, bad, varied.to(torch.uint8).unsqueeze(1).expand(-1, g).contiguous())
+    elif bad is not None:  # the fill's bits, through an integer view (index_fill_ has no float8 kernels)
+        fill = 0 if fill is None else fill  # a varied fill whose runs all hold byte 0 (-1 - 0: as a constant)
         ibits = _FILL_BITS[flat.element_size()]
         if flat.dtype.is_floating_point:
             value = torch.tensor(fill, dtype=torch.float64).to(flat.dtype).view(ibits).item()

@@ -97,7 +97,11 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
         eager_part = "part"
         part += ["", "", f"def {name}_coarse({args}, start, stop):",
                  *_named(lambda t: coarse_part(p, dims, t), dims, own)]
-    runs = isinstance(p, (Gather, Rows)) and isinstance(p.map.fill, ex.Const)
+    # a fill that varies (AITER's padded scales: 0 or 127 by where the padding is) rides in the run table as
+    # -1 - its byte, for byte moves (one value per byte pattern, as the part's cast to uint8 gives it)
+    varied = (isinstance(p, (Gather, Rows)) and not isinstance(p.map.fill, ex.Const) and bitwise
+              and p.in_elem.bits == 8)
+    runs = isinstance(p, (Gather, Rows)) and (isinstance(p.map.fill, ex.Const) or varied)
     if runs:  # the map evaluated once per shape, cut into runs (layoutc.lower.runs); the parts stay the fallback
         m = p.map  # expert e of the output reads expert e of the input alone, alike for all: evaluate expert 0
         alike = (rank >= 2 and m.src[0] == ex.Var("o0") and p.in_shape[0] == p.out_shape[0]
@@ -113,7 +117,8 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
         ]
         flat = (f"x.contiguous().view(torch.{BIT_VIEWS[p.in_elem.bits]}).reshape(-1)" if bitwise
                 else "x.contiguous().reshape(-1)")
-        gathered = f"_run_gather({flat}, runs, ({', '.join(sizes)},), {p.map.fill.value!r})"
+        fill = "None" if varied else repr(p.map.fill.value)  # None: the plan holds each fill run's byte
+        gathered = f"_run_gather({flat}, runs, ({', '.join(sizes)},), {fill})"
     elif isinstance(p, Words) and not choose:  # no quads part: the bytes by a run plan, then the bit tables
         runs = True
         src = p.word_sources
@@ -211,7 +216,10 @@ def _index_body(p: Plan, sizes: Sequence[str], t) -> list[str]:
     part.append(f"    src = ({t(linear(m.src, p.in_shape))}) + zero")
     if not m.is_total():
         part.append(f"    ok = ({t(m.valid)}) & (zero == 0)")
-        part.append("    src = torch.where(ok, src, -1)")
+        if isinstance(m.fill, ex.Const):
+            part.append("    src = torch.where(ok, src, -1)")
+        else:  # the fill's byte b as -1 - b (a byte move: the part casts the fill to uint8, i.e. mod 256)
+            part.append(f"    src = torch.where(ok, src, -1 - (({t(m.fill)}) + zero) % 256)")
     return part + ["    return src"]
 
 
@@ -409,10 +417,10 @@ def bit_tables_source() -> str:
         "    return out\n"
         "\n"
         "\n"
-        "#: Words per tile of the CPU lookups: the temporaries (three int32 tiles) are reused from tile to tile,\n"
-        "#: where whole-tensor temporaries cost a page fault per 4 KiB on every call; few tiles, as every op in\n"
-        "#: a loop of small ops waits for its second OpenMP thread, which a busy machine schedules late\n"
-        "_TILE_WORDS = 1 << 20\n"
+        "#: Words per tile of the CPU lookups: the temporaries (int32 tiles, reused from tile to tile) stay\n"
+        "#: bounded for any layer; large tiles, as every op waits for its second OpenMP thread, which a busy\n"
+        "#: machine schedules late (tiles of 64K words, in cache, were 2-7x slower there than tiles of 4M)\n"
+        "_TILE_WORDS = 1 << 22\n"
         "\n"
         "\n"
         "def _permute_words(w, table):\n"
