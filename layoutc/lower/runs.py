@@ -21,6 +21,10 @@ transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device
   4 or 8 bytes where a run is one aligned word) and an ``index_fill_`` of the fill runs;
 * else ``None``: the caller runs the element gather, as before.
 
+A map whose fill varies over the output (AITER's padded scales: 0 or 127 by where the padding is)
+gives, for byte moves, a fill byte ``b`` as ``-1 - b`` in its index: fill runs join only over one
+byte, and a table plan carries each fill run's byte (a constant fill, and fill byte 0, read ``-1``).
+
 Tables are remembered per process up to ``_RUN_BYTES_MAX`` bytes in all (a shape past it uses its
 plan once, then the element gather): converting a checkpoint of many large layers does not grow
 memory by a table per shape without bound.
@@ -182,7 +186,8 @@ def _run_gather(flat, plan, shape, fill):
     n = flat.numel()
     if g == 1:  # runs of one element: a 1-D gather (a 2-D one of one-element rows is ~3.5x slower)
         torch.index_select(flat, 0, table, out=out.view(-1))
-    elif aligned and word is not None and (flat.storage_offset() * flat.element_size()) % (g * flat.element_size()) == 0:
+    elif aligned and word is not None and (flat.storage_offset() * flat.element_size()) % (
+            g * flat.element_size()) == 0:
         # a run is one aligned word: a 1-D gather of words
         torch.index_select(flat[: n - n % g].view(word), 0, table, out=out.view(word).view(-1))
     elif aligned:
