@@ -293,12 +293,12 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
     masked shifts of int64 words: some fifty passes over eight times the data. Here each source
     word of a quad is read whole: where the plan found one stride along the last axis
     (``Quads.row_stride``), each row's source words are a strided run and the index has one entry
-    per row and source word; else one per quad and source word. On the CPU the words are then four
-    lookups per word in 256-entry tables, one per source byte (``_permute_quads``): which table reads
-    which byte makes the 4x4 byte transpose, so no transposed copy is made (a strided byte copy was a
-    third of the part). Elsewhere the 4x4 byte transpose is one strided copy, and the bit permutation
-    two lookups per word in 65536-entry tables (one per half word, built from the plan's table on
-    the call). Words are read little-endian, as torch's CPU and CUDA devices store them."""
+    per row and source word; else one per quad and source word. The 4x4 byte transpose is one
+    strided copy, and the bit permutation two lookups per word in 65536-entry tables (one per half
+    word, built from the plan's table on the call). Words are read little-endian, as torch's CPU
+    and CUDA devices store them. (Four lookups per word in 256-entry byte tables read straight from
+    the source words, no transposed copy, were measured: slower on the shared 2-core machine, twice
+    the serial lookups for one parallel copy less.)"""
     q = p.quads
     qshape = [ex.to_python(s) for s in p.word_shape[:-1]] + [ex.to_python(ex.div(p.word_shape[-1], 4))]
     rank = len(qshape)
@@ -317,7 +317,6 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
         lines.append(f"    step = ({ex.to_python(q.row_stride)}) // 4  # words between a row's neighbouring quads")
         lines.append(f"    runs = src_words.as_strided((src_words.numel() - ({qshape[-1]} - 1) * step, {qshape[-1]}), (1, step))")
         lines.append(f"    s = runs[rows.reshape(-1)].view(rows.shape[:-2] + (4, {qshape[-1]}))  # row, b, quad")
-        lines += _cpu_quads(f"s.view(torch.uint8).reshape(-1, 4, 4 * ({qshape[-1]}))", p, qshape)
         lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
         lines.append("    w = s.view(torch.uint8).unflatten(-1, (-1, 4)).movedim(-3, -1).contiguous()")
     elif name:  # the index of every quad's source words, once per shape: one gather of words per call
@@ -328,7 +327,6 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
         if any(valid != ex.TRUE for valid in q.valid):
             lines.append("    if unread is not None:")
             lines.append("        s.masked_fill_(unread, 0)")
-        lines += _cpu_quads("s.view(torch.uint8).reshape(-1, 4, 4)", p, qshape)
         lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
         lines.append("    w = s.view(torch.uint8).unflatten(-1, (4, 4)).transpose(-1, -2).contiguous()")
     else:
@@ -363,14 +361,6 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
 def _quads_out(qshape: Sequence[str]) -> str:
     """The shape of a quads part's result: its rows of ``4 * quads`` words."""
     return ", ".join(["stop - start"] + list(qshape[1:-1]) + [f"4 * ({qshape[-1]})"])
-
-
-def _cpu_quads(bytes_view: str, p: Words, qshape: Sequence[str]) -> list[str]:
-    """Lines that return a quads part's words on the CPU from ``bytes_view`` (uint8 [M, 4, L]: byte j of
-    source word b of a quad, at [m, b, 4 * quad + j]) by the four byte tables (``_permute_quads``): the
-    transpose is in which table reads which byte, so its strided byte copy (a third of the part) is not made."""
-    return ["    if _dev.type == 'cpu':  # byte tables: no transposed copy, cache-sized tiles",
-            f"        return _permute_quads({bytes_view}, {tuple(p.table)!r}).view({_quads_out(qshape)})"]
 
 
 def coarse_part(p: Gather, dims: Sequence[str], t=ex.to_torch) -> list[str]:
@@ -448,50 +438,6 @@ def bit_tables_source() -> str:
         "    r = low.index_select(0, wide[:, 0])\n"
         "    r |= high.index_select(0, wide[:, 1])\n"
         "    return r.view(w.shape)\n"
-        "\n"
-        "\n"
-        "_BYTE_TABLES = {}  # (table, device) -> the four byte tables: built once, not per call\n"
-        "\n"
-        "\n"
-        "def _byte_tables(table, device=None):\n"
-        "    # Output bit i of a word is input bit table[i]. For each input byte k, the output bits of all\n"
-        "    # its 256 values, as int32: a word's permuted bits are the OR of its four bytes' entries.\n"
-        "    key = (table, str(device))\n"
-        "    if key in _BYTE_TABLES:\n"
-        "        return _BYTE_TABLES[key]\n"
-        "    v = torch.arange(256, dtype=torch.int64)\n"
-        "    out = []\n"
-        "    for k in range(4):\n"
-        "        r = torch.zeros(256, dtype=torch.int64)\n"
-        "        for i, s in enumerate(table):\n"
-        "            if s // 8 == k:\n"
-        "                r |= ((v >> (s % 8)) & 1) << i\n"
-        "        r = torch.where(r >= 1 << 31, r - (1 << 32), r).to(torch.int32)  # bit 31: the sign\n"
-        "        out.append(r if device is None else r.to(device))\n"
-        "    _BYTE_TABLES[key] = out\n"
-        "    return out\n"
-        "\n"
-        "\n"
-        "def _permute_quads(b, table):\n"
-        "    # ``b``: uint8 [M, 4, L]; returns int32 [M, L] with out[m, l] = OR over k of T_k[b[m, k, l]]:\n"
-        "    # output word l has byte k of its unpermuted word at b[m, k, l] (the quads' 4x4 byte transpose\n"
-        "    # is in which byte each table reads, so no transposed copy is made). Tiles of about\n"
-        "    # _TILE_WORDS words: four widening copies, four lookups in 256-entry tables, three ORs.\n"
-        "    tabs = _byte_tables(table, b.device)\n"
-        "    m, _, l = b.shape\n"
-        "    out = torch.empty((m, l), dtype=torch.int32, device=b.device)\n"
-        "    rows = max(1, _TILE_WORDS // max(1, l))\n"
-        "    idx = torch.empty((min(rows, m), l), dtype=torch.int32, device=b.device)\n"
-        "    tmp = torch.empty_like(idx)\n"
-        "    for s in range(0, m, rows):\n"
-        "        e = min(m, s + rows)\n"
-        "        o, i, t = out[s:e], idx[: e - s], tmp[: e - s]\n"
-        "        for k in range(4):\n"
-        "            i.copy_(b[s:e, k])\n"
-        "            torch.index_select(tabs[k], 0, i.view(-1), out=(o if k == 0 else t).view(-1))\n"
-        "            if k:\n"
-        "                o |= t\n"
-        "    return out\n"
     )
 
 

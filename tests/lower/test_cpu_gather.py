@@ -107,33 +107,6 @@ def test_tiled_word_lookups_permute_bits(table, tile, n, seed):
     assert torch.equal(got.reshape(-1).to(torch.int64) & 0xFFFFFFFF, _per_bit(words, table))
 
 
-@given(table=st.permutations(range(32)), seed=st.integers(0, 2**16))
-@settings(max_examples=12, deadline=None)
-def test_byte_tables_law(table, seed):
-    # a word's permuted bits are the OR of its four bytes' entries in the four 256-entry tables
-    tabs = _helpers()["_byte_tables"](tuple(table))
-    g = torch.Generator().manual_seed(seed)
-    words = torch.randint(-2**31, 2**31, (257,), dtype=torch.int64, generator=g).to(torch.int32)
-    b = words.view(torch.uint8).view(-1, 4).to(torch.int64)  # little-endian: byte k of each word
-    got = tabs[0][b[:, 0]] | tabs[1][b[:, 1]] | tabs[2][b[:, 2]] | tabs[3][b[:, 3]]
-    assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, _per_bit(words, table))
-
-
-@given(table=st.permutations(range(32)), m=st.integers(1, 9), quads=st.integers(1, 6), tile=st.integers(1, 30),
-       seed=st.integers(0, 2**16))
-@settings(max_examples=12, deadline=None)
-def test_quads_by_byte_tables_equal_transpose_then_per_bit(table, m, quads, tile, seed):
-    # _permute_quads reads byte j of source word b of a quad at [m, b, 4 * quad + j]: the same words as the
-    # 4x4 byte transpose (output word j = bytes j of source words 0..3) followed by the per-bit permutation
-    ns = _helpers(tile)
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(0, 256, (m, 4, 4 * quads), dtype=torch.uint8, generator=g)
-    got = ns["_permute_quads"](src, tuple(table))
-    assert got.shape == (m, 4 * quads) and got.dtype == torch.int32
-    transposed = src.view(m, 4, quads, 4).permute(0, 2, 3, 1).contiguous().view(torch.int32).reshape(m, 4 * quads)
-    assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, _per_bit(transposed, table))
-
-
 MARLIN_DIMS = {"marlin_gptq_int4": {"E": 2, "I": 256, "H": 512}, "marlin_mxfp4": {"E": 2, "I": 256, "H": 512},
                "marlin_nvfp4": {"E": 2, "I": 256, "H": 512}}
 
