@@ -121,23 +121,31 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
             parts.append((a[:, ::g].contiguous(), g))
         starts = torch.cat([_run_refine(s, have, g) for s, have in parts]).reshape(-1)
         affine = _run_affine(starts)
-        if expert_stride is not None:  # every expert's runs: expert 0's, moved
-            ahead = torch.arange(experts, dtype=starts.dtype) * expert_stride
-            starts = torch.where(starts < 0, starts, starts + ahead.unsqueeze(-1)).reshape(-1)
+        copies, shift = 1, 0
+        if expert_stride is not None:  # every expert's runs: expert 0's, moved (made last, in int32 where they fit)
+            copies, shift = experts, expert_stride
             if affine is not None:
                 affine = ([experts] + list(affine[0]), [expert_stride] + list(affine[1]), affine[2])
-        runs = starts.numel()
-        wide = int(starts.max()) >= 2**31 - g
+        runs = starts.numel() * copies
+        bad0 = starts < 0
+        read = bool((~bad0).any())
+        wide = read and int(starts.max()) + (copies - 1) * shift >= 2**31 - g
         small = runs * (8 if wide else 4) <= _RUN_TABLE_RATIO * runs * g * itemsize  # bounded by the output
         if affine is not None and (g * itemsize >= _RUN_VIEW_BYTES or len(affine[0]) <= 2 or not small):
             plan = ("view", tuple(affine[0]) + (g,), tuple(affine[1]) + (1,), affine[2])
         elif small:
-            fill = (starts < 0).nonzero().flatten()
-            safe = torch.where(starts < 0, 0, starts)
-            aligned = bool((safe % g == 0).all())
-            table = (safe // g if aligned else safe).to(torch.int64 if wide else torch.int32)
+            fill = bad0.nonzero().flatten()
+            safe = torch.where(bad0, 0, starts)
+            aligned = bool((safe % g == 0).all()) and (copies == 1 or shift % g == 0 or not read)
+            dtype = torch.int64 if wide else torch.int32
+            table = (safe // g if aligned else safe).to(dtype)
             # -1 - b: a fill run of byte b (maps whose fill varies); all -1: the caller's one fill value
             varied = -1 - starts[fill] if bool((starts[fill] != -1).any()) else None
+            if copies > 1:  # expert e: expert 0's table plus e strides (fill runs read 0), its fill runs moved
+                ahead = torch.arange(copies, dtype=dtype) * ((shift // g if aligned else shift) if read else 0)
+                table = (table.unsqueeze(0) + ahead.unsqueeze(1)).masked_fill_(bad0, 0).reshape(-1)
+                fill = (fill.unsqueeze(0) + torch.arange(copies).unsqueeze(1) * starts.numel()).reshape(-1)
+                varied = None if varied is None else varied.repeat(copies)
             plan = ("table", g, table, fill if fill.numel() else None, aligned, varied)
     if not _run_keep(key, plan, [] if plan is None or plan[0] == "view" else [plan[2], plan[3], plan[5]]):
         _RUN_PLANS[key] = None  # no room for its table: this call uses it, later ones the element gather

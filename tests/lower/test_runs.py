@@ -286,3 +286,30 @@ def test_aiter_scales_take_a_run_table_and_equal_eager():
     planned = {k[0]: v for k, v in spec.module._RUN_PLANS.items() if k[1:4] == (2, 256, 512)}
     for name in ("_gather_w13_weight_scale_1", "_gather_w2_weight_scale_3"):
         assert planned[name] is not None and planned[name][0] == "table", name
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_expert_zero_tables_moved_per_expert_equal_the_whole_map(seed):
+    """Where every expert reads itself alike, the table is expert 0's, moved by e strides at the end (int32
+    where it fits, fill runs read 0): the same plan and bytes as the map evaluated over every expert (the
+    moved int64 starts of every expert cost Marlin's first call seconds)."""
+    h = _helpers()
+    rnd = random.Random(seed)
+    e, rows, cols = rnd.randint(1, 4), rnd.randint(1, 6), rnd.choice([1, 2, 4, 8])
+    stride = rows * cols + rnd.choice([0, 0, 1])  # an input expert may be longer than it is read
+    x = torch.randint(0, 256, (e * stride,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    perm = torch.randperm(rows * cols, generator=torch.Generator().manual_seed(seed)).view(rows, cols)
+    fills = torch.tensor([-1, -1 - rnd.choice([0, 9])])[torch.randint(0, 2, (rows, cols))]
+    pad = torch.rand(rows, cols, generator=torch.Generator().manual_seed(seed)) < 0.3
+
+    def index_of(start, stop):
+        o0 = torch.arange(start, stop).view(-1, 1, 1)
+        return torch.where(pad, fills, perm + o0 * stride)
+
+    whole, y = _run(h, index_of, (e, rows, cols), x, fill=None)
+    moved, y0 = _run(h, index_of, (e, rows, cols), x, fill=None, stride=stride)
+    assert whole[0] == moved[0] and torch.equal(y, y0)
+    if whole[0] == "table":
+        assert whole[1] == moved[1] and whole[4] == moved[4] and torch.equal(whole[2], moved[2])
+        for a, b in ((whole[3], moved[3]), (whole[5], moved[5])):
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
