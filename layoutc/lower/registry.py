@@ -253,10 +253,6 @@ def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
         return None
     if tables(p):  # lookup tables are lowered to Triton kernels only: the CPU runs such a chain op by op
         return None
-    if isinstance(p, Words) and (chain.source.elem.bits != 8 or chain.out_type.elem.bits != 8):
-        # torch_emit's words gather reads and writes byte tensors: words plans over views of wider
-        # elements (Marlin's int32 weights) run the eager lowering on the CPU, as before
-        return None
     name = f"_gather_{ctx.tag(chain)}"
     if isinstance(p, Words):  # the quads part and the byte run path permute words by the half-word tables
         ctx.define("_bit_tables", torch_emit.bit_tables_source())

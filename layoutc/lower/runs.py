@@ -21,6 +21,10 @@ transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device
   4 or 8 bytes where a run is one aligned word) and an ``index_fill_`` of the fill runs;
 * else ``None``: the caller runs the element gather, as before.
 
+A map whose fill varies over the output (AITER's padded scales: 0 or 127 by where the padding is)
+gives, for byte moves, a fill byte ``b`` as ``-1 - b`` in its index: fill runs join only over one
+byte, and a table plan carries each fill run's byte (a constant fill, and fill byte 0, read ``-1``).
+
 Tables are remembered per process up to ``_RUN_BYTES_MAX`` bytes in all (a shape past it uses its
 plan once, then the element gather): converting a checkpoint of many large layers does not grow
 memory by a table per shape without bound.
@@ -57,7 +61,7 @@ def _run_refine(starts, have, want):
         return starts
     ahead = torch.arange(0, have, want, dtype=starts.dtype, device=starts.device)
     fine = starts.unsqueeze(-1) + ahead
-    return torch.where(starts.unsqueeze(-1) < 0, -1, fine).reshape(starts.shape[0], -1)
+    return torch.where(starts.unsqueeze(-1) < 0, starts.unsqueeze(-1), fine).reshape(starts.shape[0], -1)
 
 
 def _run_affine(starts):
@@ -111,29 +115,39 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
         for start in range(0, n0, step):
             a = index(*args, start, min(n0, start + step)).reshape(-1, last)
             head, tail = a[:, :-1], a[:, 1:]
-            joined = ((tail == head + 1) & (head >= 0)) | ((tail < 0) & (head < 0))
+            joined = ((tail == head + 1) & (head >= 0)) | ((tail < 0) & (tail == head))  # fill: one byte a run
             for c in (~joined.all(0)).nonzero().flatten().tolist():  # a run ends after column c
                 g = _run_gcd(g, c + 1)
             parts.append((a[:, ::g].contiguous(), g))
         starts = torch.cat([_run_refine(s, have, g) for s, have in parts]).reshape(-1)
         affine = _run_affine(starts)
-        if expert_stride is not None:  # every expert's runs: expert 0's, moved
-            ahead = torch.arange(experts, dtype=starts.dtype) * expert_stride
-            starts = torch.where(starts < 0, -1, starts + ahead.unsqueeze(-1)).reshape(-1)
+        copies, shift = 1, 0
+        if expert_stride is not None:  # every expert's runs: expert 0's, moved (made last, in int32 where they fit)
+            copies, shift = experts, expert_stride
             if affine is not None:
                 affine = ([experts] + list(affine[0]), [expert_stride] + list(affine[1]), affine[2])
-        runs = starts.numel()
-        wide = int(starts.max()) >= 2**31 - g
+        runs = starts.numel() * copies
+        bad0 = starts < 0
+        read = bool((~bad0).any())
+        wide = read and int(starts.max()) + (copies - 1) * shift >= 2**31 - g
         small = runs * (8 if wide else 4) <= _RUN_TABLE_RATIO * runs * g * itemsize  # bounded by the output
         if affine is not None and (g * itemsize >= _RUN_VIEW_BYTES or len(affine[0]) <= 2 or not small):
             plan = ("view", tuple(affine[0]) + (g,), tuple(affine[1]) + (1,), affine[2])
         elif small:
-            fill = (starts < 0).nonzero().flatten()
-            safe = torch.where(starts < 0, 0, starts)
-            aligned = bool((safe % g == 0).all())
-            table = (safe // g if aligned else safe).to(torch.int64 if wide else torch.int32)
-            plan = ("table", g, table, fill if fill.numel() else None, aligned)
-    if not _run_keep(key, plan, [] if plan is None or plan[0] == "view" else [plan[2], plan[3]]):
+            fill = bad0.nonzero().flatten()
+            safe = torch.where(bad0, 0, starts)
+            aligned = bool((safe % g == 0).all()) and (copies == 1 or shift % g == 0 or not read)
+            dtype = torch.int64 if wide else torch.int32
+            table = (safe // g if aligned else safe).to(dtype)
+            # -1 - b: a fill run of byte b (maps whose fill varies); all -1: the caller's one fill value
+            varied = -1 - starts[fill] if bool((starts[fill] != -1).any()) else None
+            if copies > 1:  # expert e: expert 0's table plus e strides (fill runs read 0), its fill runs moved
+                ahead = torch.arange(copies, dtype=dtype) * ((shift // g if aligned else shift) if read else 0)
+                table = (table.unsqueeze(0) + ahead.unsqueeze(1)).masked_fill_(bad0, 0).reshape(-1)
+                fill = (fill.unsqueeze(0) + torch.arange(copies).unsqueeze(1) * starts.numel()).reshape(-1)
+                varied = None if varied is None else varied.repeat(copies)
+            plan = ("table", g, table, fill if fill.numel() else None, aligned, varied)
+    if not _run_keep(key, plan, [] if plan is None or plan[0] == "view" else [plan[2], plan[3], plan[5]]):
         _RUN_PLANS[key] = None  # no room for its table: this call uses it, later ones the element gather
     return plan
 
@@ -174,18 +188,24 @@ def _run_gather(flat, plan, shape, fill):
                 return out
         out.view(sizes).copy_(src.as_strided(sizes, strides, base))
         return out
-    _, g, table, bad, aligned = plan
+    _, g, table, bad, aligned, varied = plan
     out = torch.empty((table.numel(), g), dtype=flat.dtype, device=flat.device)
     word = _RUN_WORDS.get(g * flat.element_size())
     n = flat.numel()
-    if aligned and word is not None and (flat.storage_offset() * flat.element_size()) % (g * flat.element_size()) == 0:
+    if g == 1:  # runs of one element: a 1-D gather (a 2-D one of one-element rows is ~3.5x slower)
+        torch.index_select(flat, 0, table, out=out.view(-1))
+    elif aligned and word is not None and (flat.storage_offset() * flat.element_size()) % (
+            g * flat.element_size()) == 0:
         # a run is one aligned word: a 1-D gather of words
         torch.index_select(flat[: n - n % g].view(word), 0, table, out=out.view(word).view(-1))
     elif aligned:
         torch.index_select(flat[: n - n % g].view(-1, g), 0, table, out=out)
     else:  # runs start anywhere: rows of an overlapping view, one per element
         torch.index_select(flat.as_strided((n - g + 1, g), (1, 1), flat.storage_offset()), 0, table, out=out)
-    if bad is not None:  # the fill's bits, through an integer view (index_fill_ has no float8 kernels)
+    if varied is not None:  # each fill run's byte (one-byte elements: the planner sends only those)
+        out.view(torch.uint8).index_copy_(0, bad, varied.to(torch.uint8).unsqueeze(1).expand(-1, g).contiguous())
+    elif bad is not None:  # the fill's bits, through an integer view (index_fill_ has no float8 kernels)
+        fill = 0 if fill is None else fill  # a varied fill whose runs all hold byte 0 (-1 - 0: as a constant)
         ibits = _FILL_BITS[flat.element_size()]
         if flat.dtype.is_floating_point:
             value = torch.tensor(fill, dtype=torch.float64).to(flat.dtype).view(ibits).item()

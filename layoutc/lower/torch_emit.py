@@ -97,7 +97,11 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
         eager_part = "part"
         part += ["", "", f"def {name}_coarse({args}, start, stop):",
                  *_named(lambda t: coarse_part(p, dims, t), dims, own)]
-    runs = isinstance(p, (Gather, Rows)) and isinstance(p.map.fill, ex.Const)
+    # a fill that varies (AITER's padded scales: 0 or 127 by where the padding is) rides in the run table as
+    # -1 - its byte, for byte moves (one value per byte pattern, as the part's cast to uint8 gives it)
+    varied = (isinstance(p, (Gather, Rows)) and not isinstance(p.map.fill, ex.Const) and bitwise
+              and p.in_elem.bits == 8)
+    runs = isinstance(p, (Gather, Rows)) and (isinstance(p.map.fill, ex.Const) or varied)
     if runs:  # the map evaluated once per shape, cut into runs (layoutc.lower.runs); the parts stay the fallback
         m = p.map  # expert e of the output reads expert e of the input alone, alike for all: evaluate expert 0
         alike = (rank >= 2 and m.src[0] == ex.Var("o0") and p.in_shape[0] == p.out_shape[0]
@@ -113,7 +117,8 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
         ]
         flat = (f"x.contiguous().view(torch.{BIT_VIEWS[p.in_elem.bits]}).reshape(-1)" if bitwise
                 else "x.contiguous().reshape(-1)")
-        gathered = f"_run_gather({flat}, runs, ({', '.join(sizes)},), {p.map.fill.value!r})"
+        fill = "None" if varied else repr(p.map.fill.value)  # None: the plan holds each fill run's byte
+        gathered = f"_run_gather({flat}, runs, ({', '.join(sizes)},), {fill})"
     elif isinstance(p, Words) and not choose:  # no quads part: the bytes by a run plan, then the bit tables
         runs = True
         src = p.word_sources
@@ -150,7 +155,9 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
     ]
     if isinstance(p, Words):
         out = ", ".join(ex.to_python(s) for s in p.out_shape)
-        drive.append(f"    return y.view(torch.uint8).reshape({out})")
+        # the words' bytes as the output's elements (Marlin's int32 words: a view across widths moves no byte)
+        wide = f".view(torch.{p.out_elem.canonical})" if p.out_elem.bits != 8 else ""
+        drive.append(f"    return y.view(torch.uint8){wide}.reshape({out})")
     else:
         if p.conversions:
             drive += conversions(p, "y", "    ")
@@ -164,7 +171,9 @@ def _part_body(p: Gather | Rows | Words, sizes: Sequence[str], bitwise: bool, t)
     """The lines of ``name_part``: the output coordinates over [start, stop), each source address
     from the plan's map, one gather (``t`` prints an index expression)."""
     part = ["    _dev = x.device"]
-    if bitwise:
+    if isinstance(p, Words) and p.source_bits != 8:  # the map's addresses are of the input's bytes
+        part.append("    flat = x.contiguous().view(torch.uint8).reshape(-1)  # each element's bytes, little-endian")
+    elif bitwise:
         part.append(f"    flat = x.contiguous().view(torch.{BIT_VIEWS[p.in_elem.bits]}).reshape(-1)"
                     "  # move bits, whatever the type")
     else:
@@ -211,7 +220,10 @@ def _index_body(p: Plan, sizes: Sequence[str], t) -> list[str]:
     part.append(f"    src = ({t(linear(m.src, p.in_shape))}) + zero")
     if not m.is_total():
         part.append(f"    ok = ({t(m.valid)}) & (zero == 0)")
-        part.append("    src = torch.where(ok, src, -1)")
+        if isinstance(m.fill, ex.Const):
+            part.append("    src = torch.where(ok, src, -1)")
+        else:  # the fill's byte b as -1 - b (a byte move: the part casts the fill to uint8, i.e. mod 256)
+            part.append(f"    src = torch.where(ok, src, -1 - (({t(m.fill)}) + zero) % 256)")
     return part + ["    return src"]
 
 
@@ -288,7 +300,9 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
     per row and source word; else one per quad and source word. The 4x4 byte transpose is one
     strided copy, and the bit permutation two lookups per word in 65536-entry tables (one per half
     word, built from the plan's table on the call). Words are read little-endian, as torch's CPU
-    and CUDA devices store them."""
+    and CUDA devices store them. (Four lookups per word in 256-entry byte tables read straight from
+    the source words, no transposed copy, were measured: slower on the shared 2-core machine, twice
+    the serial lookups for one parallel copy less.)"""
     q = p.quads
     qshape = [ex.to_python(s) for s in p.word_shape[:-1]] + [ex.to_python(ex.div(p.word_shape[-1], 4))]
     rank = len(qshape)
@@ -344,9 +358,13 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
     lines.append("        halves &= 0xFFFF  # int16, not uint16: every device converts it")
     lines.append("        r = low.index_select(0, halves[:, 0])")
     lines.append("        r |= high.index_select(0, halves[:, 1])")
-    out = ", ".join(["stop - start"] + qshape[1:-1] + [f"4 * ({qshape[-1]})"])
-    lines.append(f"    return r.view({out})")
+    lines.append(f"    return r.view({_quads_out(qshape)})")
     return lines
+
+
+def _quads_out(qshape: Sequence[str]) -> str:
+    """The shape of a quads part's result: its rows of ``4 * quads`` words."""
+    return ", ".join(["stop - start"] + list(qshape[1:-1]) + [f"4 * ({qshape[-1]})"])
 
 
 def coarse_part(p: Gather, dims: Sequence[str], t=ex.to_torch) -> list[str]:
@@ -395,18 +413,34 @@ def bit_tables_source() -> str:
         "    return out\n"
         "\n"
         "\n"
+        "#: Words per tile of the CPU lookups: the temporaries (int32 tiles, reused from tile to tile) stay\n"
+        "#: bounded for any layer; large tiles, as every op waits for its second OpenMP thread, which a busy\n"
+        "#: machine schedules late (tiles of 64K words, in cache, were 2-7x slower there than tiles of 4M)\n"
+        "_TILE_WORDS = 1 << 22\n"
+        "\n"
+        "\n"
         "def _permute_words(w, table):\n"
         "    # The bits of every int32 word of ``w`` permuted by ``table`` (output bit i = input bit table[i]):\n"
         "    # two lookups of the half words (little-endian: the low half first), as the quads part does.\n"
         "    low, high = _bit_tables(table, w.device)\n"
         "    halves = w.reshape(-1).view(torch.int16).view(-1, 2)\n"
-        "    if w.device.type == 'cpu':  # uint16 widens in one pass, no mask\n"
-        "        r = low.index_select(0, halves[:, 0].view(torch.uint16).to(torch.int32))\n"
-        "        r |= high.index_select(0, halves[:, 1].view(torch.uint16).to(torch.int32))\n"
-        "    else:\n"
-        "        wide = halves.to(torch.int32) & 0xFFFF\n"
-        "        r = low.index_select(0, wide[:, 0])\n"
-        "        r |= high.index_select(0, wide[:, 1])\n"
+        "    if w.device.type == 'cpu':  # per tile: uint16 widens in one pass, no mask; lookups into the output\n"
+        "        halves = halves.view(torch.uint16)\n"
+        "        n = halves.shape[0]\n"
+        "        r = torch.empty(n, dtype=torch.int32)\n"
+        "        lo, hi, tmp = (torch.empty(min(n, _TILE_WORDS), dtype=torch.int32) for _ in range(3))\n"
+        "        for s in range(0, n, _TILE_WORDS):\n"
+        "            e = min(n, s + _TILE_WORDS)\n"
+        "            k = e - s\n"
+        "            lo[:k].copy_(halves[s:e, 0])\n"
+        "            hi[:k].copy_(halves[s:e, 1])\n"
+        "            torch.index_select(low, 0, lo[:k], out=r[s:e])\n"
+        "            torch.index_select(high, 0, hi[:k], out=tmp[:k])\n"
+        "            r[s:e] |= tmp[:k]\n"
+        "        return r.view(w.shape)\n"
+        "    wide = halves.to(torch.int32) & 0xFFFF\n"
+        "    r = low.index_select(0, wide[:, 0])\n"
+        "    r |= high.index_select(0, wide[:, 1])\n"
         "    return r.view(w.shape)\n"
     )
 

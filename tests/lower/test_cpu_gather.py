@@ -79,3 +79,55 @@ def test_bit_tables_permute_bits(table):
     w = words.to(torch.int64) & 0xFFFFFFFF
     want = sum(((w >> s) & 1) << i for i, s in enumerate(table))
     assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
+
+
+def _per_bit(words: torch.Tensor, table) -> torch.Tensor:
+    """The bit permutation of int32 ``words`` one bit at a time (output bit i = input bit table[i]), as int64."""
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    return sum(((w >> s) & 1) << i for i, s in enumerate(table))
+
+
+def _helpers(tile_words: int | None = None) -> dict:
+    namespace = {"torch": torch}
+    exec(torch_emit.bit_tables_source(), namespace)
+    if tile_words is not None:  # small tiles: a few words exercise the tiling (the last tile partial)
+        namespace["_TILE_WORDS"] = tile_words
+    return namespace
+
+
+@given(table=st.permutations(range(32)), tile=st.integers(1, 40), n=st.integers(0, 150), seed=st.integers(0, 2**16))
+@settings(max_examples=12, deadline=None)
+def test_tiled_word_lookups_permute_bits(table, tile, n, seed):
+    # the CPU path of _permute_words (tiles of reused int32 buffers, lookups into the output) == per bit
+    ns = _helpers(tile)
+    g = torch.Generator().manual_seed(seed)
+    words = torch.randint(-2**31, 2**31, (n,), dtype=torch.int64, generator=g).to(torch.int32)
+    got = ns["_permute_words"](words.view(1, -1) if n else words, tuple(table))
+    assert got.dtype == torch.int32
+    assert torch.equal(got.reshape(-1).to(torch.int64) & 0xFFFFFFFF, _per_bit(words, table))
+
+
+MARLIN_DIMS = {"marlin_gptq_int4": {"E": 2, "I": 256, "H": 512}, "marlin_mxfp4": {"E": 2, "I": 256, "H": 512},
+               "marlin_nvfp4": {"E": 2, "I": 256, "H": 512}}
+
+
+@pytest.mark.slow  # compiles a Marlin spec and runs the eager lowering: seconds each
+@pytest.mark.parametrize("name", sorted(MARLIN_DIMS))
+def test_marlin_weights_take_the_cpu_gather_and_equal_eager(name, monkeypatch):
+    # their words plans read the input's bytes (GPTQ's int32 words, FP4 pairs) and return int32 words: the
+    # gather lowering took them (it declined them before, and the eager lowering ran)
+    spec = _spec(name)
+    weights = [c.tensor for c in spec.compiled.variants[0].chains if any(s.op.word_permutation() for s in c.steps)]
+    assert weights
+    for tensor in weights:
+        assert f"def _gather_{tensor}_" in spec.source, tensor
+    x = synthetic_inputs(spec, MARLIN_DIMS[name], seed=7)
+    before = {k: v.clone() for k, v in x.items()}
+    want = spec.convert(x, lowering="eager", fingerprint=False)
+    got = spec.convert(x, lowering="gather", fingerprint=False)
+    assert_same_bits(got, want, name)
+    # the per-byte part (no run plan: a table past the budget) gives the same words
+    monkeypatch.setattr(spec.module, "_run_plan", lambda *a, **k: None)
+    assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, f"{name} per-byte part")
+    for k in x:
+        assert torch.equal(x[k].view(torch.uint8), before[k].view(torch.uint8)), k  # inputs untouched

@@ -194,7 +194,7 @@ def test_a_table_plan_fills_float8_padding_by_its_bits():
     goes through an integer view of the same width."""
     flat = torch.arange(1, 9, dtype=torch.float32).to(torch.float8_e4m3fn)
     table, bad = torch.tensor([3, 0, 1], dtype=torch.int32), torch.tensor([1])
-    out = runs._run_gather(flat, ("table", 2, table, bad, True), (6,), 0)
+    out = runs._run_gather(flat, ("table", 2, table, bad, True, None), (6,), 0)
     assert out.dtype == torch.float8_e4m3fn
     assert out.view(torch.uint8).tolist() == flat.view(torch.uint8)[[6, 7]].tolist() + [0, 0] + \
         flat.view(torch.uint8)[[2, 3]].tolist()
@@ -244,3 +244,72 @@ def test_a_fill_with_the_sign_bit_set_moves_as_its_bits_in_both_paths():
     walked = spec.convert({"x": x}, lowering="gather")["x"]
     for out in (ran, walked):
         assert out[:, 3].tolist() == [-1.0, -1.0] and out[:, :3].abs().sum().item() == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_fill_that_varies_rides_in_the_table_as_minus_one_minus_its_byte(seed):
+    """AITER's padded scales fill 0 or 127 by where the padding is: their maps had no run plan (a constant
+    fill only) and took the element gather, 38x a clone. The index gives a fill byte b as -1 - b; runs of
+    fill join only over one byte, and the table path writes each fill run's byte (the element gather's
+    bytes, fill bytes 0 included, which read as -1 like a constant fill)."""
+    h = _helpers()
+    g = torch.Generator().manual_seed(seed)
+    e, rows, cols, pad = 2, 5, 8, 3
+    x = torch.randint(0, 256, (e * rows * cols,), dtype=torch.uint8, generator=g)
+    fills = torch.tensor([0, 127, 255, 127, 0, 0, 7, 127], dtype=torch.int64)[torch.randperm(8, generator=g)]
+
+    def index_of(start, stop):
+        o0, o1, o2 = torch.meshgrid(torch.arange(start, stop), torch.arange(rows + pad), torch.arange(cols),
+                                    indexing="ij")
+        src = o0 * rows * cols + ((o1 + 2) % rows) * cols + o2
+        return torch.where(o1 < rows, src, -1 - fills[o2])
+
+    plan, y = _run(h, index_of, (e, rows + pad, cols), x, fill=None)
+    assert plan[0] == "table" and plan[3] is not None
+    index = index_of(0, e)
+    want = torch.where(index >= 0, x[index.clamp(min=0)], (-1 - index).to(torch.uint8))
+    assert torch.equal(y, want)
+    zeros, y0 = _run(h, lambda start, stop: torch.where(index_of(start, stop) >= 0, index_of(start, stop), -1),
+                     (e, rows + pad, cols), x, fill=None)
+    assert zeros[5] is None and torch.equal(y0, torch.where(index >= 0, want, 0))  # every fill byte 0: no values
+
+
+@pytest.mark.slow  # compiles aiter_mxfp4: seconds
+def test_aiter_scales_take_a_run_table_and_equal_eager():
+    spec = _spec("aiter_mxfp4")
+    assert "-1 - ((" in spec.source  # the scales' index carries their fill bytes
+    dims = {"E": 2, "I": 256, "H": 512}
+    x = synthetic_inputs(spec, dims, seed=3)
+    spec.module._RUN_PLANS.clear()
+    got = spec.convert(x, lowering="gather", fingerprint=False)
+    assert_same_bits(got, spec.convert(x, lowering="eager", fingerprint=False))
+    planned = {k[0]: v for k, v in spec.module._RUN_PLANS.items() if k[1:4] == (2, 256, 512)}
+    for name in ("_gather_w13_weight_scale_1", "_gather_w2_weight_scale_3"):
+        assert planned[name] is not None and planned[name][0] == "table", name
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_expert_zero_tables_moved_per_expert_equal_the_whole_map(seed):
+    """Where every expert reads itself alike, the table is expert 0's, moved by e strides at the end (int32
+    where it fits, fill runs read 0): the same plan and bytes as the map evaluated over every expert (the
+    moved int64 starts of every expert cost Marlin's first call seconds)."""
+    h = _helpers()
+    rnd = random.Random(seed)
+    e, rows, cols = rnd.randint(1, 4), rnd.randint(1, 6), rnd.choice([1, 2, 4, 8])
+    stride = rows * cols + rnd.choice([0, 0, 1])  # an input expert may be longer than it is read
+    x = torch.randint(0, 256, (e * stride,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    perm = torch.randperm(rows * cols, generator=torch.Generator().manual_seed(seed)).view(rows, cols)
+    fills = torch.tensor([-1, -1 - rnd.choice([0, 9])])[torch.randint(0, 2, (rows, cols))]
+    pad = torch.rand(rows, cols, generator=torch.Generator().manual_seed(seed)) < 0.3
+
+    def index_of(start, stop):
+        o0 = torch.arange(start, stop).view(-1, 1, 1)
+        return torch.where(pad, fills, perm + o0 * stride)
+
+    whole, y = _run(h, index_of, (e, rows, cols), x, fill=None)
+    moved, y0 = _run(h, index_of, (e, rows, cols), x, fill=None, stride=stride)
+    assert whole[0] == moved[0] and torch.equal(y, y0)
+    if whole[0] == "table":
+        assert whole[1] == moved[1] and whole[4] == moved[4] and torch.equal(whole[2], moved[2])
+        for a, b in ((whole[3], moved[3]), (whole[5], moved[5])):
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
