@@ -76,7 +76,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
     else:
         store = f"torch.{BIT_VIEWS[p.in_elem.bits]}" if bitwise else f"torch.{p.in_elem.canonical}"
     per = " * ".join(f"({s})" for s in sizes[1:]) or "1"
-    eager_part, choose = f"{name}_part", []
+    eager_part, choose, pre = f"{name}_part", [], []
     own = tuple((n, d) for n, d in terms if is_size(d))  # what the other grids share with the header
     if isinstance(p, Words) and p.quads is not None and rank >= 2:  # rank 1: chunks split quads
         # torch.compile keeps the plain part (it fuses that one itself); the quads part holds for
@@ -134,13 +134,18 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
             f"    runs = None if compiled else _run_plan(({name!r}, {', '.join(dims)}, str(x.device)), {name}_index, "
             f"({args},), ({byte_sizes},), 1{stride})",
         ]
-        gathered = (f"_permute_words(_run_gather(x.contiguous().view(torch.uint8).reshape(-1), runs, ({byte_sizes},), "
-                    f"0).view(torch.int32), {tuple(p.table)!r})")
+        words = f"_run_gather(x.contiguous().view(torch.uint8).reshape(-1), runs, ({byte_sizes},), 0).view(torch.int32)"
+        if p.conversions:  # each byte on its own (plan.bytewise), on the gathered words, before the bit tables
+            pre = [f"        w = {words}", *conversions(p, "w", "        ")]
+            words = "w"
+        # an identity permutation (byte moves with bytewise tables): the gathered words are the output
+        gathered = words if tuple(p.table) == tuple(range(32)) else f"_permute_words({words}, {tuple(p.table)!r})"
     drive = [
         f"def {name}(x, d, compiled=False):",
         *bind,
         *choose,
         *([f"    if runs is not None:",
+           *pre,
            f"        y = {gathered}",
            "    elif compiled:"] if runs else ["    if compiled:"]),
         f"        y = _compiled({name}_part)({args}, 0, {sizes[0]})",
