@@ -28,6 +28,16 @@ storage differs: ``_stamp``'s ``static``), and the version counters are read on 
 no tensor, so nothing of a freed tensor is kept or read. Without out=, no address is in the key (no check
 reads one), so layers of one shape share an entry (up to four shapes per key).
 
+A CUDA graph per out= entry (:func:`_warm_graph_slot`, :func:`_warm_replayed`): where the key holds every
+input's and output's address (out=) and the prepared launch is one kernel launch bound to the current CUDA
+device, the first hit captures that launch into a graph (on a side stream; capture runs nothing) and every hit
+replays it on the caller's current stream, the stream the direct launch takes: ~5 us of host time instead of
+Triton's launcher (~15 us, benchmarks/host_time.py). The replay reads the addresses captured, which are those
+of the key and so of the hit's tensors, whose dtypes, shapes and strides the tensor check compared: the same
+kernel with the same arguments. Not taken while the caller captures a graph itself (the direct launch goes
+into theirs), while a Triton launch hook is set, where the capture failed (remembered per entry) or with
+LAYOUTC_CUDA_GRAPHS=0; the graph is freed with its entry. The stamp is the same either way.
+
 Per-call work a hit keeps: the key (one address per tensor), the tensor check, the autograd mode, the
 launch, and the stamp (call number, storages, versions). The outputs' shape check is not repeated: the
 shapes the conversion gives are a function of the dims, variant and lowering, which the hit's call had and
