@@ -234,7 +234,9 @@ def _warm_capture(run, xs, out):
     # empty; the graph is freed with the entry. thread_local: other threads' CUDA calls are not affected.
     try:
         import triton
-
+    except ImportError:  # no Triton: no compiled kernel either
+        return False
+    try:
         knobs = triton.knobs.runtime
         if _hooked(knobs.launch_enter_hook) or _hooked(knobs.launch_exit_hook):
             return None
