@@ -195,14 +195,12 @@ def _warm_run(fast, tensors, out):
     # The prepared launch of a hit (None: the CUDA device it was bound to is not the current one). Autograd
     # and inference mode are switched off (_plain) where they matter: for the launch alone (a kernel writing
     # memory, torch.empty) only inference mode does (it would make inference tensors, with no version counter).
+    # An entry with a graph slot replays its graph instead where _warm_replayed allows (nothing is allocated).
     run, names, device, copies, graph = fast
     if device is not None and torch.cuda.current_device() != device:
         return None
-    if graph is not None and _WARM_GRAPHS:
-        xs = [tensors[n] for n in names]
-        if _warm_replayed(graph, run, xs, out):
-            return {n: out[n] for n in names}
-        return run(xs, out)
+    if graph is not None and _WARM_GRAPHS and _warm_replayed(graph, run, [tensors[n] for n in names], out):
+        return {n: out[n] for n in names}
     if copies or torch.is_inference_mode_enabled():
         return _plain(run, [tensors[n] for n in names], out)
     return run([tensors[n] for n in names], out)
