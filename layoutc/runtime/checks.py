@@ -511,6 +511,7 @@ def _prepare(key, compiled, programs, consts, out, args, apart):
 
     run.names = tuple(names)  # the outputs it writes, in order, from the inputs of the same names (runtime.warm)
     run.copies = bool(copies)  # torch copies besides the launch (autograd must be off for them: runtime.warm)
+    run.launches = launch is not None  # one kernel launch (a CUDA graph of it may replace it: runtime.warm)
     if len(_PREPARED) >= 256:
         _PREPARED.clear()
     _PREPARED[key] = run

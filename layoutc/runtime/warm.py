@@ -28,6 +28,16 @@ storage differs: ``_stamp``'s ``static``), and the version counters are read on 
 no tensor, so nothing of a freed tensor is kept or read. Without out=, no address is in the key (no check
 reads one), so layers of one shape share an entry (up to four shapes per key).
 
+A CUDA graph per out= entry (:func:`_warm_graph_slot`, :func:`_warm_replayed`): where the key holds every
+input's and output's address (out=) and the prepared launch is one kernel launch bound to the current CUDA
+device, the first hit captures that launch into a graph (on a side stream; capture runs nothing) and every hit
+replays it on the caller's current stream, the stream the direct launch takes: ~5 us of host time instead of
+Triton's launcher (~15 us, benchmarks/host_time.py). The replay reads the addresses captured, which are those
+of the key and so of the hit's tensors, whose dtypes, shapes and strides the tensor check compared: the same
+kernel with the same arguments. Not taken while the caller captures a graph itself (the direct launch goes
+into theirs), while a Triton launch hook is set, where the capture failed (remembered per entry) or with
+LAYOUTC_CUDA_GRAPHS=0; the graph is freed with its entry. The stamp is the same either way.
+
 Per-call work a hit keeps: the key (one address per tensor), the tensor check, the autograd mode, the
 launch, and the stamp (call number, storages, versions). The outputs' shape check is not repeated: the
 shapes the conversion gives are a function of the dims, variant and lowering, which the hit's call had and
@@ -35,9 +45,11 @@ passed. Widening of inputs declared ``accepts`` runs on every call that needs it
 remembered).
 """
 
+import os
+
 import torch
 
-from .checks import _CHOSEN, _PREPARED, _plain, _prepared_key  # copied into converters before this module
+from .checks import _CHOSEN, _PREPARED, _hooked, _plain, _prepared_key  # copied into converters before this module
 
 #: Keys of calls that passed every check -> [(tensor check, dims, variant, lowering, out= key, fast run)]
 #: (bounded below; newest first).
@@ -47,6 +59,10 @@ _WARM_PER_KEY = 4
 
 #: torch's C++ tensor check (TensorGuards) once probed, or None: the Python tuple instead.
 _WARM_GUARDS = []
+
+#: A CUDA graph of the prepared launch per out= entry (_warm_graph_slot); LAYOUTC_CUDA_GRAPHS=0 (read at import)
+#: or False here: every hit launches directly.
+_WARM_GRAPHS = os.environ.get("LAYOUTC_CUDA_GRAPHS", "1") != "0"
 
 
 def _warm_key(tensors, dims, lowering, out):
@@ -134,7 +150,7 @@ def _warm_store(warm, d, present, how, static, widened, remembered, tensors, res
         guard = _warm_guard_of(cls, values) if cls is not None else _warm_meta(values)
     except Exception:  # noqa: BLE001 -- not checkable in one call: never remembered
         return
-    fast = _warm_fast(how, present, d, tensors, res, layers)
+    fast = _warm_fast(how, present, d, tensors, res, layers, static is not None)
     # The stamp's token: the out= check's, or for the prepared launch's own new outputs (contiguous, of the
     # shapes of this key) one of this entry's: their records are copied from the last call's (_stamp's static).
     token = static if static is not None or fast is None else object()
@@ -144,10 +160,12 @@ def _warm_store(warm, d, present, how, static, widened, remembered, tensors, res
     _WARM[key] = [entry, *_WARM.get(key, ())][:_WARM_PER_KEY]
 
 
-def _warm_fast(how, present, d, tensors, res, layers):
+def _warm_fast(how, present, d, tensors, res, layers, addressed=False):
     # Where the call's whole conversion was one layer function's prepared launch (its outputs are all the
     # call's, in its order, from the inputs of the same names): (that launch, the names, the CUDA device it is
-    # bound to or None). A hit then calls it directly; None: a hit goes through _convert.
+    # bound to or None, whether it does torch copies, its graph slot: _warm_graph_slot). A hit then calls it
+    # directly; None: a hit goes through _convert. addressed: the key holds every input's and output's address
+    # (an out= call).
     layer = layers.get((how, present))
     names = tuple(res)
     if layer is None or any(n not in tensors or tensors[n] is None for n in names):
@@ -157,19 +175,79 @@ def _warm_fast(how, present, d, tensors, res, layers):
     run = _PREPARED.get(key) if key is not None else None
     if run is None or getattr(run, "names", None) != names:
         return None
-    return run, names, key[-1] if xs[0].is_cuda else None, getattr(run, "copies", True)
+    device, copies = key[-1] if xs[0].is_cuda else None, getattr(run, "copies", True)
+    return run, names, device, copies, _warm_graph_slot(run, device, copies, addressed)
+
+
+def _warm_graph_slot(run, device, copies, addressed):
+    # A CUDA graph of the prepared launch can replace it on a hit only where the replay reads exactly the
+    # tensors of the hit: the key holds every input's and output's address (out=; without it the outputs are
+    # new each call), the launch is bound to a CUDA device (a hit on another current device takes no fast
+    # run at all) and it is one kernel launch and nothing else (torch copies would bump version counters
+    # that a replay does not; the stamp reads them). Then a list [None] that the first hit fills with the
+    # graph (or False: its capture failed, never tried again); the slot lives and dies with the entry.
+    if not _WARM_GRAPHS or not addressed or device is None or copies or not getattr(run, "launches", False):
+        return None
+    return [None]
 
 
 def _warm_run(fast, tensors, out):
     # The prepared launch of a hit (None: the CUDA device it was bound to is not the current one). Autograd
     # and inference mode are switched off (_plain) where they matter: for the launch alone (a kernel writing
     # memory, torch.empty) only inference mode does (it would make inference tensors, with no version counter).
-    run, names, device, copies = fast
+    # An entry with a graph slot replays its graph instead where _warm_replayed allows (nothing is allocated).
+    run, names, device, copies, graph = fast
     if device is not None and torch.cuda.current_device() != device:
         return None
+    if graph is not None and _WARM_GRAPHS and _warm_replayed(graph, run, [tensors[n] for n in names], out):
+        return {n: out[n] for n in names}
     if copies or torch.is_inference_mode_enabled():
         return _plain(run, [tensors[n] for n in names], out)
     return run([tensors[n] for n in names], out)
+
+
+def _warm_replayed(graph, run, xs, out):
+    # Replays the entry's graph of `run(xs, out)` on the current stream (the stream a direct launch takes, so
+    # the order with the caller's other work is the same); False: launch directly instead. Not while the
+    # caller captures a graph on this stream (the direct launch is then captured into theirs: no nesting) or
+    # a Triton launch hook is set (a profiler's: the direct launch calls it). The first hit captures.
+    state = graph[0]
+    if state is False or torch.cuda.is_current_stream_capturing():
+        return False
+    if state is None:
+        state = graph[0] = _warm_capture(run, xs, out)
+        if not state:  # None: a launch hook was set, captured on a later hit
+            return False
+    if _hooked(state[1].launch_enter_hook) or _hooked(state[1].launch_exit_hook):
+        return False
+    state[0].replay()
+    return True
+
+
+def _warm_capture(run, xs, out):
+    # (graph, Triton's launch hooks) of the prepared launch into `out`, captured on a side stream of the
+    # current device (capture runs nothing; the replay after it does this call's work); None while a launch
+    # hook is set; False where anything fails: the hit then launches directly, and so does every later hit of
+    # the entry. The capture allocates nothing (out= given, no copies), so the graph's memory pool stays
+    # empty; the graph is freed with the entry. thread_local: other threads' CUDA calls are not affected.
+    try:
+        import triton
+    except ImportError:  # no Triton: no compiled kernel either
+        return False
+    try:
+        knobs = triton.knobs.runtime
+        if _hooked(knobs.launch_enter_hook) or _hooked(knobs.launch_exit_hook):
+            return None
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                run(xs, out)
+            finally:
+                graph.capture_end()
+    except Exception:  # noqa: BLE001 -- not capturable here (another Triton, a launch the driver refuses): direct
+        return False
+    return graph, knobs
 
 
 def _warm_widened(before, after):

@@ -208,7 +208,7 @@ def test_the_prepared_launch_is_not_taken_on_another_current_cuda_device(monkeyp
     m = bf16.module
     ran = []
     run = lambda xs, out: ran.append(xs) or {}  # noqa: E731
-    fast = (run, ("a",), 0, False)
+    fast = (run, ("a",), 0, False, None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     assert m._warm_run(fast, {"a": torch.zeros(1)}, None) is None and not ran
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
