@@ -6,9 +6,10 @@ Reading streams the file once, in order, in chunks: each chunk is hashed for the
 hashing threads as its bytes arrive, so reading and hashing overlap and one file is hashed on
 several cores) and copied into the tensors it overlaps. On CUDA the chunks go through a small
 ring of pinned host buffers per thread and are copied to the GPU asynchronously on the thread's
-own stream, so host memory stays a few chunks per thread however large the shard; on the CPU they
-are read straight into the tensors' memory. Every tensor gets its own allocation (aligned like
-``safetensors.get_tensor``'s), with the dtype and shape of the header.
+own stream, so host memory stays a few chunks per thread however large the shard, and every tensor
+gets its own allocation with the dtype and shape of the header. On the CPU the tensors are views of
+a copy-on-write memory map of the file (no copy, no write reaches the file; a tensor at an offset
+that is not a multiple of its element size is copied out), hashed from the same map.
 
 Writing produces exactly :func:`layoutc.convert.shardfile.write`'s bytes (its header, tensors sorted by
 name): on CUDA through a ring of pinned buffers, the device-to-host copy of the next chunks
