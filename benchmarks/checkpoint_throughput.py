@@ -614,7 +614,8 @@ class Bench:
                 if step == "copy":
                     res = self.plain_copy(out)
                 else:
-                    res = self.cli(f"r{r + 1}_{step}", self.in_dir, out, dev + a.extra, tree=old if step == "old" else ROOT)
+                    res = self.cli(f"r{r + 1}_{step}", self.in_dir, out, dev + a.extra,
+                                   tree=old if step == "old" else ROOT)
                     if res["ok"] and r == 0:
                         ref[step] = self.digest(out)
                     self.remove(out)
