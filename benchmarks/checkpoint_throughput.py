@@ -15,6 +15,13 @@ bf16 attention/embeddings copied through; ``layoutc.convert.synthckpt``) to the 
   * then, as time allows: the sequential loop (``--prefetch 0``), cold reads and a cold convert
     (each input file's cached pages dropped with posix_fadvise after an fsync; the disk below the
     VM may still cache), the same on tmpfs (no disk at all), and other pipeline knobs.
+``ab`` (any machine, made for the CPU): a plain copy of the same files (``shutil.copyfile`` of each
+file, fsynced), ``layoutc convert`` of this tree and of ``--old`` (another checkout: before), each in a
+fresh process, in alternation for ``--rounds`` rounds, the input's page cache dropped (``--cache
+cold``, the default) or read once (``--cache warm``) before every step; per step the whole run (the
+process: imports, the spec's compilation, the conversion, the index and manifest) and the conversion
+alone (``--profile``'s wall time of ``convert_checkpoint``), with the process's CPU seconds; the
+summary holds the medians and the ratios to the copy of the same round.
 ``two`` (two GPUs): the same checkpoint converted by one rank, by 2 torchrun ranks (NCCL, shards
 split by bytes), and with ``-D tp_size=2`` (every slice from one read) by one and by 2 ranks:
 throughput ratios and every output file compared with the one-rank run's.
@@ -32,6 +39,7 @@ import hashlib
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -102,9 +110,10 @@ class Bench:
 
     # -- measurements --------------------------------------------------------------------------
 
-    def cli(self, name: str, in_dir: Path, out_dir: Path, extra: list[str], ranks: int = 0) -> dict:
+    def cli(self, name: str, in_dir: Path, out_dir: Path, extra: list[str], ranks: int = 0, tree: Path = ROOT) -> dict:
         """``layoutc convert`` in a fresh process (``ranks`` > 0: under torchrun); wall time and the
-        per-rank ``--profile`` reports."""
+        per-rank ``--profile`` reports. ``tree``: the checkout whose ``layoutc`` runs (its folder is the
+        working directory and PYTHONPATH: ``python -m`` puts the working directory first)."""
         prof = out_dir.parent / f".{out_dir.name}-profile.json"
         for p in out_dir.parent.glob(f".{out_dir.name}-profile*.json"):
             p.unlink()
@@ -116,13 +125,17 @@ class Bench:
             cmd = [sys.executable, *base]
         self.log(f"run {name}: {' '.join(cmd[1:])}")
         t = time.perf_counter()
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env, cwd=ROOT,
+            env = self.env if tree == ROOT else dict(self.env, PYTHONPATH=str(tree))
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree,
                                   timeout=max(10.0, self.args.hard_s - self.elapsed()))
         except subprocess.TimeoutExpired as err:
             self.error(name, f"timed out after {err.timeout:.0f} s")
             return {"ok": False, "wall_s": time.perf_counter() - t}
         wall = time.perf_counter() - t
+        ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the whole process's CPU, any tree
+        cpu = ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime
         tail = [ln for ln in proc.stderr.splitlines() if "converting" not in ln][-8:]
         for ln in tail:
             self.log(f"    | {ln}")
@@ -131,6 +144,7 @@ class Bench:
             profiles.append(json.loads(p.read_text()))
             p.unlink()
         res = {"name": name, "ok": proc.returncode == 0, "rc": proc.returncode, "wall_s": round(wall, 3),
+               "whole_cpu_s": round(cpu, 3),
                "profiles": profiles}
         if proc.returncode != 0:
             self.error(name, "\n".join(proc.stderr.splitlines()[-15:]))
@@ -139,6 +153,8 @@ class Bench:
             res["convert_s"] = round(convert_s, 3)
             res["gbps_wall"] = round(self.in_bytes / wall / 1e9, 3)
             res["gbps_convert"] = round(self.in_bytes / convert_s / 1e9, 3)
+            if profiles and "process_cpu_s" in profiles[0]:
+                res["process_cpu_s"] = profiles[0]["process_cpu_s"]
             self.log(f"  {name}: {wall:.1f} s wall ({res['gbps_wall']:.2f} GB/s), "
                      f"{convert_s:.1f} s in convert ({res['gbps_convert']:.2f} GB/s)")
         return res
@@ -550,6 +566,90 @@ class Bench:
                 self.step("tmpfs", entry)
                 self.results["summary"]["tmpfs"] = {x: entry.get(x) for x in ("speedup_wall", "speedup_convert")}
 
+    def plain_copy(self, dest: Path) -> dict:
+        """A plain copy of the same files on the same disk: ``shutil.copyfile`` (the kernel copies:
+        copy_file_range / sendfile) of every shard and the index into ``dest``, each file fsynced,
+        then the folder: what ``cp -r`` and ``sync`` do, with the durability a conversion gives."""
+        self.remove(dest)
+        t = time.perf_counter()
+        dest.mkdir(parents=True)
+        for src in [*self.files, self.in_dir / "model.safetensors.index.json"]:
+            shutil.copyfile(src, dest / src.name)
+            shardio.fsync_file(dest / src.name)
+        fd = os.open(dest, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        s = time.perf_counter() - t
+        self.remove(dest)
+        return {"name": "copy", "ok": True, "wall_s": round(s, 3), "gbps_wall": round(self.in_bytes / s / 1e9, 3)}
+
+    def cache(self) -> str:
+        """The input's page cache state before a step: ``cold`` drops its pages (posix_fadvise after an
+        fsync: the next read goes to the disk, or to whatever caches the disk below this machine);
+        ``warm`` reads every file once, so every step starts with the input in memory."""
+        if self.args.cache == "cold":
+            return "cold" if self.drop(self.in_dir) else "unknown (posix_fadvise failed)"
+        self.read_cat(self.files)
+        return "warm"
+
+    def ab(self) -> None:
+        """Before (``--old``, another checkout) and after (this tree), and a plain copy of the same files,
+        in alternation, ``--rounds`` times (the order rotates each round): the three see the same load
+        and disk, so their ratios hold on a machine others use. Round 1 compares every output file."""
+        a = self.args
+        old = Path(a.old).resolve() if a.old else None
+        dev = ["--device", a.device, "-q"]
+        steps = ["copy", "new"] + (["old"] if old else [])
+        rounds, ref = [], {}
+        for r in range(a.rounds):
+            order = steps[r % len(steps):] + steps[:r % len(steps)]
+            row = {"round": r + 1, "order": order, "load_before": os.getloadavg()}
+            for step in order:
+                if not self.fits(f"round{r + 1}_{step}", 60 + self.in_bytes / 1e9 / 0.05):
+                    break
+                state = self.cache()
+                out = a.dir / f"out-{step}"
+                if step == "copy":
+                    res = self.plain_copy(out)
+                else:
+                    res = self.cli(f"r{r + 1}_{step}", self.in_dir, out, dev + a.extra,
+                                   tree=old if step == "old" else ROOT)
+                    if res["ok"] and r == 0:
+                        ref[step] = self.digest(out)
+                    self.remove(out)
+                res["cache"] = state
+                row[step] = res
+                self.log(f"  round {r + 1} {step} ({state}): {res['wall_s']:.2f} s whole"
+                         + (f", {res['convert_s']:.2f} s in convert, process CPU {res.get('process_cpu_s')} s"
+                            if "convert_s" in res else ""))
+            row["load_after"] = os.getloadavg()
+            rounds.append(row)
+            self.step("rounds", rounds)
+        if "old" in ref and "new" in ref:
+            self.results["identical_old_new"] = self.compare("old == new (round 1)", ref["new"], ref["old"])
+        self.results["summary"] = summary = {"cache": a.cache, "rounds": len(rounds)}
+
+        def med(xs):
+            xs = sorted(xs)
+            return round(xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2, 3)
+
+        for step in ("old", "new"):
+            ok = [row for row in rounds if row.get(step, {}).get("ok") and "copy" in row]
+            if not ok:
+                continue
+            summary[step] = {
+                "whole_gbps": med([row[step]["gbps_wall"] for row in ok]),
+                "convert_gbps": med([row[step]["gbps_convert"] for row in ok]),
+                "copy_gbps": med([row["copy"]["gbps_wall"] for row in ok]),
+                "whole_vs_copy": med([row["copy"]["wall_s"] / row[step]["wall_s"] for row in ok]),
+                "convert_vs_copy": med([row["copy"]["wall_s"] / row[step]["convert_s"] for row in ok]),
+                "process_cpu_s": med([row[step].get("process_cpu_s") or 0 for row in ok]),
+                "whole_cpu_s": med([row[step].get("whole_cpu_s") or 0 for row in ok]),
+            }
+        self.save()
+
     # -- report --------------------------------------------------------------------------------
 
     def table(self) -> None:
@@ -574,6 +674,20 @@ class Bench:
                                  + (f" | identical={r['identical_to_pipelined']}" if "identical_to_pipelined" in r else ""))
                 else:
                     lines.append(f"{name:<32} FAILED (rc {r.get('rc')})")
+        for row in s.get("rounds", []):
+            parts = []
+            for step in row["order"]:
+                r = row.get(step)
+                if r is None:
+                    continue
+                if not r.get("ok"):
+                    parts.append(f"{step} FAILED")
+                    continue
+                parts.append(f"{step} {r['wall_s']:.1f} s" + (
+                    f" (in convert {r['convert_s']:.1f} s, CPU in convert {r.get('process_cpu_s')} s, "
+                    f"whole {r.get('whole_cpu_s')} s)" if "convert_s" in r else ""))
+            lines.append(f"round {row['round']} ({row.get('new', row.get('copy', {})).get('cache')}; load "
+                         f"{row['load_before'][0]:.1f} -> {row['load_after'][0]:.1f}): " + ", ".join(parts))
         main = s.get("convert_pipelined_warm") or (s.get("shards") or {}).get("one")
         if main and main.get("ok") and main.get("profiles"):
             p = main["profiles"][0]
@@ -624,7 +738,7 @@ DIR_MARKER = ".checkpoint-throughput-dir"  # in a --dir this benchmark made, so 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["one", "two"])
+    ap.add_argument("mode", choices=["one", "two", "ab"])
     ap.add_argument("--size-gb", type=float, default=16.0, help="checkpoint size (default 16)")
     ap.add_argument("--shard-gb", type=float, default=None, help="shard size (default min(2, size/8))")
     ap.add_argument("--dims", default=",".join(f"{k}={v}" for k, v in GPT_OSS_120B.items()),
@@ -639,6 +753,11 @@ def main() -> int:
     ap.add_argument("--hard-s", type=float, default=540.0, help="kill a conversion still running at this time")
     ap.add_argument("--extra", default="", help="more `layoutc convert` options for the pipelined runs")
     ap.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
+    ap.add_argument("--old", default=None, help="ab: another checkout (its folder holds layoutc/) run as 'before'")
+    ap.add_argument("--rounds", type=int, default=3, help="ab: rounds of copy, after and before in alternation")
+    ap.add_argument("--cache", choices=["cold", "warm"], default="cold",
+                    help="ab: the input's page cache before every step (cold: its pages dropped; warm: read once)")
+    ap.add_argument("--no-smoke", action="store_true", help="skip the small in-process check before the runs")
     args = ap.parse_args()
     args.extra = args.extra.split()
     args.dir = args.dir.resolve()
@@ -657,8 +776,9 @@ def main() -> int:
         if args.device.startswith("cuda"):
             b.micro()
         b.generate()
-        b.smoke()
-        b.one() if args.mode == "one" else b.two()
+        if not args.no_smoke:
+            b.smoke()
+        {"one": b.one, "two": b.two, "ab": b.ab}[args.mode]()
     except Exception as err:  # noqa: BLE001 -- keep what was measured
         import traceback
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -175,9 +176,25 @@ define_option = click.option(
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="layoutc")
 @click.option("--debug", is_flag=True, hidden=True, help="Show tracebacks of internal errors.")
-def main(debug: bool) -> None:
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
     """Compile MoE weight-layout specs (.lyt) into verified converters."""
     _DEBUG[0] = debug
+    if ctx.invoked_subcommand == "convert":
+        passive_openmp(os.environ, sys.modules)
+
+
+def passive_openmp(environ, modules) -> bool:
+    """(``layoutc convert``, before torch is imported: click parses the subcommand's options, which
+    import it, after this group's callback.) OpenMP's idle workers sleep instead of spinning between
+    torch's parallel regions, unless the user chose a policy: ``convert`` runs the conversion beside
+    reader, hashing and writer threads, and on a 2-core machine the spinning workers took the cores
+    those threads needed (45% of the CPU samples of a CPU conversion were libgomp's wait loop; the
+    conversion of a 2 GB checkpoint went from 24 to 14-17 s, BENCHMARKS.md). True when it was set."""
+    if "torch" in modules or "OMP_WAIT_POLICY" in environ:  # too late (libgomp read it), or the user's
+        return False
+    environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True
 
 
 def _param_domains(spec_path: Path, fixed: dict[str, Any]) -> list[dict[str, Any]]:
@@ -584,7 +601,7 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
     bar = ShardProgress(f"rank {rank}/{world} converting" if world > 1 else "converting", enabled=not quiet)
     failure: Exception | None = None
     profile = Profile()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), os.times()
     try:
         with bar:
             summary = convert_checkpoint(specs, in_dir, outs, names, device, rank, world, bar, lowering,
@@ -608,8 +625,11 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
             finish(s, in_dir, o, names, summary["names"])
     if profile_path is not None:
         stages = profile.as_dict()
-        report = {"rank": rank, "world": world, "device": device, "wall_s": round(seconds, 4), "summary": summary,
-                  "slices": len(specs), "stages": stages["seconds"], "bytes": stages["bytes"], "counts": stages["counts"]}
+        cpu1 = os.times()  # every thread's CPU time (torch's own threads too), this process
+        report = {"rank": rank, "world": world, "device": device, "wall_s": round(seconds, 4),
+                  "process_cpu_s": round(cpu1.user + cpu1.system - cpu0.user - cpu0.system, 3), "summary": summary,
+                  "slices": len(specs), "stages": stages["seconds"], "cpu": stages["cpu"], "bytes": stages["bytes"],
+                  "counts": stages["counts"]}
         if world > 1:
             profile_path = profile_path.with_name(f"{profile_path.stem}.rank{rank}{profile_path.suffix}")
         profile_path.write_text(json.dumps(report, indent=1))

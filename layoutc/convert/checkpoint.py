@@ -35,7 +35,9 @@
   converted), the calling thread converts, writer threads copy the results back, write and fsync
   them (the fsyncs of several shards run at once), and one finisher thread renames, fsyncs the
   folder and stamps the shards in order. Memory: about ``prefetch + writers + 2`` shards (inputs and outputs)
-  on the device, a few 16 MiB pinned chunks per thread on the host. The output bytes are the
+  on the device, a few 16 MiB pinned chunks per thread on the host. On the CPU a shard is read
+  through a copy-on-write memory map (no copy); a shard whose file changed (size, mtime, ctime or
+  inode) between its read and its rename is refused, never stamped. The output bytes are the
   sequential loop's (``prefetch=0``), which stays as the reference.
 
 This module holds the entry points (:func:`convert_checkpoint`, :func:`finish`) and the split of

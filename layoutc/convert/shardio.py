@@ -6,9 +6,10 @@ Reading streams the file once, in order, in chunks: each chunk is hashed for the
 hashing threads as its bytes arrive, so reading and hashing overlap and one file is hashed on
 several cores) and copied into the tensors it overlaps. On CUDA the chunks go through a small
 ring of pinned host buffers per thread and are copied to the GPU asynchronously on the thread's
-own stream, so host memory stays a few chunks per thread however large the shard; on the CPU they
-are read straight into the tensors' memory. Every tensor gets its own allocation (aligned like
-``safetensors.get_tensor``'s), with the dtype and shape of the header.
+own stream, so host memory stays a few chunks per thread however large the shard, and every tensor
+gets its own allocation with the dtype and shape of the header. On the CPU the tensors are views of
+a copy-on-write memory map of the file (no copy, no write reaches the file; a tensor at an offset
+that is not a multiple of its element size is copied out), hashed from the same map.
 
 Writing produces exactly :func:`layoutc.convert.shardfile.write`'s bytes (its header, tensors sorted by
 name): on CUDA through a ring of pinned buffers, the device-to-host copy of the next chunks
@@ -28,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import math
+import mmap
 import os
 import struct
 import threading
@@ -55,32 +57,39 @@ class Fallback(Exception):
 
 
 class Profile:
-    """Seconds and bytes per stage, added up over threads (thread-safe)."""
+    """Seconds and bytes per stage, added up over threads (thread-safe). ``seconds`` are wall time
+    (a thread waiting for a core counts); ``cpu`` is the thread's CPU time over the same spans
+    (:func:`time.thread_time`): on a machine with fewer cores than busy threads, ``cpu`` says what
+    each stage costs and ``seconds`` how long it took."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self.seconds: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
         self.bytes: dict[str, int] = {}
         self.counts: dict[str, int] = {}
 
-    def add(self, stage: str, seconds: float, nbytes: int = 0) -> None:
+    def add(self, stage: str, seconds: float, nbytes: int = 0, cpu: float | None = None) -> None:
         with self._lock:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
             self.counts[stage] = self.counts.get(stage, 0) + 1
+            if cpu is not None:
+                self.cpu[stage] = self.cpu.get(stage, 0.0) + cpu
             if nbytes:
                 self.bytes[stage] = self.bytes.get(stage, 0) + nbytes
 
     @contextlib.contextmanager
     def span(self, stage: str, nbytes: int = 0):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
-            self.add(stage, time.perf_counter() - t0, nbytes)
+            self.add(stage, time.perf_counter() - t0, nbytes, time.thread_time() - c0)
 
     def as_dict(self) -> dict[str, Any]:
         with self._lock:
             return {"seconds": {k: round(v, 4) for k, v in sorted(self.seconds.items())},
+                    "cpu": {k: round(v, 4) for k, v in sorted(self.cpu.items())},
                     "bytes": dict(sorted(self.bytes.items())), "counts": dict(sorted(self.counts.items()))}
 
 
@@ -343,7 +352,9 @@ class ShardIO:
 
     def read(self, path: Path) -> tuple[dict[str, torch.Tensor], str, int]:
         """``path``'s tensors on the device, the file's :data:`DIGEST` and its size. Raises
-        :class:`Fallback` before reading the data when safetensors should read this file."""
+        :class:`Fallback` before reading the data when safetensors should read this file. On the CPU
+        (not staged) the tensors are views of a private, copy-on-write memory map of the file
+        (:meth:`_read_mapped`): no copy, and no write of theirs can reach the file."""
         prof = self.profile
         digest = TreeHash(self.hash_pool, prof)
         with open(path, "rb", buffering=0) as f:
@@ -362,33 +373,45 @@ class ShardIO:
             digest.update(raw)
             if self.staged:
                 tensors = self._read_staged(f, entries, data, digest, path)
+                if f.read(1):
+                    raise LayoutError(f"{path}: cannot read (the file grew while being read)")
             else:
-                tensors = self._read_cpu(f, entries, digest, path)
-            if f.read(1):
-                raise LayoutError(f"{path}: cannot read (the file grew while being read)")
+                tensors = self._read_mapped(f, entries, 8 + n, size, digest)
         prof.add("read_bytes", 0.0, size)
         return tensors, digest.hexdigest(), size
 
-    def _read_cpu(self, f, entries, digest, path: Path) -> dict[str, torch.Tensor]:
+    def _read_mapped(self, f, entries, start: int, size: int, digest: TreeHash) -> dict[str, torch.Tensor]:
+        """The tensors as views of a copy-on-write map of the file (``mmap.ACCESS_COPY``: pages are the
+        page cache's until written, and a write goes to a private copy, never to the file), hashed
+        from the same map by the pool. Reading a shard into fresh memory cost a copy and a page
+        fault per 4 KiB, more CPU than the conversion's own reads on a 2-core machine. A tensor whose
+        offset is not a multiple of its element size is copied out (torch expects aligned elements).
+        The map lives as long as a tensor viewing it. The file may change under a map: the caller
+        compares :func:`file_identity` before and after (:meth:`layoutc.convert.shardpipeline._Run.finish_shard`)."""
         prof = self.profile
-        tensors, hashed = {}, []
+        with prof.span("map"):
+            mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+            with contextlib.suppress(AttributeError, OSError):  # the pool reads it in order, once
+                mm.madvise(mmap.MADV_SEQUENTIAL)
+            if len(mm) != size:  # shrunk since the fstat
+                raise LayoutError(f"{f.name}: cannot read (the file changed while being read)")
+        view = memoryview(mm)
+        tensors = {}
         try:
-            for name, dtype, shape, start, end in entries:
-                t = torch.empty(shape, dtype=dtype)
-                tensors[name] = t
-                if end == start:
-                    continue
-                view = shardfile._raw(t)
-                for a in range(0, end - start, self.chunk):
-                    piece = view[a:a + self.chunk]
-                    with prof.span("read", len(piece)):
-                        _read_exact(f, piece, path)
-                    hashed.extend(digest.update(piece))  # the piece is never overwritten
-        finally:
             with prof.span("hash_wait"):
-                for fut in hashed:  # every future, even after a failure: no hash left running
-                    fut.exception()
-        digest.wait()
+                digest.update(view[start:size])
+                digest.wait()
+            for name, dtype, shape, a, b in entries:
+                if a == b:
+                    tensors[name] = torch.empty(shape, dtype=dtype)
+                    continue
+                flat = torch.frombuffer(mm, dtype=torch.uint8, count=b - a, offset=start + a)
+                if (start + a) % dtype.itemsize:
+                    with prof.span("read", b - a):
+                        flat = flat.clone()
+                tensors[name] = flat.view(dtype).view(shape)
+        finally:
+            view.release()  # the tensors hold the map itself (torch.frombuffer keeps a reference)
         return tensors
 
     def _read_staged(self, f, entries, data: int, digest, path: Path) -> dict[str, torch.Tensor]:
@@ -519,6 +542,14 @@ class ShardIO:
         ring.events[slot] = ring.record()
         pending.append((slot, fill))
         self.profile.add("d2h_bytes", 0.0, fill)
+
+
+def file_identity(path: str | Path) -> tuple[int, ...]:
+    """What changes when a file is written, replaced or resized: device, inode, size, mtime and
+    ctime (nanoseconds). Equal before and after a conversion read it: the bytes hashed for the
+    stamp are the bytes converted (the pipeline reads a shard through a memory map, not a copy)."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def fsync_file(path: Path) -> None:

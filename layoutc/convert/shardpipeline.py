@@ -102,6 +102,13 @@ def _verify_sample(spec: CompiledSpec, inputs: Mapping[str, torch.Tensor], out: 
             raise LayoutError(f"verification failed for layer {layer!r}: {k} differs from {how}")
 
 
+def _identity(path: Path) -> tuple | None:
+    try:
+        return shardio.file_identity(path)
+    except OSError:  # removed or unreadable since: not the file that was read
+        return None
+
+
 @attrs.define
 class _Job:
     """One input shard, read: its tensors (on the device; None when safetensors reads it), its
@@ -114,6 +121,7 @@ class _Job:
     digest: str
     tensors: dict[str, torch.Tensor] | None
     todo: list[_Target]
+    identity: tuple | None = None  # shardio.file_identity before it was read: unchanged when written
 
 
 @attrs.define
@@ -352,12 +360,13 @@ class _Run:
                 todo = [t for t in todo if self.stamp_digest(t, shard) != digest]
                 if not todo:
                     return _Job(shard, source, size, digest, None, [])
+            identity = shardio.file_identity(source)
             try:
                 tensors, digest, size = io.read(source)
             except shardio.Fallback:
                 digest, tensors = io.digest(source), None  # its "hash" seconds are added up inside
                 self.prof.add("read_bytes", 0.0, size)
-            return _Job(shard, source, size, digest, tensors, todo)
+            return _Job(shard, source, size, digest, tensors, todo, identity)
         except OSError as err:  # the file's failures name the shard; anything else (CUDA out of memory,
             # a bug) keeps its own type and traceback rather than passing for an unreadable file
             raise LayoutError(f"{source}: cannot read ({err})") from None
@@ -465,6 +474,10 @@ class _Run:
         item.future.result()  # written and fsynced by its writer thread
         t, shard = item.target, item.job.shard
         try:
+            if item.job.identity is not None and _identity(item.job.source) != item.job.identity:
+                # read through a memory map (hashed and converted from the file's pages, not a copy):
+                # a shard written meanwhile could hold bytes the stamp's digest does not describe
+                raise LayoutError(f"{item.job.source}: the file changed while it was converted; run again")
             os.chmod(item.tmp, 0o644)
             os.replace(item.tmp, t.out_dir / shard)  # atomic: a shard is either absent or complete
         finally:
