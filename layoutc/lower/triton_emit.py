@@ -24,12 +24,12 @@ from . import maptext
 from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known  # noqa: F401  (re-exported)
 from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, tables, unknown
+from .bytetable import NUM_WARPS, conversions as _conversions, layer_warps, looked_up, looks_up
 from .stepped import coarse_body, steps_body
 from .terms import collect_and_name, is_size, replace
 from .torch_emit import BIT_VIEWS
 
 # Work per program (lanes x elements per lane), with NUM_WARPS warps per program.
-NUM_WARPS = 4
 BLOCK_ELEMENTS = 2048  # elements: one element (or coarse word) per lane
 # A plain copy moves this many bytes per program: 64 per lane, four 16-byte loads in flight per
 # lane before any store, so the copy keeps the memory busy even when the layer kernel's other
@@ -44,6 +44,7 @@ ROW_TILE_ELEMENTS = 4096  # ... and this many elements
 # tiles (a transposing map): TILE_IN output elements along the axis that reads the source in order
 # (one run of TILE_IN source elements per tile column) by TILE_OUT along the output's last axis
 TILE_IN, TILE_OUT = 64, 64
+TILE_ELEMENTS = TILE_IN * TILE_OUT
 
 
 def t(e: ex.Expr) -> str:
@@ -185,34 +186,6 @@ def unravel(var: str, shape: Sequence[ex.Expr], t=t) -> list[str]:
     return lines + [TERMS]
 
 
-def _conversions(p: Plan, value: str) -> list[str]:
-    """Each value conversion's kernel form, in chain order, on the element type it receives."""
-    lines = []
-    elem = p.in_elem
-    for conv in p.conversions:
-        lines += known(conv).kernel(value, elem)
-        elem = conv.to
-    return lines
-
-
-def _looked_up(p: Plan, value: str, elements: int, shape: str) -> list[str] | None:
-    """The value conversions as a lookup: where the source element is one byte and the chain does more
-    than relabel bits, the chain is a function of the 256 byte values; the program converts each of them
-    once (2 per lane) and looks every element up in that table (``tl.gather``), instead of converting
-    ``elements`` values one by one. marlin_nvfp4's scales (e4m3 -> f16, times 2**7, bits 7..14 kept)
-    took ~13 instructions per element that way, the lookup ~3 (SASS for SM90). None: converted in place."""
-    if (p.in_elem.bits != 8 or not p.conversions or all(known(c).keeps_bits for c in p.conversions)
-            or elements <= 256):
-        return None
-    out = p.conversions[-1].to
-    src_t, out_t, out_u = TRITON_DTYPES[p.in_elem.canonical], TRITON_DTYPES[out.canonical], UINT[out.bits]
-    return [f"_idx = tl.reshape({value}.to(tl.uint8, bitcast=True), [{elements}]).to(tl.int32)",
-            f"{value} = tl.arange(0, 256).to(tl.uint8).to({src_t}, bitcast=True)  # every byte value",
-            *_conversions(p, value),
-            f"{value} = tl.gather({value}.to({out_u}, bitcast=True), _idx, 0)",
-            f"{value} = tl.reshape({value}, {shape}).to({out_t}, bitcast=True)"]
-
-
 def _plain_copy(p: Plan) -> bool:
     """A copy without value conversions (the device's own copy may move it)."""
     return isinstance(p, Copy) and not p.conversions
@@ -289,7 +262,7 @@ def _tiles(p: Affine | Gather, t=t) -> list[str]:
     else:
         lines += _load("v", f"({t(linear(m.src, p.in_shape))})", t(m.valid), f", other={t(m.fill)}")
     out = linear([ex.Var(f"o{k}") for k in range(rank)], p.out_shape)
-    convert = _looked_up(p, "v", TILE_IN * TILE_OUT, f"[{TILE_IN}, {TILE_OUT}]") or _conversions(p, "v")
+    convert = looked_up(p, "v", TILE_IN, TILE_OUT) if looks_up(p) else _conversions(p, "v")
     return lines + convert + [f"tl.store(y_ptr + ({t(out)}), v, mask=mask)"]
 
 
@@ -634,7 +607,8 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
         "    _compiled = None",
         "    if total:",
         "        kernels = _triton_kernels(_TRITON_SOURCE, _TRITON_FILE)",
-        f"        _compiled = _launch(kernels[{kernel!r}], total, _args, _consts, {NUM_WARPS})",
+        f"        _compiled = _launch(kernels[{kernel!r}], total, _args, _consts, "
+        f"{layer_warps([p for _, p in entries])})",
         "    _prepare(_key, _compiled, total, _consts, out, _args, _apart)",
         "    return out",
     ]
