@@ -24,12 +24,12 @@ from . import maptext
 from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known, words_kernel  # noqa: F401  (re-exported)
 from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, tables, unknown
+from .bytetable import NUM_WARPS, conversions as _conversions, layer_warps, looked_up, looks_up
 from .stepped import coarse_body, steps_body
 from .terms import collect_and_name, is_size, replace
 from .torch_emit import BIT_VIEWS
 
 # Work per program (lanes x elements per lane), with NUM_WARPS warps per program.
-NUM_WARPS = 4
 BLOCK_ELEMENTS = 2048  # elements: one element (or coarse word) per lane
 # A plain copy moves this many bytes per program: 64 per lane, four 16-byte loads in flight per
 # lane before any store, so the copy keeps the memory busy even when the layer kernel's other
@@ -44,6 +44,7 @@ ROW_TILE_ELEMENTS = 4096  # ... and this many elements
 # tiles (a transposing map): TILE_IN output elements along the axis that reads the source in order
 # (one run of TILE_IN source elements per tile column) by TILE_OUT along the output's last axis
 TILE_IN, TILE_OUT = 64, 64
+TILE_ELEMENTS = TILE_IN * TILE_OUT
 
 
 def t(e: ex.Expr) -> str:
@@ -93,7 +94,8 @@ TERMS = "#<terms>"
 #: Names a body binds itself (a named term takes none of them).
 #: None is ``_`` and one letter: those are the header's terms (maptext.TERM_PREFIX).
 _LOCALS = {"v", "w", "r", "x", "y", "src", "ok", "offs", "_lane", "_out", "_KW", "mask", "pid", "rows", "cols", "live",
-           "inside", "_TILE", "_ALT", "_ASM", "_bits", "_half", "_field", "_nan", "_nct", "_read", "_nit", "_plane"}
+           "inside", "_TILE", "_ALT", "_ASM", "_bits", "_half", "_field", "_nan", "_nct", "_read", "_nit", "_plane",
+           "_idx"}
 
 
 # ---------------------------------------------------------------------------
@@ -184,16 +186,6 @@ def unravel(var: str, shape: Sequence[ex.Expr], t=t) -> list[str]:
     return lines + [TERMS]
 
 
-def _conversions(p: Plan, value: str) -> list[str]:
-    """Each value conversion's kernel form, in chain order, on the element type it receives."""
-    lines = []
-    elem = p.in_elem
-    for conv in p.conversions:
-        lines += known(conv).kernel(value, elem)
-        elem = conv.out_elem(elem)
-    return lines
-
-
 def _plain_copy(p: Plan) -> bool:
     """A copy without value conversions (the device's own copy may move it)."""
     return isinstance(p, Copy) and not p.conversions
@@ -270,7 +262,8 @@ def _tiles(p: Affine | Gather, t=t) -> list[str]:
     else:
         lines += _load("v", f"({t(linear(m.src, p.in_shape))})", t(m.valid), f", other={t(m.fill)}")
     out = linear([ex.Var(f"o{k}") for k in range(rank)], p.out_shape)
-    return lines + _conversions(p, "v") + [f"tl.store(y_ptr + ({t(out)}), v, mask=mask)"]
+    convert = looked_up(p, "v", TILE_IN, TILE_OUT) if looks_up(p) else _conversions(p, "v")
+    return lines + convert + [f"tl.store(y_ptr + ({t(out)}), v, mask=mask)"]
 
 
 def rows_word(p: Plan) -> int:
@@ -617,7 +610,8 @@ def launcher(name: str, kernel: str, entries: Sequence[tuple[str, Plan]], dims: 
         "    _compiled = None",
         "    if total:",
         "        kernels = _triton_kernels(_TRITON_SOURCE, _TRITON_FILE)",
-        f"        _compiled = _launch(kernels[{kernel!r}], total, _args, _consts, {NUM_WARPS})",
+        f"        _compiled = _launch(kernels[{kernel!r}], total, _args, _consts, "
+        f"{layer_warps([p for _, p in entries])})",
         "    _prepare(_key, _compiled, total, _consts, out, _args, _apart)",
         "    return out",
     ]
