@@ -25,6 +25,7 @@ from .maptext import map_text
 from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known, words_kernel  # noqa: F401  (re-exported)
 from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, tables, unknown
 from .stepped import coarse_body, steps_body
+from .units import units_body, units_walk
 from .terms import collect_and_name, is_size, replace
 from .torch_emit import BIT_VIEWS
 
@@ -516,10 +517,10 @@ def body(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.
     def alternative(first, second) -> list[str]:  # the first walk is over another grid
         return ["if _ALT:", *("    " + x for x in named(first, sizes)), "else:", *("    " + x for x in named(second))]
 
-    if isinstance(p, Words) and p.quads is not None:
-        lines = alternative(lambda t: _quads(p, t), lambda t: _words(p, t))
-    elif isinstance(p, Words) and p.spread_quads is not None:
+    if isinstance(p, Words) and (p.quads or p.spread_quads) is not None:
         lines = alternative(lambda t: _quads(p, t, p.spread_quads), lambda t: _words(p, t))
+    elif isinstance(p, Words) and p.units is not None:
+        lines = alternative(lambda t: units_body(p, _lanes(p, BLOCK_WORDS), unravel, t), lambda t: _words(p, t))
     elif isinstance(p, Words):
         lines = named(lambda t: _words(p, t))
     elif isinstance(p, Rows) and rows_word(p) > 1:  # one body: the word width is a constexpr
@@ -677,6 +678,8 @@ def _word_walks(p: Words, walk) -> list[tuple[str | None, list[str]]]:
                      f"{BLOCK_QUADS // q.row_tile})")
         quads = walk("int64" if q.pairs else "int32", "int32", count)
         return [(cond + "  # the dims the quads walk was checked for", quads), (None, words)]
+    if p.units is not None:
+        return [units_walk(p, walk, BLOCK_WORDS), (None, words)]
     return [(None, words)]
 
 
