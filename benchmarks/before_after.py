@@ -216,7 +216,8 @@ def main() -> int:
                         times[f"{tag}_b2b"].append(timeit(calls[tag], "cuda", reps=5, calls=10) * 1e3)
                     times["copy"].append(timeit(lambda: buf.copy_(flat), "cuda") * 1e3)
                     times["copy_b2b"].append(timeit(lambda: buf.copy_(flat), "cuda", reps=5, calls=10) * 1e3)
-                if args.host and not alone:  # issue 25: the host's share of a warm call, before and after, fingerprint on and off
+                if args.host and not alone:  # issue 25: the host's share of a warm call, before and after, fingerprint
+                    # on and off
                     host = {"old": [], "new": [], "old_fingerprinted": [], "new_fingerprinted": []}
                     calls["old_fingerprinted"] = lambda: converters["old"].convert(x)
                     host.update({k: [] for k in outs_of})
