@@ -36,8 +36,12 @@ VARIANTS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
 #: The shipped specs of engines other than FlashInfer (issue 24); --variants other / all.
 OTHER_VARIANTS = [("triton_kernels_mxfp4_hopper", {}), ("triton_kernels_mxfp4_blackwell", {}), ("aiter_mxfp4", {}),
                   ("aiter_fp8_block", {}), ("deepgemm_fp8_block", {}), ("vllm_cutlass_nvfp4", {"activation": "silu"}),
-                  ("marlin_mxfp4", {}), ("marlin_nvfp4", {}), ("marlin_gptq_int4", {})]
+                  ("marlin_mxfp4", {}), ("marlin_nvfp4", {}), ("marlin_gptq_int4", {}), ("vllm_cutlass_w4a8", {})]
 DIMS = {"E": 128, "I": 2944, "H": 2944}
+#: Specs timed at their own dims instead (the common dims are not shapes they accept): vLLM's CUTLASS
+#: W4A8 needs H and I multiples of 256; the Qwen3-30B-A3B layer (E=128, I=768, H=2048) and the
+#: DeepSeek-V3 layer (E=256, I=2048, H=7168) stand for the 20b- and 120b-like layers.
+SPEC_DIMS = {"vllm_cutlass_w4a8": [{"E": 128, "I": 768, "H": 2048}, {"E": 256, "I": 2048, "H": 7168}]}
 # Parameters that give a newer spec the layout of the older one, where its defaults changed it (the
 # trtllm specs pad H, and I, to 256 since vLLM 0.33; at I = H = 2944, a multiple of 128, padding to
 # 128 is none, as before).
@@ -63,6 +67,9 @@ def emit(root: Path, folder: Path, tag: str, which: str = "flashinfer") -> None:
     for i, (name, params) in enumerate(_variants(which)):
         runs = [(params, False)]
         extra = AS_OLD.get(name, {})
+        if not (root / "specs" / f"{name}.lyt").is_file():  # a spec newer than the old tree: new timed alone
+            manifest.append({"variant": i, "spec": name, "params": params, "as_old": False, "absent": True})
+            continue
         text = (root / "specs" / f"{name}.lyt").read_text()
         if tag == "new" and extra and all(re.search(rf"^param {k}\b", text, re.MULTILINE) for k in extra):
             runs.append(({**params, **extra}, True))
@@ -140,17 +147,24 @@ def main() -> int:
     from layoutc.cli.bench import timeit
     from layoutc.convert.synthckpt import synthetic_inputs
 
-    for dims in all_dims:  # one process, the modules emitted once
+    extra_dims = [d for ds in SPEC_DIMS.values() for d in ds if d not in all_dims]
+    for dims in all_dims + extra_dims:  # one process, the modules emitted once
         for entry in new:
+            if dims not in SPEC_DIMS.get(entry["spec"], all_dims):  # SPEC_DIMS: a spec's own dims
+                continue
+            alone = old[entry["variant"]].get("absent", False)  # no old converter: the new one and a copy
             row = {"spec": entry["spec"], "params": entry["params"], "as_old": entry["as_old"], "dims": dims,
                    "old_params": old[entry["variant"]]["params"]}
             try:
-                for side in (entry, old[entry["variant"]]):
+                for side in (entry,) + (() if alone else (old[entry["variant"]],)):
                     if "error" in side:
                         raise RuntimeError(side["error"])
                 spec = layoutc.compile_file(args.new / "specs" / f"{entry['spec']}.lyt", entry["params"])
                 x = synthetic_inputs(spec, dims, 1, "cuda")
-                converters = {"old": _load(old[entry["variant"]]["module"]), "new": _load(entry["module"])}
+                converters = {"new": _load(entry["module"])}
+                if not alone:
+                    converters["old"] = _load(old[entry["variant"]]["module"])
+                sides = ("new",) if alone else ("old", "new")
                 outs = {tag: m.convert(x) for tag, m in converters.items()}
                 # parity of the new fused converter with the eager lowering (the reference), on other values too
                 x2 = synthetic_inputs(spec, dims, 2, "cuda")
@@ -163,7 +177,7 @@ def main() -> int:
                 inputs = sum(t.numel() * t.element_size() for t in x.values())
                 for tag, out in outs.items():
                     row[f"{tag}_bytes"] = inputs + sum(t.numel() * t.element_size() for t in out.values())
-                row["same_output"] = outs["old"].keys() == outs["new"].keys() and all(
+                row["same_output"] = alone or outs["old"].keys() == outs["new"].keys() and all(
                     outs["old"][k].view(torch.uint8).equal(outs["new"][k].view(torch.uint8))
                     if outs["old"][k].shape == outs["new"][k].shape else False for k in outs["old"])
                 outs = None
@@ -185,7 +199,7 @@ def main() -> int:
                     calls["new_out"] = lambda: converters["new"].convert(x, fingerprint=False, out=o)
                     times.update(new_out=[], new_out_b2b=[])
                     outs_of.append("new_out")
-                    if "out" in inspect.signature(converters["old"].convert).parameters:
+                    if not alone and "out" in inspect.signature(converters["old"].convert).parameters:
                         # the old converter's own output shapes (an AS_OLD row's old layout is another one)
                         o_old = {k: torch.empty_like(v)
                                  for k, v in converters["old"].convert(x, fingerprint=False).items()}
@@ -193,7 +207,7 @@ def main() -> int:
                         times.update(old_out=[], old_out_b2b=[])
                         outs_of.append("old_out")
                 for r in range(args.rounds):
-                    for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                    for tag in (sides if r % 2 == 0 else sides[::-1]):
                         times[tag].append(timeit(calls[tag], "cuda") * 1e3)
                         times[f"{tag}_b2b"].append(timeit(calls[tag], "cuda", reps=5, calls=10) * 1e3)
                     times["new_fingerprinted"].append(timeit(calls["new_fingerprinted"], "cuda") * 1e3)
@@ -202,7 +216,8 @@ def main() -> int:
                         times[f"{tag}_b2b"].append(timeit(calls[tag], "cuda", reps=5, calls=10) * 1e3)
                     times["copy"].append(timeit(lambda: buf.copy_(flat), "cuda") * 1e3)
                     times["copy_b2b"].append(timeit(lambda: buf.copy_(flat), "cuda", reps=5, calls=10) * 1e3)
-                if args.host:  # issue 25: the host's share of a warm call, before and after, fingerprint on and off
+                if args.host and not alone:  # issue 25: the host's share of a warm call, before and after, fingerprint
+                    # on and off
                     host = {"old": [], "new": [], "old_fingerprinted": [], "new_fingerprinted": []}
                     calls["old_fingerprinted"] = lambda: converters["old"].convert(x)
                     host.update({k: [] for k in outs_of})
@@ -224,7 +239,7 @@ def main() -> int:
                         row["old_out_same_output"] = all(got[k].view(torch.uint8).equal(o[k].view(torch.uint8))
                                                          if got[k].shape == o[k].shape else False for k in got)
                     o = o_old = outs = got = None
-                for tag in ("old", "new", *outs_of):
+                for tag in (*sides, *outs_of):
                     row.setdefault(f"{tag}_bytes", row["new_bytes"])
                     row[f"{tag}_median_ms"] = statistics.median(times[tag])
                     row[f"{tag}_fraction_of_copy"] = (row[f"{tag}_bytes"] / row[f"{tag}_median_ms"]) / (
@@ -232,7 +247,8 @@ def main() -> int:
                     row[f"{tag}_b2b_median_ms"] = statistics.median(times[f"{tag}_b2b"])
                     row[f"{tag}_b2b_fraction_of_copy"] = (row[f"{tag}_bytes"] / row[f"{tag}_b2b_median_ms"]) / (
                         2 * flat.numel() / statistics.median(times["copy_b2b"]))
-                row["new_over_old"] = row["new_median_ms"] / row["old_median_ms"]
+                if not alone:
+                    row["new_over_old"] = row["new_median_ms"] / row["old_median_ms"]
             except Exception as err:  # noqa: BLE001 -- recorded; the other specs still run
                 row["error"] = repr(err)[:300]
             print(json.dumps(row), flush=True)

@@ -4,8 +4,10 @@
 # session; .whl = lark and interegular wheels for the machine's Python):
 #   bash benchmarks/h200_final_run.sh flashinfer   # FlashInfer's specs: old/new/new with out=, 20b and 120b
 #                                                  # layers; host time of a warm call (tiny layer), breakdown
-#   bash benchmarks/h200_final_run.sh other        # the other engines' specs, 20b and 120b layers;
-#                                                  # the CUDA checkpoint pipeline test
+#   bash benchmarks/h200_final_run.sh other        # the other engines' specs, 20b and 120b layers
+#                                                  # (vllm_cutlass_w4a8 at its own: before_after.SPEC_DIMS,
+#                                                  # the Qwen3-30B-A3B and DeepSeek-V3 layers; timed alone
+#                                                  # where .old has no such spec); the CUDA pipeline test
 # benchmarks/before_after.py times the old and the new converters in one process, in alternation (single
 # calls and 10 back to back, a device copy of the same bytes in each round; same bytes and fused == eager
 # checked). Results under $OUT; tables printed last (benchmarks/host_summary.py).

@@ -51,6 +51,7 @@ from ..lang.ops.conversion import BitPermutation, Conversion, MapBits, UnknownKi
 from .bytemaps import byte_maps, byte_shape
 from .grids import evaluate as _evaluate, grid_env
 from .stepped import Steps, coarsen, find_steps, relabels_only
+from .units import Units, find_units
 from .strides import affine_strides, contiguous_strides, linear, transpose_axis  # noqa: F401  (re-exported)
 
 
@@ -197,6 +198,7 @@ class Words(Plan):
     spread_quads: Quads | None = None
     # the source's element bits where it is wider than a byte: its bytes are read (in_shape is the bytes)
     source_bits: int = 8
+    units: Units | None = None  # each word from aligned 16/32-bit source units at fixed offsets (lower.units)
 
     @property
     def access(self) -> Access:
@@ -294,6 +296,8 @@ def plan(chain: Chain) -> Plan:
         if raw.quads is None:
             q = next((q for s in QUAD_SPREADS[1:] if (q := _quads(raw, chain, s)) is not None), None)
             raw = attrs.evolve(raw, spread_quads=q and attrs.evolve(q, row_tile=_row_tile(raw, q, chain)))
+        if raw.quads is None and raw.spread_quads is None:
+            raw = attrs.evolve(raw, units=find_units(raw, samples(chain), tidy))
     elif isinstance(raw, Gather) and (split := _rows_form(raw.map)) is not None:
         raw = Rows(map=raw.map, row_valid=split[0], col_bound=split[1], **raw.shared())
     elif isinstance(raw, Gather) and relabels_only(raw):
@@ -328,6 +332,8 @@ def index_exprs(p: Plan) -> list[ex.Expr]:
         for q in (p.quads, p.spread_quads):
             if q is not None:
                 out += [*q.bases, *q.valid]
+        if p.units is not None:
+            out += [*p.units.src, *p.units.offsets]
     elif isinstance(p, (Affine, Gather, Rows)):
         out += [*p.map.src, p.map.valid]
     elif not isinstance(p, (Copy, NoPass)):

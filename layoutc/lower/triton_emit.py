@@ -26,6 +26,7 @@ from ..lang.ops.conversion import CANONICAL_NAN, TRITON_DTYPES, UINT, known, wor
 from .plan import Affine, Copy, Gather, Plan, Quads, Rows, Words, linear, tables, unknown
 from .bytetable import NUM_WARPS, conversions as _conversions, layer_warps, looked_up, looks_up
 from .stepped import coarse_body, steps_body
+from .units import units_body, units_walk
 from .terms import collect_and_name, is_size, replace
 from .torch_emit import BIT_VIEWS
 
@@ -509,10 +510,10 @@ def body(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.
     def alternative(first, second) -> list[str]:  # the first walk is over another grid
         return ["if _ALT:", *("    " + x for x in named(first, sizes)), "else:", *("    " + x for x in named(second))]
 
-    if isinstance(p, Words) and p.quads is not None:
-        lines = alternative(lambda t: _quads(p, t), lambda t: _words(p, t))
-    elif isinstance(p, Words) and p.spread_quads is not None:
+    if isinstance(p, Words) and (p.quads or p.spread_quads) is not None:
         lines = alternative(lambda t: _quads(p, t, p.spread_quads), lambda t: _words(p, t))
+    elif isinstance(p, Words) and p.units is not None:
+        lines = alternative(lambda t: units_body(p, _lanes(p, BLOCK_WORDS), unravel, t), lambda t: _words(p, t))
     elif isinstance(p, Words):
         lines = named(lambda t: _words(p, t))
     elif isinstance(p, Rows) and rows_word(p) > 1:  # one body: the word width is a constexpr
@@ -671,6 +672,8 @@ def _word_walks(p: Words, walk) -> list[tuple[str | None, list[str]]]:
                      f"{BLOCK_QUADS // q.row_tile})")
         quads = walk("int64" if q.pairs else "int32", "int32", count)
         return [(cond + "  # the dims the quads walk was checked for", quads), (None, words)]
+    if p.units is not None:
+        return [units_walk(p, walk, BLOCK_WORDS), (None, words)]
     return [(None, words)]
 
 

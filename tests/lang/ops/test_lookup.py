@@ -103,9 +103,26 @@ def test_fields_must_tile_the_element():
 def test_the_table_reaches_the_converter_as_integer_literals():
     spec = layoutc.compile_source(SPEC.format(table=", ".join(map(str, W4A8))), "fields.lyt")
     assert "map_bits(x, 4, (8, 9, 10, 11, 12, 13, 14, 15, 0, 7, 6, 5, 4, 3, 2, 1))" in spec.source.replace("y = ", "")
-    lines = cv.MapBits(None, width=4, table=W4A8).kernel("v", ET["i32"])
-    packed = [hex(sum(v << (4 * j) for j, v in enumerate(W4A8[i:i + 8]))) for i in (0, 8)]
-    assert all(p in "\n".join(lines) for p in packed), lines
+    lines = cv.MapBits(None, width=4, table=W4A8).kernel("v", ET["i32"])  # bit-sliced: masks, no table text
+    assert "0x11111111" in "\n".join(lines) and "table" not in "\n".join(lines), lines
+    wide = cv.MapBits(None, width=8, table=tuple(reversed(range(256)))).kernel("v", ET["i32"])  # looked up
+    assert hex(sum(v << (8 * j) for j, v in enumerate(range(255, 251, -1)))) in "\n".join(wide), wide
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+def test_the_bit_sliced_form_of_a_table_computes_the_table(width):
+    # Regression guard of the kernel's bit-sliced tables (conversion.anf_terms): every output bit the
+    # XOR of ANDs of input bits; checked on every field value of random tables.
+    import random
+
+    rng = random.Random(width)
+    for _ in range(20):
+        table = [rng.randrange(1 << width) for _ in range(1 << width)]
+        terms = cv.anf_terms(width, table)
+        for x in range(1 << width):
+            got = sum((sum(all(x >> i & 1 for i in range(width) if s >> i & 1) for s in t) & 1) << j
+                      for j, t in enumerate(terms))
+            assert got == table[x], (table, x)
 
 
 @pytest.mark.slow  # compiles specs and runs their kernels in Triton's interpreter: seconds

@@ -1,0 +1,71 @@
+"""The units walk of words plans (layoutc/lower/units.py): each output word from aligned 16- or
+32-bit source units at fixed offsets, one base address per word.
+
+Before, CUTLASS W4A8's int4 weights (16-bit units: runs of 4 nibbles, the second unit of each output
+word 8 rows after the first) took the words walk: four single-byte loads per output word, each with
+its own address arithmetic.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel is built: run Triton on CPU tensors
+
+import pytest  # noqa: E402
+
+import layoutc  # noqa: E402
+from layoutc.algebra import expr as ex  # noqa: E402
+from layoutc.convert.synthckpt import synthetic_inputs  # noqa: E402
+from layoutc.lower.plan import Words, plan  # noqa: E402
+from tests.helpers import SPECS, assert_same_bits  # noqa: E402
+
+# Pairs of rows interleaved by 16-bit units (the shape of the W4A8 reorder's h axis), nibbles mapped.
+SPEC = """spec units
+dims E, N, K
+assume N % 2 == 0
+input w : i32[E, N, K]
+map_bits(w, width=4, table=[8, 9, 10, 11, 12, 13, 14, 15, 0, 7, 6, 5, 4, 3, 2, 1])
+view(w, {unit})
+rearrange(w, "... (n2 h) k -> ... n2 (k h)", h=2)
+view(w, i32)
+output w : i32[E, N/2, 2*K]
+"""
+
+
+def _spec(unit: str = "i16"):
+    return layoutc.compile_source(SPEC.format(unit=unit), "units.lyt")
+
+
+def test_words_of_two_16_bit_units_take_the_units_walk():
+    p = plan(_spec().compiled.variant(()).chain("w"))
+    assert isinstance(p, Words) and p.units is not None and p.units.unit == 2
+    # byte 0 of a word and, one source row (K words = 4K bytes) later, its other unit
+    assert p.units.offsets == (ex.Const(0), ex.mul(4, ex.Var("K")))
+
+
+def test_words_of_scattered_bytes_keep_the_byte_loads():
+    # byte moves: an output word's bytes 0 and 1 come from two rows, no 16-bit unit holds them
+    p = plan(_spec("u8").compiled.variant(()).chain("w"))
+    assert isinstance(p, Words) and p.units is None
+
+
+@pytest.mark.slow  # runs the kernels in Triton's interpreter
+@pytest.mark.parametrize("unit", ["i16", "u8"])
+def test_the_units_walk_equals_eager(unit):
+    spec = _spec(unit)
+    loads = spec.source.count(".to(tl.uint16, bitcast=True).to(tl.uint32)")  # 16-bit loads
+    assert loads == (2 if unit == "i16" else 0)
+    assert ("x.shape[-1] * x.element_size() % 2 == 0  # whole units" in spec.source) == (unit == "i16")
+    x = synthetic_inputs(spec, {"E": 2, "N": 6, "K": 5}, seed=7)
+    assert_same_bits(spec.convert(x, lowering="fused"), spec.convert(x, lowering="eager"))
+
+
+@pytest.mark.slow  # compiles the W4A8 spec (seconds) and runs its kernels in Triton's interpreter
+def test_w4a8_weights_take_two_16_bit_loads_per_word_and_equal_eager():
+    spec = layoutc.compile_file(SPECS / "vllm_cutlass_w4a8.lyt")
+    for tensor in ("w13_weight_packed", "w2_weight_packed"):
+        p = plan(spec.compiled.variant(()).chain(tensor))
+        assert isinstance(p, Words) and p.units is not None and p.units.unit == 2, tensor
+    x = synthetic_inputs(spec, {"E": 2, "I": 256, "H": 256}, seed=5)
+    assert_same_bits(spec.convert(x, lowering="fused"), spec.convert(x, lowering="eager"))
