@@ -125,18 +125,26 @@ def main() -> int:
     ap.add_argument("--out-arg", action="store_true", help="also the new converter writing into preallocated "
                     "outputs (convert(..., out=), issue 25), single calls and back to back")
     ap.add_argument("--emit", nargs=4, metavar=("ROOT", "FOLDER", "TAG", "WHICH"), help=argparse.SUPPRESS)
+    ap.add_argument("--emitted", type=Path, default=None, help="a folder of converters emitted before (old.json, "
+                    "new.json and their modules, e.g. on a CPU machine with --emit-only): no compile here")
+    ap.add_argument("--emit-only", type=Path, default=None, help="emit the old and new converters into this "
+                    "folder and stop (generated converters are the same bytes on every machine)")
     args = ap.parse_args()
     if args.emit:
         emit(Path(args.emit[0]).resolve(), Path(args.emit[1]), args.emit[2], args.emit[3])
         return 0
     all_dims = [dict(DIMS)] if args.dims is None else [{k: int(v) for k, v in (p.split("=") for p in one.split(","))}
                                                        for one in args.dims.split(";")]
-    if args.old is None or args.out is None:
-        ap.error("--old and --out are required")
-    folder = Path(tempfile.mkdtemp(prefix="before_after_"))
-    for tag, root in (("old", args.old), ("new", args.new)):
-        subprocess.run([sys.executable, __file__, "--emit", str(root.resolve()), str(folder), tag, args.variants],
-                       check=True)
+    if args.emitted is None and args.old is None or args.out is None and args.emit_only is None:
+        ap.error("--old (or --emitted) and --out are required")
+    folder = args.emitted or args.emit_only or Path(tempfile.mkdtemp(prefix="before_after_"))
+    if args.emitted is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        for tag, root in (("old", args.old), ("new", args.new)):
+            subprocess.run([sys.executable, __file__, "--emit", str(root.resolve()), str(folder), tag, args.variants],
+                           check=True)
+    if args.emit_only is not None:
+        return 0
     old = {m["variant"]: m for m in json.loads((folder / "old.json").read_text())}
     new = json.loads((folder / "new.json").read_text())
 
@@ -161,9 +169,9 @@ def main() -> int:
                         raise RuntimeError(side["error"])
                 spec = layoutc.compile_file(args.new / "specs" / f"{entry['spec']}.lyt", entry["params"])
                 x = synthetic_inputs(spec, dims, 1, "cuda")
-                converters = {"new": _load(entry["module"])}
+                converters = {"new": _load(folder / Path(entry["module"]).name)}
                 if not alone:
-                    converters["old"] = _load(old[entry["variant"]]["module"])
+                    converters["old"] = _load(folder / Path(old[entry["variant"]]["module"]).name)
                 sides = ("new",) if alone else ("old", "new")
                 outs = {tag: m.convert(x) for tag, m in converters.items()}
                 # parity of the new fused converter with the eager lowering (the reference), on other values too
