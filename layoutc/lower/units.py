@@ -112,7 +112,7 @@ def find_groups(p, instances: list[dict], tidy: Callable, words: int = GROUP_WOR
             return None
         full = [int(ex.evaluate(s, dims)) for s in p.word_shape]
 
-        def grid(e):  # e over every word, flat (row-major), one row per group
+        def grid(e, env=env, full=full):  # e over every word, flat (row-major), one row per group
             return evaluate(e, env).expand(full).reshape(-1, words)
         coords = [[grid(c) for c in cs] for cs in p.word_sources]  # [byte][axis]: [groups, words]
         diffs = []  # per output byte (4j + b): its source coordinates minus byte 0's of the group
