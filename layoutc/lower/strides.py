@@ -92,7 +92,9 @@ def transpose_axis(m: IndexMap, in_shape: Sequence[ex.Expr], out_shape: Sequence
                    instances: Sequence[dict]) -> int | None:
     """The output axis (other than the last) that reads source stride 1 wherever a step along it
     reads two elements, where the last axis never does, on every instance of ``instances`` (dims);
-    None where there is none, or fewer than two instances have a step along it."""
+    None where there is none, or fewer than two instances have a step along it. An instance where no
+    candidate axis steps (each of one element: CUTLASS W4A8's w13 scales [E, H/128, 2I] at H = 128,
+    whose rows of 2I then read stride 1) decides nothing."""
     rank = len(out_shape)
     if rank < 2 or m.bit_level:
         return None
@@ -100,9 +102,11 @@ def transpose_axis(m: IndexMap, in_shape: Sequence[ex.Expr], out_shape: Sequence
     for dims in instances:
         strides = _strides(m, in_shape, out_shape, dims)
         last, last_ok = strides[-1]
-        if bool(((last == 1) & last_ok).any()):
-            return None
         candidates = {k for k in candidates if bool(((strides[k][0] == 1) | ~strides[k][1]).all())}
+        if bool(((last == 1) & last_ok).any()):
+            if any(bool(strides[k][1].any()) for k in candidates):
+                return None
+            continue  # no step along any candidate here (each one element): the instance tells nothing
         for k in candidates:  # an instance counts where both axes step between elements read (H = 1: no row)
             seen[k] += bool(strides[k][1].any()) and bool(last_ok.any())
     candidates = {k for k in candidates if seen[k] >= 2}

@@ -513,7 +513,8 @@ def body(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tuple[str, ex.
     if isinstance(p, Words) and (p.quads or p.spread_quads) is not None:
         lines = alternative(lambda t: _quads(p, t, p.spread_quads), lambda t: _words(p, t))
     elif isinstance(p, Words) and p.units is not None:
-        lines = alternative(lambda t: units_body(p, _lanes(p, BLOCK_WORDS), unravel, t), lambda t: _words(p, t))
+        lines = alternative(lambda t: units_body(p, lambda n=BLOCK_WORDS: _lanes(p, n), unravel, t),
+                            lambda t: _words(p, t))
     elif isinstance(p, Words):
         lines = named(lambda t: _words(p, t))
     elif isinstance(p, Rows) and rows_word(p) > 1:  # one body: the word width is a constexpr

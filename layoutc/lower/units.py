@@ -10,6 +10,13 @@ address, loads ``4 // unit`` units at the fixed offsets and assembles the word: 
 conversions and its bit permutation then apply to the word as in the words walk.
 
 Decided from the words plan's byte sources alone, checked on small instances of the dims.
+
+The grouped form (``Units.words`` > 1) goes further where the map allows: a lane takes ``words``
+consecutive output words whose bytes all come from a few aligned 16-byte source runs at fixed offsets
+from the group's byte 0 (the W4A8 reorder: an atom row's 8 words are two 16-byte runs, rows r and
+r + 8). One unravel and one base address per group instead of per word, 128-bit loads and stores
+instead of 16-bit loads and 32-bit stores; the words are assembled from the runs' 16-bit (or byte)
+pieces in registers.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ from .grids import evaluate, grid_env
 from .strides import linear
 
 WORD_BYTES = 4
+GROUP_WORDS = 8  # output words per lane in the grouped form (32 bytes: two 16-byte stores)
+RUN_BYTES = 16  # the grouped form's source runs: one 128-bit load each
+BLOCK_GROUPS = 128  # groups per program
 
 
 @attrs.frozen
@@ -33,7 +43,9 @@ class Units:
 
     src: tuple[ex.Expr, ...]
     offsets: tuple[ex.Expr, ...]
-    unit: int  # bytes per load: 2 or 4
+    unit: int  # bytes per load: 2 or 4; the grouped form: bytes per run (RUN_BYTES)
+    words: int = 1  # output words per lane; > 1: the grouped form, ``offsets`` those of its runs
+    picks: tuple[tuple[int, int], ...] = ()  # grouped: per output byte (4*word + byte): (run, byte in run)
 
 
 def find_units(p, instances: list[dict], tidy: Callable) -> Units | None:
@@ -41,6 +53,9 @@ def find_units(p, instances: list[dict], tidy: Callable) -> Units | None:
     ``instances``: small instances of the dims; ``tidy(e, shape, dims)``: the planner's simplifier."""
     if any(v != ex.TRUE for v in p.word_valid) or len(instances) < 2:
         return None
+    grouped = find_groups(p, instances, tidy)
+    if grouped is not None:
+        return grouped
     names = sorted(set().union(*(ex.free_vars(s) for s in p.in_shape)))
     lins = [linear(coords, p.in_shape) for coords in p.word_sources]
     offsets = [_offset(p, b, names, instances) for b in range(WORD_BYTES)]
@@ -81,7 +96,56 @@ def _offset(p, byte: int, names: list[str], instances: list[dict]) -> ex.Expr | 
     return ex.simplify(linear(tuple(ex.Const(d) for d in diffs), p.in_shape), {d: (1, None) for d in names})
 
 
-def units_body(p, lanes: list[str], unravel: Callable, t) -> list[str]:
+def find_groups(p, instances: list[dict], tidy: Callable, words: int = GROUP_WORDS,
+                run: int = RUN_BYTES) -> Units | None:
+    """The grouped form: every group of ``words`` consecutive output words (row-major over the word
+    grid) reads whole aligned ``run``-byte source runs, each byte of a run once, each run at a fixed
+    offset (an expression of the dims) from the group's byte 0, the same pick of (run, byte) for each
+    output byte in every group of every instance. None where any of it fails."""
+    names = sorted(set().union(*(ex.free_vars(s) for s in p.in_shape)))
+    nbytes = words * WORD_BYTES
+    picks, offsets = None, None
+    for dims in instances:
+        env = grid_env([int(ex.evaluate(s, dims)) for s in p.word_shape], dims)
+        total = int(ex.evaluate(ex.mul(*p.word_shape), dims))
+        if total % words:
+            return None
+        full = [int(ex.evaluate(s, dims)) for s in p.word_shape]
+
+        def grid(e, env=env, full=full):  # e over every word, flat (row-major), one row per group
+            return evaluate(e, env).expand(full).reshape(-1, words)
+        coords = [[grid(c) for c in cs] for cs in p.word_sources]  # [byte][axis]: [groups, words]
+        diffs = []  # per output byte (4j + b): its source coordinates minus byte 0's of the group
+        for j in range(words):
+            for b in range(WORD_BYTES):
+                d = []
+                for c, c0 in zip(coords[b], coords[0]):
+                    delta = (c[:, j] - c0[:, 0]).unique()
+                    if delta.numel() != 1:
+                        return None
+                    d.append(int(delta))
+                diffs.append(tuple(d))
+        base = grid(linear(p.word_sources[0], p.in_shape))[:, 0]
+        if bool((base % run != 0).any()):
+            return None
+        exprs = [ex.simplify(linear(tuple(ex.Const(v) for v in d), p.in_shape), {n: (1, None) for n in names})
+                 for d in diffs]
+        steps = [int(ex.evaluate(e, dims)) for e in exprs]
+        if len(set(steps)) != nbytes:
+            return None
+        order = list(dict.fromkeys(s // run for s in steps))  # runs, first read first
+        got = tuple((order.index(s // run), s % run) for s in steps)
+        if len(order) * run != nbytes or (picks is not None and got != picks):
+            return None
+        if offsets is not None and exprs != offsets:
+            return None
+        picks, offsets = got, exprs
+    starts = tuple(offsets[picks.index((k, 0))] for k in range(nbytes // run))
+    src = tuple(tidy(c, p.word_shape, names) for c in p.word_sources[0])
+    return Units(src=src, offsets=starts, unit=run, words=words, picks=picks)
+
+
+def units_body(p, lanes: Callable, unravel: Callable, t) -> list[str]:
     """The units walk (``p.units``): one output word per lane, x viewed as integers of ``unit`` bytes,
     byte 0's source address computed once, the units loaded at the fixed offsets from it and put
     side by side (little-endian), then the plan's conversions and bit permutation as in the words
@@ -89,6 +153,9 @@ def units_body(p, lanes: list[str], unravel: Callable, t) -> list[str]:
     from ..lang.ops.conversion import UINT, words_kernel
 
     u = p.units
+    if u.words > 1:
+        return _groups_body(p, lanes(BLOCK_GROUPS), unravel, t)
+    lanes = lanes()
     names = sorted(set().union(*(ex.free_vars(s) for s in p.in_shape)))
     body = lanes + [f"mask = offs < ({t(ex.mul(*p.word_shape))})"] + unravel("offs", p.word_shape, t)
     body += [f"_s{k} = {t(c)}" for k, c in enumerate(u.src)]
@@ -108,9 +175,76 @@ def units_body(p, lanes: list[str], unravel: Callable, t) -> list[str]:
     return body
 
 
+def _pieces(picks: tuple[tuple[int, int], ...], j: int) -> list[tuple[int, int, int, int]]:
+    """Output word ``j``'s bytes as (run, 32-bit column, first byte in the column, bytes) pieces, each
+    a run of consecutive output bytes read from consecutive bytes of one column."""
+    out: list[list[int]] = []
+    for b in range(WORD_BYTES):
+        k, q = picks[WORD_BYTES * j + b]
+        last = out[-1] if out else None
+        if last and last[0] == k and last[1] == q // 4 and last[2] + last[3] == q % 4:
+            last[3] += 1
+        else:
+            out.append([k, q // 4, q % 4, 1])
+    return [tuple(x) for x in out]
+
+
+def _groups_body(p, lanes: list[str], unravel: Callable, t) -> list[str]:
+    """The grouped form: a lane's ``words`` output words from its runs (x seen as int32: each run
+    one [lanes, 4] load), split into columns, the words put together from their pieces, joined into
+    [lanes, words], converted, permuted and stored as one block."""
+    from ..lang.ops.conversion import words_kernel
+
+    u = p.units
+    names = sorted(set().union(*(ex.free_vars(s) for s in p.in_shape)))
+    cols = u.unit // 4
+    if cols != 4 or u.words & (u.words - 1):
+        raise ValueError(f"the grouped units walk takes 16-byte runs and a power of 2 of words, not {u}")
+    body = lanes + [f"mask = offs < ({t(ex.floordiv(ex.mul(*p.word_shape), u.words))})",
+                    f"_w = offs * {u.words}"] + unravel("_w", p.word_shape, t)
+    body += [f"_s{k} = {t(c)}" for k, c in enumerate(u.src)]
+    base = linear(tuple(ex.Var(f"_s{k}") for k in range(len(u.src))), p.in_shape)
+    body.append(f"_base = ({t(base)}) // {u.unit}")
+    body.append(f"_q = tl.arange(0, {cols})[None, :]")
+    for k, off in enumerate(u.offsets):
+        step = ex.simplify(ex.floordiv(off, u.unit), {d: (1, None) for d in names})
+        addr = "_base" if step == ex.Const(0) else f"(_base + ({t(step)}))"
+        body.append(f"_l{k} = tl.load(x_ptr + {addr}[:, None] * {cols} + _q, mask=mask[:, None], other=0)"
+                    f".to(tl.uint32, bitcast=True)")
+        body.append(f"_a{k}, _b{k} = tl.split(tl.reshape(_l{k}, [{BLOCK_GROUPS}, 2, 2]))")
+        body.append(f"_c{k}_0, _c{k}_2 = tl.split(_a{k})")
+        body.append(f"_c{k}_1, _c{k}_3 = tl.split(_b{k})")
+    for j in range(u.words):
+        terms = []
+        at = 0
+        for k, c, q, n in _pieces(u.picks, j):
+            v = f"_c{k}_{c}" + (f" >> {8 * q}" if q else "")
+            v = f"(({v}) & {(1 << 8 * n) - 1:#x})" if n < WORD_BYTES - q else f"({v})"
+            terms.append(f"({v} << {8 * at})" if at else v)
+            at += n
+        body.append(f"_w{j} = " + " | ".join(terms))
+    parts, level = [f"_w{j}" for j in range(u.words)], 0
+    while len(parts) > 1:  # join(a, b) adds a last axis: word j paired with j + half keeps the flat order
+        half, level = len(parts) // 2, level + 1
+        body += [f"_j{level}_{i} = tl.join({parts[i]}, {parts[i + half]})" for i in range(half)]
+        parts = [f"_j{level}_{i}" for i in range(half)]
+    body.append(f"w = tl.reshape({parts[0]}, [{BLOCK_GROUPS}, {u.words}])")
+    body += words_kernel(p.conversions, "w")
+    body += p.permutation.kernel("w", "r")
+    body.append(f"tl.store(y_ptr + _w[:, None] + tl.arange(0, {u.words})[None, :], r.to(tl.int32, bitcast=True), "
+                f"mask=mask[:, None])")
+    return body
+
+
 def units_walk(p, walk: Callable, block: int) -> tuple[str, list[str]]:
     """The launcher's (condition, lines) of the units walk: x seen as integers of ``unit`` bytes, which
-    needs whole units in its rows (else the words walk)."""
+    needs whole units in its rows (else the words walk); the grouped form: x seen as int32, rows of
+    whole runs, whole groups of words."""
+    u = p.units
+    if u.words > 1:
+        total = ex.to_python(ex.mul(*p.word_shape))
+        return (f"x.shape[-1] * x.element_size() % {u.unit} == 0 and ({total}) % {u.words} == 0  # whole runs",
+                walk("int32", "int32", f"-(-({total}) // {u.words * BLOCK_GROUPS})"))
     count = f"-(-({ex.to_python(ex.mul(*p.word_shape))}) // {block})"
     return (f"x.shape[-1] * x.element_size() % {p.units.unit} == 0  # whole units",
             walk(f"int{8 * p.units.unit}", "int32", count))

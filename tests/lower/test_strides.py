@@ -125,3 +125,14 @@ def test_a_transpose_with_a_value_conversion_and_padding_tiles_equal_eager(shape
     want = torch.zeros(shape[0], shape[2], -(-shape[1] // 4) * 4)
     want[:, :, :shape[1]] = x["w"].transpose(1, 2).float()
     assert_same_bits(fused, want)
+
+
+def test_an_instance_where_the_transposed_axis_has_one_element_decides_nothing():
+    # CUTLASS W4A8's w13 scales out[e, k, n] = in[e, n, k], k < H/128: at H = 128 (an instance of the
+    # dims that the spec's assume H % 256 excludes but the chain's samples hold) the row has one
+    # element, so the last axis reads stride 1 there; before, that instance ruled the transpose out
+    # and the scales took one element per lane (7.3% of a copy on the H200 at E=256, I=2048, H=7168)
+    one = [{"E": 2, "A": 5, "B": 1}]
+    assert transpose_axis(_map((o0, o2, o1)), (E, A, B), (E, B, A), one + INSTANCES) == 1
+    # a last axis that reads stride 1 where the candidate does step still decides: no transpose
+    assert transpose_axis(_map((o0, o1, o2), out=(E, A, B)), (E, A, B), (E, A, B), INSTANCES) is None

@@ -61,11 +61,21 @@ def test_the_units_walk_equals_eager(unit):
     assert_same_bits(spec.convert(x, lowering="fused"), spec.convert(x, lowering="eager"))
 
 
+def test_the_grouped_form_needs_whole_aligned_runs():
+    # 8 output words of the toy spec read rows 2n2 and 2n2 + 1, 4K bytes apart, from byte 16*(k // 4) on:
+    # whole 16-byte runs only where K is a multiple of 4, which its instances do not promise
+    p = plan(_spec().compiled.variant(()).chain("w"))
+    assert p.units.words == 1
+
+
 @pytest.mark.slow  # compiles the W4A8 spec (seconds) and runs its kernels in Triton's interpreter
-def test_w4a8_weights_take_two_16_bit_loads_per_word_and_equal_eager():
+def test_w4a8_weights_take_eight_words_from_two_16_byte_runs_and_equal_eager():
     spec = layoutc.compile_file(SPECS / "vllm_cutlass_w4a8.lyt")
-    for tensor in ("w13_weight_packed", "w2_weight_packed"):
+    for tensor, row in (("w13_weight_packed", "H"), ("w2_weight_packed", "I")):
         p = plan(spec.compiled.variant(()).chain(tensor))
-        assert isinstance(p, Words) and p.units is not None and p.units.unit == 2, tensor
+        assert isinstance(p, Words) and p.units is not None and (p.units.unit, p.units.words) == (16, 8), tensor
+        # an atom row's 8 words: rows r and r + 8 of the source (8 rows of row/2 bytes later)
+        assert p.units.offsets == (ex.Const(0), ex.mul(4, ex.Var(row))), tensor
+        assert p.units.picks[:4] == ((0, 0), (0, 1), (1, 0), (1, 1)), tensor  # word 0: 16 bits of each run
     x = synthetic_inputs(spec, {"E": 2, "I": 256, "H": 256}, seed=5)
     assert_same_bits(spec.convert(x, lowering="fused"), spec.convert(x, lowering="eager"))
