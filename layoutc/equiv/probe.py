@@ -158,6 +158,9 @@ class ProbeRun:
             # scaled cast) changes them at any prefix (a shard without inverse moves none: it stays probed)
             if step.op.facts.category is Category.VALUE and step.op.inverse(step.in_type) is None:
                 raise NotDecodable.at(chain, step)
+            conv = step.op.conversion() if step.op.facts.category is Category.VALUE else None
+            if conv is not None and not conv.keeps_positions:  # declared by the conversion (map_bits' tables)
+                raise NotDecodable.at(chain, step, "maps bit fields through a table (scrambling the position codes)")
         key = (name, upto)  # the rules and the agreement check ask for the same prefixes: decoded once
         if key not in self._decoded:
             self._decoded[key] = self._decode(chain, upto)
@@ -212,9 +215,9 @@ class NotDecodable(ValueError):
         self.tensor, self.pos = tensor, pos
 
     @classmethod
-    def at(cls, chain: Chain, step) -> "NotDecodable":
+    def at(cls, chain: Chain, step, why: str = "has no inverse") -> "NotDecodable":
         pos = step.statement.pos if step.statement is not None else chain.source.pos
-        return cls(f"{chain.tensor}: {step.op.name} has no inverse, so the probe cannot decode it", chain.tensor, pos)
+        return cls(f"{chain.tensor}: {step.op.name} {why}, so the probe cannot decode it", chain.tensor, pos)
 
 
 class ProbedSource:

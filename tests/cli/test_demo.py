@@ -33,8 +33,11 @@ def variants(path) -> list[dict]:
     return out
 
 
+# dims a spec needs beyond DIMS (vllm_cutlass_w4a8: I and H multiples of 256 per rank, so 512 at tp_size=2)
+OWN_DIMS = {"vllm_cutlass_w4a8": {"E": 2, "I": 512, "H": 256}}
 CASES = [(path.stem, params, dims) for path in sorted(SPECS.glob("*.lyt")) for params in variants(path)
-         for dims in ([DIMS, PADDING] if "pad(" in path.read_text() and not params else [DIMS])]
+         for dims in ([DIMS, PADDING] if "pad(" in path.read_text() and not params
+                      else [OWN_DIMS.get(path.stem, DIMS)])]
 
 
 def _demo(spec, dims, params):

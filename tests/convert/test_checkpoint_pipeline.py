@@ -320,7 +320,10 @@ def test_cli_prefetch_profile_and_tp_slices(tmp_path, bf16):
     assert "GB/s read" in proc.stderr
     assert outputs(tmp_path / "seq") == outputs(tmp_path / "pipe")
     report = json.loads((tmp_path / "profile.json").read_text())
-    assert report["summary"]["written_shards"] == 2 and {"read", "hash", "convert", "write", "fsync"} <= set(report["stages"])
+    # a CPU run maps its shards (copy-on-write) where a CUDA run reads them: "map" or "read"
+    stages = set(report["stages"])
+    assert report["summary"]["written_shards"] == 2 and {"hash", "convert", "write", "fsync"} <= stages
+    assert stages & {"read", "map"}
     proc = _cli(*base, "--out", str(tmp_path / "tp"), "-D", "tp_size=2")
     assert proc.returncode == 0, proc.stderr
     assert "4 shard(s) written" in proc.stderr

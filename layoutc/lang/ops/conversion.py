@@ -49,6 +49,9 @@ class Conversion:
     kind: ClassVar[str] = ""
     #: every bit of the element is kept as is (a relabelling): address-encoding probes survive it
     keeps_bits: ClassVar[bool] = False
+    #: whether a value the probe encodes an element's position in keeps it readable after this conversion
+    #: (casts and relabels keep the small integers the probe writes; a table over bit fields scrambles them)
+    keeps_positions: ClassVar[bool] = True
 
     def lossy(self, src: ElemType) -> bool:
         """Whether some elements of ``src`` lose bits or value on the way."""
@@ -212,6 +215,7 @@ class MapBits(Conversion):
     width: int = attrs.field(kw_only=True)
     table: tuple[int, ...] = attrs.field(kw_only=True)
     kind: ClassVar[str] = "map_bits"
+    keeps_positions: ClassVar[bool] = False  # each field through the table: the probe's position codes are lost
 
     def out_elem(self, src: ElemType) -> ElemType:
         return src
