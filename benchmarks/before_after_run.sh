@@ -6,11 +6,7 @@
 # alternation; then the CUDA checkpoint pipeline test when pytest is on the machine. Results:
 # $OUT/ba.jsonl, $OUT/ba.log, $OUT/pipeline.log; a table is printed last.
 set -uo pipefail
-source .gpu/setup.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"  # .gpu, the wheels of .whl in /tmp/site, $OUT/gpu.txt
 timeout 400 python3 benchmarks/before_after.py --old .old --new . --out "$OUT/ba.jsonl" > "$OUT/ba.log" 2>&1
 echo "before_after: exit $?"
 if python3 -c 'import pytest, hypothesis' 2>/dev/null; then

@@ -11,11 +11,7 @@
 # 3. the host time of a warm call of the FlashInfer specs (tiny layer), old / new / new with out=;
 # 4. the step-by-step breakdown of flashinfer_cutlass_bf16's warm call.
 set -uo pipefail
-source .gpu/setup.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"  # .gpu, the wheels of .whl in /tmp/site, $OUT/gpu.txt
 PYTHONPATH=/tmp/site:$PWD timeout "${T_TESTS:-30}" python3 -m pytest -q -p no:cacheprovider -rs \
   tests/runtime/test_warm_graph.py tests/runtime/test_warm_fast.py > "$OUT/tests.log" 2>&1; echo "tests: exit $?"
 tail -2 "$OUT/tests.log"

@@ -12,11 +12,7 @@
 # calls and 10 back to back, a device copy of the same bytes in each round; same bytes and fused == eager
 # checked). Results under $OUT; tables printed last (benchmarks/host_summary.py).
 set -uo pipefail
-source .gpu/setup.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"  # .gpu, the wheels of .whl in /tmp/site, $OUT/gpu.txt
 dims="E=32,I=2944,H=2944;E=128,I=2944,H=2944"
 case "${1:?flashinfer or other}" in
 flashinfer)

@@ -10,11 +10,7 @@
 #    (before_after.py --out-arg, SINGLE_SPECS); same bytes, fused == eager, out= == new.
 # Each step has its own time limit (the device time is short); rows are written as they come.
 set -uo pipefail
-source .gpu/setup.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"  # .gpu, the wheels of .whl in /tmp/site, $OUT/gpu.txt
 W=.wt-graph
 B=$W/benchmarks
 (cd $W && PYTHONPATH=/tmp/site:$PWD timeout "${T_TESTS:-30}" python3 -m pytest -q -p no:cacheprovider -rs \

@@ -9,11 +9,7 @@
 #    against a device copy in each round (before_after.py --out-arg); same bytes, fused == eager, out= == new;
 # 3. the step-by-step breakdown of flashinfer_cutlass_bf16's warm call (host_time.py --only cutlass_bf16).
 set -uo pipefail
-source .gpu/setup.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"  # .gpu, the wheels of .whl in /tmp/site, $OUT/gpu.txt
 nproc >> "$OUT/gpu.txt"
 B=.wt-host/benchmarks
 timeout "${T_HOST:-100}" python3 $B/before_after.py --old .base-host --new .wt-host --rounds "${R_HOST:-3}" --out-arg \

@@ -9,11 +9,7 @@
 # marlin_gptq_int4) and two it does not (cutlass_mxfp4_padded, marlin_nvfp4). Then
 # benchmarks/kernel_split.py: each tensor's block alone, after, and the Marlin layer kernels at other warps.
 set -uo pipefail
-source .gpu/setup.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"  # .gpu, the wheels of .whl in /tmp/site, $OUT/gpu.txt
 cd .wt-kspeed
 specs=flashinfer_trtllm_mxfp4,aiter_mxfp4,marlin_nvfp4,triton_kernels_mxfp4_hopper,marlin_gptq_int4
 specs=$specs,flashinfer_cutlass_mxfp4_padded

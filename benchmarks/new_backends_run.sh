@@ -12,10 +12,7 @@ set -uo pipefail
 new=${1:?the carried worktree folder}
 old=${OLD:-.}  # the tree the tool sends (main), or a carried git archive
 variants=${VARIANTS:-other}
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"  # .gpu, the wheels of .whl in /tmp/site, $OUT/gpu.txt
 rounds=${ROUNDS:-3}
 timeout "${T120:-170}" python3 "$new/benchmarks/before_after.py" --old "$old" --new "$new" --variants "$variants" \
   --rounds "$rounds" --out "$OUT/ba120.jsonl" > "$OUT/ba120.log" 2>&1

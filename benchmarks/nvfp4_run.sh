@@ -9,11 +9,7 @@
 # (flashinfer_cutlass_mxfp4_padded). Then benchmarks/kernel_split.py on both trees: each block alone, and the
 # layer kernel at 2 and 8 warps (SPLIT_TREES=". ../.base-nvfp4" profiles the old tree too).
 set -uo pipefail
-source .gpu/setup.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"  # .gpu, the wheels of .whl in /tmp/site, $OUT/gpu.txt
 cd .wt-nvfp4
 timeout "${T_BA:-110}" python3 benchmarks/before_after.py --old ../.base-nvfp4 --new . --rounds "${ROUNDS:-2}" \
   --variants marlin_nvfp4,marlin_mxfp4,flashinfer_cutlass_mxfp4_padded \
