@@ -184,15 +184,16 @@ def main() -> int:
             y = torch.empty_like(x)
             flat = x.view(-1)
             buf = torch.empty_like(flat)
-            copy_b2b = None if args.check_only else _events(lambda: buf.copy_(flat), calls=10)
-            copy = None if args.check_only else _events(lambda: buf.copy_(flat))
+            copy_b2b = None if args.check_only else _events(lambda b=buf, f=flat: b.copy_(f), calls=10)
+            copy = None if args.check_only else _events(lambda b=buf, f=flat: b.copy_(f))
             for vname, run in variants(n, k):
                 y.fill_(-1)
                 run(x, y)
                 same = bool(torch.equal(y, ref))
                 row = {"dims": d, "tensor": name, "variant": vname, "same": same}
                 if not args.check_only and same:
-                    t, t2 = _events(lambda: run(x, y)), _events(lambda: run(x, y), calls=10)
+                    one = lambda run=run, x=x, y=y: run(x, y)  # noqa: E731
+                    t, t2 = _events(one), _events(one, calls=10)
                     row.update(ms=t, b2b_ms=t2, pct=100 * copy / t, b2b_pct=100 * copy_b2b / t2)
                 rows.append(row)
                 print(f"{dims_text:24s} {name:18s} {vname:22s} same={same}"
