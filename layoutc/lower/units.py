@@ -303,11 +303,11 @@ def units_walk(p, walk: Callable, block: int) -> tuple[str, list[str]]:
         cond = f"x.shape[-1] * x.element_size() % {u.unit} == 0 and ({total}) % {u.words} == 0  # whole runs"
         if u.stride is None:
             return cond, walk("int32", "int32", plain)
-        stride, groups = ex.to_python(u.stride), f"({total}) // {u.words}"
         across = BLOCK_GROUPS // TILE_RUNS
-        tile = f"{TILE_RUNS} if ({stride}) % {across} == 0 and ({groups}) % ({stride}) == 0 else 1"
-        tiles = f"-(-(({groups}) // ({stride})) // {TILE_RUNS}) * (({stride}) // {across})"
-        return cond, walk("int32", "int32", f"{tiles} if _t > 1 else {plain}", tile)
+        tiles = f"-(-(_groups // _stride) // {TILE_RUNS}) * (_stride // {across})"
+        return cond, [f"_stride, _groups = {ex.to_python(u.stride)}, ({total}) // {u.words}  # g + D reads after g",
+                      f"_tile = {TILE_RUNS} if _stride % {across} == 0 and _groups % _stride == 0 else 1",
+                      *walk("int32", "int32", f"{tiles} if _t > 1 else {plain}", "_tile")]
     count = f"-(-({ex.to_python(ex.mul(*p.word_shape))}) // {block})"
     return (f"x.shape[-1] * x.element_size() % {p.units.unit} == 0  # whole units",
             walk(f"int{8 * p.units.unit}", "int32", count))

@@ -90,7 +90,8 @@ def test_w4a8_weight_lanes_take_tiles_of_adjacent_runs_and_equal_eager():
     for tensor, stride in (("w13_weight_packed", ex.Var("I")), ("w2_weight_packed", ex.div(ex.Var("H"), 2))):
         p = plan(spec.compiled.variant(()).chain(tensor))
         assert p.units.stride == stride, tensor
-    assert "8 if (I) % 16 == 0 and ((2*E*I*(H // 8)) // 8) % (I) == 0 else 1" in spec.source
+    assert "_stride, _groups = I, (2*E*I*(H // 8)) // 8" in spec.source
+    assert "_tile = 8 if _stride % 16 == 0 and _groups % _stride == 0 else 1" in spec.source
     assert spec.source.count("if _TILE > 1:") == 2
     for dims in ({"E": 3, "I": 256, "H": 256}, {"E": 1, "I": 512, "H": 768}):
         x = synthetic_inputs(spec, dims, seed=11)
