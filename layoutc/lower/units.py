@@ -163,13 +163,14 @@ def group_stride(p, instances: list[dict], words: int = GROUP_WORDS, run: int = 
     the most of them, then the smallest D; D from a word-grid axis times a power of 2 (the groups
     of one column of atoms). None where no candidate holds."""
     names = sorted(set().union(*(ex.free_vars(s) for s in p.word_shape)))
-    cands = []
+    cands, parts = [], {}  # parts: candidate -> (axis size, divisor) it is exact for
     for s in p.word_shape:
         for j in range(-8, 9):
             c = ex.mul(s, 2 ** j) if j >= 0 else ex.div(s, 2 ** -j)
             c = ex.simplify(c, {n: (1, None) for n in names})
             if c not in cands and not isinstance(c, ex.Const):
                 cands.append(c)
+                parts[c] = (s, 2 ** max(0, -j))
     scores, seen = {}, {}  # per candidate: its lowest fraction; instances that tell (-1: not a size)
     for dims in instances:
         env = grid_env([int(ex.evaluate(s, dims)) for s in p.word_shape], dims)
@@ -177,8 +178,8 @@ def group_stride(p, instances: list[dict], words: int = GROUP_WORDS, run: int = 
         base = evaluate(linear(p.word_sources[0], p.in_shape), env).expand(full).reshape(-1, words)[:, 0]
         groups = base.numel()
         for c in cands:
-            v = ex.evaluate(c, dims)
-            if v != int(v) or v <= 0 or groups % int(v):
+            v, (s, q) = ex.evaluate(c, dims), parts[c]
+            if int(ex.evaluate(s, dims)) % q or v <= 0 or groups % int(v):  # inexact (sizes divide by floor)
                 seen[c] = -1
                 continue
             d = int(v)

@@ -13,6 +13,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel is built: run Triton on CPU tensors
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 import layoutc  # noqa: E402
 from layoutc.algebra import expr as ex  # noqa: E402
@@ -96,6 +97,16 @@ def test_w4a8_weight_lanes_take_tiles_of_adjacent_runs_and_equal_eager():
     for dims in ({"E": 3, "I": 256, "H": 256}, {"E": 1, "I": 512, "H": 768}):
         x = synthetic_inputs(spec, dims, seed=11)
         assert_same_bits(spec.convert(x, lowering="fused"), spec.convert(x, lowering="eager"))
+    # the lanes' tile order takes every group once, also where the rows of groups are not whole tiles
+    text = spec.source.split("if _TILE > 1:\n", 1)[1].splitlines()[:4]
+    for e, i, h in ((1, 16, 96), (2, 32, 64), (3, 48, 256)):
+        groups, programs = e * i * h // 32, -(-(e * h // 32) // 8) * (i // 16)
+        env = {"offs": torch.arange(programs * 128), "I": i, "H": h, "E": e, "_TILE": 8}
+        for line in text:
+            name, value = line.strip().split(" = ", 1)
+            env[name] = eval(value, {}, env)
+        taken = env["offs"][env["offs"] < groups]
+        assert sorted(taken.tolist()) == list(range(groups)), (e, i, h)
 
 
 def test_a_grouped_walk_with_no_column_of_runs_keeps_consecutive_lanes():
