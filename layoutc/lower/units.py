@@ -17,6 +17,15 @@ from the group's byte 0 (the W4A8 reorder: an atom row's 8 words are two 16-byte
 r + 8). One unravel and one base address per group instead of per word, 128-bit loads and stores
 instead of 16-bit loads and 32-bit stores; the words are assembled from the runs' 16-bit (or byte)
 pieces in registers.
+
+Lanes in tiles (``Units.stride``): consecutive groups read runs of source rows 8 apart, so a warp's
+16-byte loads touch 32 rows and use half of each 32-byte sector (~72% of a copy on the H200). Where
+group ``g + D`` reads the run just after group ``g``'s (for most groups, ``D`` an expression of the
+dims: the W4A8 atoms' column-major order, D = the atoms along N times 8), a program takes a tile of
+TILE_RUNS x (BLOCK_GROUPS / TILE_RUNS) groups of the grid [groups / D, D], TILE_RUNS fastest across
+its lanes: 8 lanes read one 128-byte line of a row and the stores stay whole 32-byte sectors
+(benchmarks/w4a8_walks.py: 96-97% of a copy at real layers). Any order of the groups over the lanes
+gives the same output; the tile is a launch-time choice (``_TILE``) where the call's dims allow it.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ WORD_BYTES = 4
 GROUP_WORDS = 8  # output words per lane in the grouped form (32 bytes: two 16-byte stores)
 RUN_BYTES = 16  # the grouped form's source runs: one 128-bit load each
 BLOCK_GROUPS = 128  # groups per program
+TILE_RUNS = 8  # grouped form in tiles: groups D apart side by side in a warp (8 runs: one 128-byte line)
 
 
 @attrs.frozen
@@ -46,6 +56,7 @@ class Units:
     unit: int  # bytes per load: 2 or 4; the grouped form: bytes per run (RUN_BYTES)
     words: int = 1  # output words per lane; > 1: the grouped form, ``offsets`` those of its runs
     picks: tuple[tuple[int, int], ...] = ()  # grouped: per output byte (4*word + byte): (run, byte in run)
+    stride: ex.Expr | None = None  # grouped: D, groups from one group to the group reading the next runs
 
 
 def find_units(p, instances: list[dict], tidy: Callable) -> Units | None:
@@ -142,7 +153,46 @@ def find_groups(p, instances: list[dict], tidy: Callable, words: int = GROUP_WOR
         picks, offsets = got, exprs
     starts = tuple(offsets[picks.index((k, 0))] for k in range(nbytes // run))
     src = tuple(tidy(c, p.word_shape, names) for c in p.word_sources[0])
-    return Units(src=src, offsets=starts, unit=run, words=words, picks=picks)
+    return Units(src=src, offsets=starts, unit=run, words=words, picks=picks,
+                 stride=group_stride(p, instances, words, run))
+
+
+def group_stride(p, instances: list[dict], words: int = GROUP_WORDS, run: int = RUN_BYTES) -> ex.Expr | None:
+    """D such that group ``g + D`` reads the ``run`` bytes after group ``g``'s (both of a group's
+    runs move together: their offsets are fixed), for at least half of the groups on every instance,
+    the most of them, then the smallest D; D from a word-grid axis times a power of 2 (the groups
+    of one column of atoms). None where no candidate holds."""
+    names = sorted(set().union(*(ex.free_vars(s) for s in p.word_shape)))
+    cands, parts = [], {}  # parts: candidate -> (axis size, divisor) it is exact for
+    for s in p.word_shape:
+        for j in range(-8, 9):
+            c = ex.mul(s, 2 ** j) if j >= 0 else ex.div(s, 2 ** -j)
+            c = ex.simplify(c, {n: (1, None) for n in names})
+            if c not in cands and not isinstance(c, ex.Const):
+                cands.append(c)
+                parts[c] = (s, 2 ** max(0, -j))
+    scores, seen = {}, {}  # per candidate: its lowest fraction; instances that tell (-1: not a size)
+    for dims in instances:
+        env = grid_env([int(ex.evaluate(s, dims)) for s in p.word_shape], dims)
+        full = [int(ex.evaluate(s, dims)) for s in p.word_shape]
+        base = evaluate(linear(p.word_sources[0], p.in_shape), env).expand(full).reshape(-1, words)[:, 0]
+        groups = base.numel()
+        for c in cands:
+            v, (s, q) = ex.evaluate(c, dims), parts[c]
+            if int(ex.evaluate(s, dims)) % q or v <= 0 or groups % int(v):  # inexact (sizes divide by floor)
+                seen[c] = -1
+                continue
+            d = int(v)
+            if 2 * d > groups:  # one row of groups: this instance cannot tell
+                continue
+            got = float(((base[d:] - base[:-d]) == run).float().mean())
+            scores[c] = min(scores.get(c, got), got)
+            seen[c] = seen.get(c, 0) + (seen.get(c, 0) >= 0)
+    best = [c for c in cands if seen.get(c, 0) >= 2 and scores[c] >= 0.5]
+    if not best:
+        return None
+    top = max(scores[c] for c in best)
+    return min((c for c in best if scores[c] == top), key=lambda c: ex.evaluate(c, instances[0]))
 
 
 def units_body(p, lanes: Callable, unravel: Callable, t) -> list[str]:
@@ -200,8 +250,15 @@ def _groups_body(p, lanes: list[str], unravel: Callable, t) -> list[str]:
     cols = u.unit // 4
     if cols != 4 or u.words & (u.words - 1):
         raise ValueError(f"the grouped units walk takes 16-byte runs and a power of 2 of words, not {u}")
-    body = lanes + [f"mask = offs < ({t(ex.floordiv(ex.mul(*p.word_shape), u.words))})",
-                    f"_w = offs * {u.words}"] + unravel("_w", p.word_shape, t)
+    groups = ex.floordiv(ex.mul(*p.word_shape), u.words)
+    if u.stride is not None:  # lanes in tiles (_TILE > 1): _TILE groups D apart fastest, then along D
+        across = f"({BLOCK_GROUPS} // _TILE)"
+        lanes = lanes + ["if _TILE > 1:",
+                         f"    _gt = offs // {BLOCK_GROUPS}",
+                         f"    _gc = _gt % (({t(u.stride)}) // {across})",
+                         f"    _gk = (_gt // (({t(u.stride)}) // {across})) * _TILE + offs % _TILE",
+                         f"    offs = _gk * ({t(u.stride)}) + _gc * {across} + offs // _TILE % {across}"]
+    body = lanes + [f"mask = offs < ({t(groups)})", f"_w = offs * {u.words}"] + unravel("_w", p.word_shape, t)
     body += [f"_s{k} = {t(c)}" for k, c in enumerate(u.src)]
     base = linear(tuple(ex.Var(f"_s{k}") for k in range(len(u.src))), p.in_shape)
     body.append(f"_base = ({t(base)}) // {u.unit}")
@@ -243,8 +300,15 @@ def units_walk(p, walk: Callable, block: int) -> tuple[str, list[str]]:
     u = p.units
     if u.words > 1:
         total = ex.to_python(ex.mul(*p.word_shape))
-        return (f"x.shape[-1] * x.element_size() % {u.unit} == 0 and ({total}) % {u.words} == 0  # whole runs",
-                walk("int32", "int32", f"-(-({total}) // {u.words * BLOCK_GROUPS})"))
+        plain = f"-(-({total}) // {u.words * BLOCK_GROUPS})"
+        cond = f"x.shape[-1] * x.element_size() % {u.unit} == 0 and ({total}) % {u.words} == 0  # whole runs"
+        if u.stride is None:
+            return cond, walk("int32", "int32", plain)
+        across = BLOCK_GROUPS // TILE_RUNS
+        tiles = f"-(-(_groups // _stride) // {TILE_RUNS}) * (_stride // {across})"
+        return cond, [f"_stride, _groups = {ex.to_python(u.stride)}, ({total}) // {u.words}  # g + D reads after g",
+                      f"_tile = {TILE_RUNS} if _stride % {across} == 0 and _groups % _stride == 0 else 1",
+                      *walk("int32", "int32", f"{tiles} if _t > 1 else {plain}", "_tile")]
     count = f"-(-({ex.to_python(ex.mul(*p.word_shape))}) // {block})"
     return (f"x.shape[-1] * x.element_size() % {p.units.unit} == 0  # whole units",
             walk(f"int{8 * p.units.unit}", "int32", count))

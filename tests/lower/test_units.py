@@ -13,6 +13,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel is built: run Triton on CPU tensors
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 import layoutc  # noqa: E402
 from layoutc.algebra import expr as ex  # noqa: E402
@@ -79,3 +80,36 @@ def test_w4a8_weights_take_eight_words_from_two_16_byte_runs_and_equal_eager():
         assert p.units.picks[:4] == ((0, 0), (0, 1), (1, 0), (1, 1)), tensor  # word 0: 16 bits of each run
     x = synthetic_inputs(spec, {"E": 2, "I": 256, "H": 256}, seed=5)
     assert_same_bits(spec.convert(x, lowering="fused"), spec.convert(x, lowering="eager"))
+
+
+@pytest.mark.slow  # compiles the W4A8 spec (seconds) and runs its kernels in Triton's interpreter
+def test_w4a8_weight_lanes_take_tiles_of_adjacent_runs_and_equal_eager():
+    # Before, a program's 128 lanes took 128 consecutive groups: 16-byte loads from 32 rows per warp, half
+    # of each 32-byte sector (~72% of a copy on the H200). Group g + D reads the 16 bytes after group g's
+    # (the atoms' column-major order: D = N/2 groups), so lanes now take tiles, 8 such groups side by side.
+    spec = layoutc.compile_file(SPECS / "vllm_cutlass_w4a8.lyt")
+    for tensor, stride in (("w13_weight_packed", ex.Var("I")), ("w2_weight_packed", ex.div(ex.Var("H"), 2))):
+        p = plan(spec.compiled.variant(()).chain(tensor))
+        assert p.units.stride == stride, tensor
+    assert "_stride, _groups = I, (2*E*I*(H // 8)) // 8" in spec.source
+    assert "_tile = 8 if _stride % 16 == 0 and _groups % _stride == 0 else 1" in spec.source
+    assert spec.source.count("if _TILE > 1:") == 2
+    for dims in ({"E": 3, "I": 256, "H": 256}, {"E": 1, "I": 512, "H": 768}):
+        x = synthetic_inputs(spec, dims, seed=11)
+        assert_same_bits(spec.convert(x, lowering="fused"), spec.convert(x, lowering="eager"))
+    # the lanes' tile order takes every group once, also where the rows of groups are not whole tiles
+    text = spec.source.split("if _TILE > 1:\n", 1)[1].splitlines()[:4]
+    for e, i, h in ((1, 16, 96), (2, 32, 64), (3, 48, 256)):
+        groups, programs = e * i * h // 32, -(-(e * h // 32) // 8) * (i // 16)
+        env = {"offs": torch.arange(programs * 128), "I": i, "H": h, "E": e, "_TILE": 8}
+        for line in text:
+            name, value = line.strip().split(" = ", 1)
+            env[name] = eval(value, {}, env)
+        taken = env["offs"][env["offs"] < groups]
+        assert sorted(taken.tolist()) == list(range(groups)), (e, i, h)
+
+
+def test_a_grouped_walk_with_no_column_of_runs_keeps_consecutive_lanes():
+    # the toy spec's words (one 16-bit unit per word, no grouped form) have no stride and no tile
+    p = plan(_spec().compiled.variant(()).chain("w"))
+    assert p.units.stride is None and "if _TILE > 1:" not in _spec().source
