@@ -7,10 +7,7 @@
 # Steps: WALKS=1: benchmarks/w4a8_walks.py (the weight reorder's access patterns, each alone); then old and new
 # in alternation (single, 10 back to back, out=) against a device copy; then kernel_split on the new tree.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu_env.sh"  # .gpu, the wheels of .whl in /tmp/site, $OUT/gpu.txt
 if [[ "${WALKS:-0}" == 1 ]]; then
   (cd .wt-w4a8v && PYTHONPATH=/tmp/site:$PWD timeout 200 python3 benchmarks/w4a8_walks.py --out "$OUT/walks.jsonl" \
     2>&1 | tee "$OUT/walks.log")
