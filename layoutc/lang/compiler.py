@@ -126,8 +126,8 @@ class Chain:
     constraints: tuple[Constraint, ...]
     # Family applications that gave this tensor no step (a family's ``if`` on sizes): applied all the same.
     empty_packings: tuple[PackingTag, ...] = ()
-    # The spec's ``assume dim % m == 0`` lines as (dim, m): the planner's sample sizes obey them, so that a walk
-    # is chosen on sizes the spec accepts (W4A8 at tp_size 2: I % 512, else an atom straddles w1 and w3).
+    # The spec's ``assume dim % m == 0`` lines as (dim, m): the planner checks a walk again on sizes that obey them
+    # where its small samples refuse it (W4A8 at tp_size 2: I % 512, else an atom straddles w1 and w3).
     assumed: tuple[tuple[ex.Expr, int], ...] = ()
     # signature(), once: code generation asks for it thousands of times in a spec with many variants.
     _signature: tuple | None = attrs.field(default=None, init=False, eq=False, repr=False)
