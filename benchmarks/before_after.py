@@ -37,11 +37,16 @@ VARIANTS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_cutlass_mxfp8", {}),
 OTHER_VARIANTS = [("triton_kernels_mxfp4_hopper", {}), ("triton_kernels_mxfp4_blackwell", {}), ("aiter_mxfp4", {}),
                   ("aiter_fp8_block", {}), ("deepgemm_fp8_block", {}), ("vllm_cutlass_nvfp4", {"activation": "silu"}),
                   ("marlin_mxfp4", {}), ("marlin_nvfp4", {}), ("marlin_gptq_int4", {}), ("vllm_cutlass_w4a8", {})]
+#: CUTLASS W4A8 on one rank of tensor parallelism (--variants w4a8tp): the w13 weights' tiled walk at tp_size > 1.
+W4A8_TP_VARIANTS = [("vllm_cutlass_w4a8", {"tp_size": t, "tp_rank": t - 1}) for t in (2, 3, 4, 8)]
 DIMS = {"E": 128, "I": 2944, "H": 2944}
 #: Specs timed at their own dims instead (the common dims are not shapes they accept): vLLM's CUTLASS
 #: W4A8 needs H and I multiples of 256; the Qwen3-30B-A3B layer (E=128, I=768, H=2048) and the
 #: DeepSeek-V3 layer (E=256, I=2048, H=7168) stand for the 20b- and 120b-like layers.
 SPEC_DIMS = {"vllm_cutlass_w4a8": [{"E": 128, "I": 768, "H": 2048}, {"E": 256, "I": 2048, "H": 7168}]}
+#: More layers for a spec's tensor-parallel variants (tp_size > 1), each timed where the spec's assumes accept it
+#: (W4A8: I % (256*tp_size)): Qwen3-235B-A22B (E=128, I=1536, H=4096) at tp_size 2; Qwen3-30B-A3B only at 3.
+TP_DIMS = {"vllm_cutlass_w4a8": [{"E": 128, "I": 1536, "H": 4096}]}
 # Parameters that give a newer spec the layout of the older one, where its defaults changed it (the
 # trtllm specs pad H, and I, to 256 since vLLM 0.33; at I = H = 2944, a multiple of 128, padding to
 # 128 is none, as before).
@@ -50,7 +55,8 @@ AS_OLD = {"flashinfer_trtllm_mxfp4": {"pad_to": 128, "pad_hidden": 128}, "flashi
 
 def _variants(which: str) -> list:
     """``which``: flashinfer, other, all, or spec names joined by commas (their entries in either list)."""
-    groups = {"flashinfer": VARIANTS, "other": OTHER_VARIANTS, "all": VARIANTS + OTHER_VARIANTS}
+    groups = {"flashinfer": VARIANTS, "other": OTHER_VARIANTS, "all": VARIANTS + OTHER_VARIANTS,
+              "w4a8tp": W4A8_TP_VARIANTS}
     if which in groups:
         return groups[which]
     names = which.split(",")
@@ -117,7 +123,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--variants", default="flashinfer",
                     help="FlashInfer's specs (default), 'other' (the other engines', issue 24), 'all', or spec "
-                    "names joined by commas")
+                    "names joined by commas; 'w4a8tp': CUTLASS W4A8 at tp_size 2, 3, 4, 8")
     ap.add_argument("--dims", default=None, help="E=..,I=..,H=.. (default: the gpt-oss-120b layer); several "
                     "separated by ';' are timed in turn")
     ap.add_argument("--host", action="store_true", help="also the host time of a warm call (the median time "
@@ -155,10 +161,14 @@ def main() -> int:
     from layoutc.cli.bench import timeit
     from layoutc.convert.synthckpt import synthetic_inputs
 
-    extra_dims = [d for ds in SPEC_DIMS.values() for d in ds if d not in all_dims]
+    extra_dims = []
+    for ds in (*SPEC_DIMS.values(), *TP_DIMS.values()):
+        extra_dims += [d for d in ds if d not in all_dims + extra_dims]
     for dims in all_dims + extra_dims:  # one process, the modules emitted once
         for entry in new:
-            if dims not in SPEC_DIMS.get(entry["spec"], all_dims):  # SPEC_DIMS: a spec's own dims
+            tp = entry["params"].get("tp_size", 1)
+            own = SPEC_DIMS.get(entry["spec"], all_dims) + (TP_DIMS.get(entry["spec"], []) if tp > 1 else [])
+            if dims not in own:  # SPEC_DIMS: a spec's own dims
                 continue
             alone = old[entry["variant"]].get("absent", False)  # no old converter: the new one and a copy
             row = {"spec": entry["spec"], "params": entry["params"], "as_old": entry["as_old"], "dims": dims,
@@ -168,6 +178,10 @@ def main() -> int:
                     if "error" in side:
                         raise RuntimeError(side["error"])
                 spec = layoutc.compile_file(args.new / "specs" / f"{entry['spec']}.lyt", entry["params"])
+                refused = [f"{a.dim} % {a.multiple}" for a in spec.program.assumptions
+                           if a.multiple > 1 and dims[a.dim] % a.multiple]
+                if refused:  # sizes the spec (and its engine) refuses at these parameters: no row
+                    continue
                 x = synthetic_inputs(spec, dims, 1, "cuda")
                 converters = {"new": _load(folder / Path(entry["module"]).name)}
                 if not alone:
@@ -182,14 +196,16 @@ def main() -> int:
                     and fused2[k].view(torch.uint8).equal(eager2[k].view(torch.uint8))
                     for k in fused2)
                 x2 = fused2 = eager2 = None
-                inputs = sum(t.numel() * t.element_size() for t in x.values())
+                # One rank's shard reads 1/tp_size of every input (each input is sharded evenly): those bytes, and a
+                # copy of as many bytes.
+                inputs = sum(t.numel() * t.element_size() for t in x.values()) // tp
                 for tag, out in outs.items():
                     row[f"{tag}_bytes"] = inputs + sum(t.numel() * t.element_size() for t in out.values())
                 row["same_output"] = alone or outs["old"].keys() == outs["new"].keys() and all(
                     outs["old"][k].view(torch.uint8).equal(outs["new"][k].view(torch.uint8))
                     if outs["old"][k].shape == outs["new"][k].shape else False for k in outs["old"])
                 outs = None
-                flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in x.values()])
+                flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in x.values()])[:inputs]
                 buf = torch.empty_like(flat)
                 times = {"old": [], "new": [], "copy": [], "new_fingerprinted": []}
                 # The new converters fingerprint their outputs by default (the guard follows copies: one more

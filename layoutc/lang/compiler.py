@@ -126,6 +126,9 @@ class Chain:
     constraints: tuple[Constraint, ...]
     # Family applications that gave this tensor no step (a family's ``if`` on sizes): applied all the same.
     empty_packings: tuple[PackingTag, ...] = ()
+    # The spec's ``assume dim % m == 0`` lines as (dim, m): the planner checks a walk again on sizes that obey them
+    # where its small samples refuse it (W4A8 at tp_size 2: I % 512, else an atom straddles w1 and w3).
+    assumed: tuple[tuple[ex.Expr, int], ...] = ()
     # signature(), once: code generation asks for it thousands of times in a spec with many variants.
     _signature: tuple | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
@@ -192,6 +195,11 @@ class _Builder:
         for a in program.assumptions:  # several lines on one dim (a multiple and a lower bound): all hold
             self.assumptions[a.dim] = math.lcm(self.assumptions.get(a.dim, 1), a.multiple)
         self.dims = set(program.dims)
+
+    def assumed(self) -> tuple[tuple[ex.Expr, int], ...]:
+        """The ``assume`` lines' multiples, (dim, m), one per dim (lower bounds and conditions are left out: the
+        planner's small samples would rarely meet them)."""
+        return tuple((ex.Var(d), m) for d, m in sorted(self.assumptions.items()) if m > 1)
 
     def error(self, message, pos, hint=None, tensors=(), related=()):
         self.diags.error(message, pos, hint, tensors, related)
@@ -281,7 +289,7 @@ class _Builder:
                 return None
             t = current[0]
         target = self.program.output_for(spec.name, present)
-        return Chain(spec.name, spec, target, tuple(steps), tuple(constraints), tuple(empty))
+        return Chain(spec.name, spec, target, tuple(steps), tuple(constraints), tuple(empty), self.assumed())
 
     def check_output(self, chain: Chain, samples: list[dict], present: frozenset[str] = frozenset()) -> None:
         spec, out = chain.source, chain.target
@@ -406,7 +414,7 @@ class _Builder:
                                                    s.statement.pos if s.statement else None))
             steps.append(Step(inv, s.statement, t, inferred.type, s.tag))
             t = inferred.type
-        return Chain(chain.tensor, chain.target, chain.source, tuple(steps), tuple(constraints))
+        return Chain(chain.tensor, chain.target, chain.source, tuple(steps), tuple(constraints), (), chain.assumed)
 
     def check_dims_inferable(self) -> None:
         # The same fixpoint the converters run on real shapes (dimsolve.py), on the required inputs.

@@ -33,11 +33,12 @@ _COMPUTED: collections.Counter = collections.Counter()
 
 def chain_key(chain: Chain) -> tuple:
     """Everything a chain's plan, composed map and emitted code read of it: the tensor's name, its input type,
-    every step's op and types, and the constraints the planner draws sample sizes from. Reprs are complete
+    every step's op and types, and the constraints and assumes the planner draws sample sizes from. Reprs are complete
     for these frozen values (the verifier keys its axis maps the same way)."""
     return (chain.tensor, repr(chain.in_type),
             tuple((repr(s.op), repr(s.in_type), repr(s.out_type)) for s in chain.steps),
-            tuple((repr(c.value), c.multiple) for c in chain.constraints))
+            tuple((repr(c.value), c.multiple) for c in chain.constraints),
+            tuple((repr(v), m) for v, m in chain.assumed))
 
 
 def get(kind: str, key: tuple, make: Callable[[], T]) -> T:

@@ -297,7 +297,7 @@ def plan(chain: Chain) -> Plan:
             q = next((q for s in QUAD_SPREADS[1:] if (q := _quads(raw, chain, s)) is not None), None)
             raw = attrs.evolve(raw, spread_quads=q and attrs.evolve(q, row_tile=_row_tile(raw, q, chain)))
         if raw.quads is None and raw.spread_quads is None:
-            raw = attrs.evolve(raw, units=find_units(raw, samples(chain), tidy))
+            raw = attrs.evolve(raw, units=_units(raw, chain))
     elif isinstance(raw, Gather) and (split := _rows_form(raw.map)) is not None:
         raw = Rows(map=raw.map, row_valid=split[0], col_bound=split[1], **raw.shared())
     elif isinstance(raw, Gather) and relabels_only(raw):
@@ -307,6 +307,19 @@ def plan(chain: Chain) -> Plan:
     if isinstance(raw, Gather) and raw.coarse == 1 and raw.tile_axis is None and not raw.conversions:
         raw = attrs.evolve(raw, steps=_steps(raw, chain))
     return attrs.evolve(raw, unsigned=nonnegative(*index_exprs(raw)))
+
+
+def _units(p: Words, chain: Chain) -> Units | None:
+    """The units walk, decided on small instances; where those give no grouped form, on the smallest sizes the
+    spec's assumes allow (every call's sizes obey them: the converter checks the assume lines). W4A8 at tp_size 2
+    needs the latter: its small instances cut a 16-row CUTLASS atom across the w1 and w3 halves of a shard."""
+    found = find_units(p, samples(chain), tidy)
+    dims = set(_dims_of(chain))
+    if (found is None or found.words == 1) and any(ex.free_vars(v) <= dims for v, _ in chain.assumed):
+        grouped = find_units(p, samples(chain, assumed=True), tidy)
+        if grouped is not None and grouped.words > 1:
+            return grouped
+    return found
 
 
 def tables(p: Plan) -> tuple[tuple[int, ...], ...]:
@@ -467,12 +480,18 @@ def _words_around(chain: Chain, first: Sequence, then: Sequence, mid, perm: BitP
 # checks on small instances
 
 
-def samples(chain: Chain, extra: Sequence[tuple[ex.Expr, int]] = (), count: int = 6) -> list[dict]:
-    """A spread of small instances of the dims that satisfy the chain's constraints (and ``extra``)."""
+def samples(chain: Chain, extra: Sequence[tuple[ex.Expr, int]] = (), count: int = 6,
+            assumed: bool = False) -> list[dict]:
+    """A spread of small instances of the dims that satisfy the chain's constraints (and ``extra``). ``assumed``:
+    the spec's ``assume`` multiples too, each dim at its two smallest values (sizes the converter accepts, which
+    can be large: 256*tp_size for W4A8's I)."""
     from ..algebra.instances import sample_dims
 
     names = _dims_of(chain)
-    found = sample_dims(tuple(names), [(c.value, c.multiple) for c in chain.constraints] + list(extra), per_dim=6)
+    rules = [(c.value, c.multiple) for c in chain.constraints] + list(extra)
+    if assumed:
+        rules += [(v, m) for v, m in chain.assumed if ex.free_vars(v) <= set(names)]
+    found = sample_dims(tuple(names), rules, per_dim=2 if assumed else 6)
     return found[:: max(1, len(found) // count)][:count]
 
 

@@ -125,17 +125,16 @@ def find_groups(p, instances: list[dict], tidy: Callable, words: int = GROUP_WOR
 
         def grid(e, env=env, full=full):  # e over every word, flat (row-major), one row per group
             return evaluate(e, env).expand(full).reshape(-1, words)
-        coords = [[grid(c) for c in cs] for cs in p.word_sources]  # [byte][axis]: [groups, words]
-        diffs = []  # per output byte (4j + b): its source coordinates minus byte 0's of the group
-        for j in range(words):
-            for b in range(WORD_BYTES):
-                d = []
-                for c, c0 in zip(coords[b], coords[0]):
-                    delta = (c[:, j] - c0[:, 0]).unique()
-                    if delta.numel() != 1:
-                        return None
-                    d.append(int(delta))
-                diffs.append(tuple(d))
+        # per output byte (4j + b): its source coordinates minus byte 0's of the group, the same in every group
+        # (one broadcast comparison: the sizes the spec's assumes allow give groups by the hundred thousand)
+        import torch
+
+        coords = torch.stack([torch.stack([grid(c) for c in cs]) for cs in p.word_sources])  # [byte, axis, g, j]
+        delta = coords - coords[:1, :, :, :1]
+        if not bool((delta == delta[:, :, :1, :]).all()):
+            return None
+        first = delta[:, :, 0, :].permute(2, 0, 1).reshape(nbytes, -1).tolist()  # [4j + b][axis]
+        diffs = [tuple(int(v) for v in d) for d in first]
         base = grid(linear(p.word_sources[0], p.in_shape))[:, 0]
         if bool((base % run != 0).any()):
             return None

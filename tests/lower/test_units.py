@@ -113,3 +113,34 @@ def test_a_grouped_walk_with_no_column_of_runs_keeps_consecutive_lanes():
     # the toy spec's words (one 16-bit unit per word, no grouped form) have no stride and no tile
     p = plan(_spec().compiled.variant(()).chain("w"))
     assert p.units.stride is None and "if _TILE > 1:" not in _spec().source
+
+
+def test_the_grouped_form_is_decided_on_sizes_the_assumes_allow():
+    # With ``assume K % 4 == 0`` every size the spec accepts has whole aligned 16-byte runs: the grouped form
+    # holds. Before, the planner's samples ignored the assume lines (K = 1, 2, ...) and kept one word per lane;
+    # the plan cache keys on the assumes too (the toy without the line is planned first, the same chain else).
+    assert plan(_spec().compiled.variant(()).chain("w")).units.words == 1
+    assumed = layoutc.compile_source(SPEC.format(unit="i16").replace("assume N % 2 == 0",
+                                                                     "assume N % 2 == 0\nassume K % 4 == 0"),
+                                     "units.lyt")
+    p = plan(assumed.compiled.variant(()).chain("w"))
+    assert (p.units.unit, p.units.words) == (16, 8)
+    assert p.units.offsets == (ex.Const(0), ex.mul(4, ex.Var("K")))
+
+
+@pytest.mark.slow  # compiles the W4A8 spec at two tp_size (seconds each) and runs its kernels in Triton's interpreter
+@pytest.mark.parametrize("tp_size", [2, 4])
+def test_w4a8_w13_weights_take_the_tiled_walk_at_tensor_parallelism_and_equal_eager(tp_size):
+    # Before, at tp_size > 1 the w13 weights took the words walk (byte loads): the planner checked the grouped
+    # form on sizes the spec's ``assume I % (256*tp_size) == 0`` refuses (I = 16 at tp_size 2: a 16-row atom
+    # straddles the w1 and w3 halves of the shard). Now it is decided on sizes the assumes allow.
+    spec = layoutc.compile_file(SPECS / "vllm_cutlass_w4a8.lyt", {"tp_size": tp_size, "tp_rank": tp_size - 1})
+    for tensor, stride in (("w13_weight_packed", ex.div(ex.Var("I"), tp_size)), ("w2_weight_packed",
+                                                                                  ex.div(ex.Var("H"), 2))):
+        p = plan(spec.compiled.variant(()).chain(tensor))
+        assert isinstance(p, Words) and (p.units.unit, p.units.words) == (16, 8), tensor
+        assert p.units.stride == stride, tensor
+    assert f"_stride, _groups = I // {tp_size}, " in spec.source  # the launcher's tile for w13 (and w2)
+    assert spec.source.count("if _TILE > 1:") == 2
+    x = synthetic_inputs(spec, {"E": 2, "I": 256 * tp_size, "H": 256}, seed=tp_size)
+    assert_same_bits(spec.convert(x, lowering="fused"), spec.convert(x, lowering="eager"))
