@@ -33,6 +33,7 @@ The functions here are copied whole into generated converters (torch and builtin
 ``tests/lower/test_runs.py`` holds every path to the element gather bit for bit.
 """
 
+from .native import _nb, _nb_gather  # copied beside this module into converters
 import torch
 
 _RUN_PLANS = {}  # (converter function, dims, device) -> ("view", ...), ("table", ...) or None
@@ -98,6 +99,8 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
     the map reads output expert e from input expert e alone, the same way for every e (the planner
     checked it on the map's expressions); then the addresses of expert 0 are evaluated and the
     others are theirs plus e * expert_stride."""
+    native = _nb() is not None  # native plans (layoutc.lower.native) where numba runs, kept apart
+    key = (key, native)
     got = _RUN_PLANS.get(key, False)  # never False: a plan or None (get: another thread may clear)
     if got is not False:
         return got
@@ -133,6 +136,11 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
         small = runs * (8 if wide else 4) <= _RUN_TABLE_RATIO * runs * g * itemsize  # bounded by the output
         if affine is not None and (g * itemsize >= _RUN_VIEW_BYTES or len(affine[0]) <= 2 or not small):
             plan = ("view", tuple(affine[0]) + (g,), tuple(affine[1]) + (1,), affine[2])
+        elif small and native and starts.device.type == "cpu":
+            # the native kernels read expert 0's starts (fill runs: -1 - their byte) and move them per expert
+            wide = read and int(starts.max()) >= 2**31
+            varied = bool((starts[bad0] != -1).any())
+            plan = ("native", g, starts.to(torch.int64 if wide else torch.int32), False, copies, shift, varied)
         elif small:
             fill = bad0.nonzero().flatten()
             safe = torch.where(bad0, 0, starts)
@@ -147,7 +155,8 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
                 fill = (fill.unsqueeze(0) + torch.arange(copies).unsqueeze(1) * starts.numel()).reshape(-1)
                 varied = None if varied is None else varied.repeat(copies)
             plan = ("table", g, table, fill if fill.numel() else None, aligned, varied)
-    if not _run_keep(key, plan, [] if plan is None or plan[0] == "view" else [plan[2], plan[3], plan[5]]):
+    kept = [] if plan is None or plan[0] == "view" else [plan[2]] if plan[0] == "native" else [plan[2], plan[3], plan[5]]
+    if not _run_keep(key, plan, kept):
         _RUN_PLANS[key] = None  # no room for its table: this call uses it, later ones the element gather
     return plan
 
@@ -188,6 +197,8 @@ def _run_gather(flat, plan, shape, fill):
                 return out
         out.view(sizes).copy_(src.as_strided(sizes, strides, base))
         return out
+    if plan[0] == "native":
+        return _nb_gather(flat, plan, shape, fill)
     _, g, table, bad, aligned, varied = plan
     out = torch.empty((table.numel(), g), dtype=flat.dtype, device=flat.device)
     word = _RUN_WORDS.get(g * flat.element_size())

@@ -1,0 +1,325 @@
+"""Native CPU kernels of the run and words plans, compiled by numba where it is installed.
+
+The torch forms of the CPU gather (:mod:`layoutc.lower.runs`, ``_permute_words`` and the quads part of
+:mod:`layoutc.lower.torch_emit`) pay per-element torch passes: ``index_select`` looks a table up serially
+(about 1.2 ns a lookup on the 2-core CPU machine) and a bit permutation of 32-bit words takes two
+65536-entry lookups a word or 17 masked shift groups of several passes each. Here the same plans run as
+three generic kernels, driven by the plans' data (no code per spec):
+
+* ``_nb_gather_k``: runs of ``g`` bytes by a table of run starts (expert 0's alone, moved by
+  ``e * shift`` for expert ``e``), fill runs (a negative entry) written with the fill's bytes, or the byte
+  ``-1 - entry`` where the fill varies;
+* ``_nb_words_k``: the same gather of a words plan's source bytes, fused with the bit permutation: a tile
+  of bytes (in L1) is gathered, then each word is four lookups in 256-entry tables (one per byte of the
+  word: the image of that byte's bits, the plan's bytewise value conversions folded in), so the bytes
+  are never written out and read back;
+* ``_nb_quads_k``: the SM90 quads (4 source words a quad, the 4x4 byte transpose, the permutation): the
+  same four tables, indexed by byte ``j`` of each source word.
+
+Each kernel releases the GIL (``nogil``) and a call runs it on two or more Python threads over parts of
+the output (``torch.get_num_threads()``; a parallel numba loop took longer to compile). Every address a
+kernel reads is checked against its source's length; a table or index that would read outside it makes
+the call raise (never a read outside the tensor).
+
+Used where ``import numba`` succeeds and ``LAYOUTC_NUMBA`` is not ``0``, on CPU tensors only; else
+``_nb()`` is None and the torch forms run, unchanged. The kernels compile on their first call in a
+process, cached on disk by numba (``cache=True``) where the converter is a file numba can find (a module
+imported from a ``.py`` file: next to it in ``__pycache__``, or numba's user cache folder); a module
+loaded from a string (``layoutc.compile_file``) compiles them once per process.
+
+The functions here are copied whole into generated converters (torch and builtins; numba imported on
+first use only); ``tests/lower/test_native.py`` holds each kernel to the torch forms bit for bit.
+"""
+
+import torch
+
+_NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "pool": worker threads
+_NB_TILE = 4096  # bytes a words tile gathers before permuting them (L1)
+_NB_MIN_SPLIT = 1 << 16  # units of work under which a call runs on the calling thread alone
+_nb_np = None  # numpy, once numba is imported: the kernels allocate their tiles with it
+
+
+def _nb_gather_k(src, table, g, unit, shift, copies, fill, out, lo, hi):
+    # Runs [lo, hi) of every expert: run r of expert e is g bytes from src[table[r] * unit + e * shift],
+    # or fill bytes where table[r] < 0 (fill[k % len(fill)], or byte -1 - table[r] where len(fill) == 0).
+    # Returns 1 where an address is outside src (nothing past it is read), else 0. Experts outermost: a
+    # map's reads of one expert stay near each other (in cache), its table is read once per expert.
+    n = src.shape[0]
+    per = table.shape[0]
+    nf = fill.shape[0]
+    for e in range(copies):
+        es = e * shift
+        d = (e * per + lo) * g
+        for r in range(lo, hi):
+            v = table[r]
+            if v >= 0:
+                a = v * unit + es
+                if a < 0 or a + g > n:
+                    return 1
+                for k in range(g):
+                    out[d + k] = src[a + k]
+            elif nf == 0:
+                b = -1 - v
+                for k in range(g):
+                    out[d + k] = b
+            else:
+                for k in range(g):
+                    out[d + k] = fill[(d + k) % nf]
+            d += g
+    return 0
+
+
+def _nb_words_k(src, table, g, unit, shift, copies, tile, luts, out, lo, hi):
+    # Bytes [lo, hi) of every expert's output words (lo, hi, tile: multiples of g and 4), gathered as
+    # _nb_gather_k does (fill runs read byte 0), then word w = OR_b luts[b, byte b of w]. Runs of one
+    # byte: the word's four bytes read straight; longer runs: gathered into a tile (L1), then looked up.
+    n = src.shape[0]
+    per = table.shape[0] * g
+    if g == 1:
+        for e in range(copies):
+            es = e * shift
+            base = e * per // 4
+            for w in range(lo // 4, hi // 4):
+                r = 0
+                for b in range(4):
+                    v = table[4 * w + b]
+                    if v >= 0:
+                        a = v * unit + es
+                        if a < 0 or a >= n:
+                            return 1
+                        r |= luts[b, src[a]]
+                    else:
+                        r |= luts[b, 0]
+                out[base + w] = r
+        return 0
+    buf = _nb_np.empty(tile, _nb_np.uint8)
+    for e in range(copies):
+        es = e * shift
+        for t0 in range(lo, hi, tile):
+            t1 = min(hi, t0 + tile)
+            q = 0
+            for r in range(t0 // g, t1 // g):  # (no division per run: tens of cycles each)
+                v = table[r]
+                if v >= 0:
+                    a = v * unit + es
+                    if a < 0 or a + g > n:
+                        return 1
+                    for k in range(g):
+                        buf[q + k] = src[a + k]
+                else:
+                    for k in range(g):
+                        buf[q + k] = 0
+                q += g
+            base = (e * per + t0) // 4
+            for w in range((t1 - t0) // 4):
+                out[base + w] = (luts[0, buf[4 * w]] | luts[1, buf[4 * w + 1]] | luts[2, buf[4 * w + 2]]
+                                 | luts[3, buf[4 * w + 3]])
+    return 0
+
+
+def _nb_quads_k(src, rows, quads, step, unread, luts, out, lo, hi):
+    # Rows [lo, hi): row r's quad q reads source words rows[r, b] + q * step (b = 0..3; 0 where unread[r, b]),
+    # and its output word j (at (r * quads + q) * 4 + j) is OR_b luts[b, byte j of source word b].
+    n = src.shape[0]
+    masked = unread.shape[0] > 0
+    for r in range(lo, hi):
+        for q in range(quads):
+            s0 = s1 = s2 = s3 = 0
+            a0 = rows[r, 0] + q * step
+            a1 = rows[r, 1] + q * step
+            a2 = rows[r, 2] + q * step
+            a3 = rows[r, 3] + q * step
+            if not masked or unread[r, 0] == 0:
+                if a0 < 0 or a0 >= n:
+                    return 1
+                s0 = src[a0]
+            if not masked or unread[r, 1] == 0:
+                if a1 < 0 or a1 >= n:
+                    return 1
+                s1 = src[a1]
+            if not masked or unread[r, 2] == 0:
+                if a2 < 0 or a2 >= n:
+                    return 1
+                s2 = src[a2]
+            if not masked or unread[r, 3] == 0:
+                if a3 < 0 or a3 >= n:
+                    return 1
+                s3 = src[a3]
+            d = (r * quads + q) * 4
+            for j in range(4):
+                sh = 8 * j
+                out[d + j] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255] | luts[2, (s2 >> sh) & 255]
+                              | luts[3, (s3 >> sh) & 255])
+    return 0
+
+
+def _nb():
+    """The compiled kernels, or None: numba is not installed, or ``LAYOUTC_NUMBA=0``."""
+    import os
+
+    if os.environ.get("LAYOUTC_NUMBA", "1").strip() == "0":
+        return None
+    got = _NB_STATE.get("kernels", False)
+    if got is not False:
+        return got
+    try:
+        import numba
+        import numpy
+    except ImportError:
+        _NB_STATE["kernels"] = None
+        return None
+    import sys
+
+    globals()["_nb_np"] = numpy
+    # numba's cache reloads a kernel by importing its module by name: only a module imported from a file
+    # under its own name (sys.modules) caches (not layoutc.compile_file's, nor one run from a spec_from_file_location
+    # without sys.modules)
+    here = sys.modules.get(globals().get("__name__", ""))
+    cache = getattr(here, "__dict__", None) is globals() and str(globals().get("__file__", "")).endswith(".py")
+    kernels = {"numba": numba, "cache": cache}
+    for name, fn in (("gather", _nb_gather_k), ("words", _nb_words_k), ("quads", _nb_quads_k)):
+        kernels[name] = _nb_jit(numba, fn, cache)
+    _NB_STATE["kernels"] = kernels
+    return kernels
+
+
+def _nb_jit(numba, fn, cache):
+    # a lazily compiled kernel (on its first call, for the argument types it gets), cached on disk if it can be
+    if cache:
+        try:
+            return numba.njit(nogil=True, cache=True)(fn)
+        except Exception:  # numba: "cannot cache function ...: no locator available for file ..."
+            pass
+    return numba.njit(nogil=True)(fn)
+
+
+def _nb_on(device):
+    """Whether the native kernels run for tensors on ``device``."""
+    return torch.device(device).type == "cpu" and _nb() is not None
+
+
+def _nb_array(t, dtype):
+    # a numpy view of a contiguous CPU tensor's bytes as ``dtype`` (no copy; bf16, fp8: by their bits)
+    return t.detach().reshape(-1).view(dtype).numpy()
+
+
+def _nb_run(name, args, total, align):
+    """The kernel ``name``'s ``kernel(*args, lo, hi)`` over [0, total) in parts (multiples of ``align``) on
+    the calling thread and worker threads, one part per intra-op thread torch uses; raises where a part
+    read out of range."""
+    kernels = _nb()
+    kernel = kernels[name]
+    try:  # compiled (or loaded from numba's cache) here, for these types, before the threads call it
+        kernel(*args, 0, 0)
+    except Exception:
+        if not kernels["cache"]:
+            raise
+        # a cache numba cannot load (written for a module of another name): compiled again, not cached
+        kernel = kernels[name] = _nb_jit(kernels["numba"], kernel.py_func, False)
+        kernel(*args, 0, 0)
+    threads = max(1, min(torch.get_num_threads(), total // max(align, _NB_MIN_SPLIT)))
+    cut = [min(total, (total * k // threads) // align * align) for k in range(threads)] + [total]
+    if threads == 1:
+        bad = [kernel(*args, 0, total)]
+    else:
+        pool = _NB_STATE.get("pool")
+        if pool is None or pool._max_workers < threads - 1:
+            import concurrent.futures
+
+            pool = _NB_STATE["pool"] = concurrent.futures.ThreadPoolExecutor(threads - 1)
+        futures = [pool.submit(kernel, *args, cut[k], cut[k + 1]) for k in range(1, threads)]
+        bad = [kernel(*args, cut[0], cut[1])] + [f.result() for f in futures]
+    if any(bad):
+        raise IndexError("a run table reads outside its input (the converter's plan does not fit this tensor)")
+
+
+def _nb_luts(table, conv=None):
+    """The four 256-entry tables of a bit permutation (output bit i = input bit table[i]): luts[b, v] is
+    the image of byte value v at byte b of a word, after ``conv`` (each byte converted on its own: a
+    function of int32 words) where given. Built once per table and conversion."""
+    key = ("luts", tuple(table), conv)
+    got = _NB_STATE.get(key)
+    if got is not None:
+        return got
+    v = torch.arange(256, dtype=torch.int64)
+    words = v * 0x01010101  # byte value v in every byte
+    if conv is not None:
+        w = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+        words = conv(w).to(torch.int64) & 0xFFFFFFFF
+    luts = torch.zeros(4, 256, dtype=torch.int64)
+    for b in range(4):
+        byte = (words >> (8 * b)) & 0xFF
+        for i, s in enumerate(table):  # output bit i: input bit s, of byte s // 8
+            if s // 8 == b:
+                luts[b] |= ((byte >> (s % 8)) & 1) << i
+    luts = torch.where(luts >= 2**31, luts - 2**32, luts).to(torch.int32).contiguous()
+    _NB_STATE[key] = luts
+    return luts
+
+
+def _nb_gather(flat, plan, shape, fill):
+    """``_run_gather`` of a native table plan (``("native", g, table, aligned, copies, shift, varied)``):
+    ``flat`` the input's elements, contiguous; the output of ``shape``."""
+    _, g, table, aligned, copies, shift, varied = plan
+    size = flat.element_size()
+    out = torch.empty(shape, dtype=flat.dtype)
+    if varied:  # each fill run's byte rides in its entry
+        fill_bytes = torch.empty(0, dtype=torch.uint8)
+    else:
+        fill_bytes = _nb_fill_bytes(flat.dtype, size, 0 if fill is None else fill)
+    src = _nb_array(flat, torch.uint8)
+    dst = _nb_array(out, torch.uint8)
+    unit = g * size if aligned else size
+    per = table.shape[0]
+    _nb_run("gather", (src, table.numpy(), g * size, unit, shift * size, copies, fill_bytes.numpy(), dst),
+            per, 1)
+    return out
+
+
+def _nb_fill_bytes(dtype, size, fill):
+    # the fill's bits, as the torch path writes them (a float cast to the type, else an integer's low bits)
+    if dtype.is_floating_point:
+        return torch.tensor(fill, dtype=torch.float64).to(dtype).reshape(1).view(torch.uint8)
+    value = int(fill) % (1 << (8 * size))
+    return torch.tensor(list(value.to_bytes(size, "little")), dtype=torch.uint8)
+
+
+def _nb_words(x, plan, shape, table, conv=None):
+    """The int32 words of ``shape`` of a words plan: the source bytes of ``x`` by the native table plan
+    ``plan`` (fill: byte 0), each byte through ``conv``, the bits permuted by ``table``."""
+    _, g, runs, aligned, copies, shift, _ = plan
+    luts = _nb_luts(table, conv)
+    out = torch.empty(shape, dtype=torch.int32)
+    src = _nb_array(x.contiguous(), torch.uint8)
+    per = runs.shape[0] * g
+    whole = g * (1 if g % 4 == 0 else 2 if g % 2 == 0 else 4)  # whole runs and whole words
+    tile = whole * max(1, _NB_TILE // whole)
+    _nb_run("words", (src, runs.numpy(), g, g if aligned else 1, shift, copies, tile, luts.numpy(),
+                             _nb_array(out, torch.int32)), per, whole)
+    return out
+
+
+def _nb_quads(src_words, rows, quads, step, unread, table, shape):
+    """The int32 words of ``shape`` of a quads plan: row r's quad q reads source words
+    ``rows[r, b] + q * step`` (b = 0..3; none where ``unread[r, b]``), output word j of the quad byte j of
+    each, the bits permuted by ``table``."""
+    luts = _nb_luts(table)
+    rows = rows.reshape(-1, 4)
+    rows = rows.to(torch.int32) if rows.dtype != torch.int32 and rows.numel() and int(rows.max()) < 2**31 else rows
+    mask = (torch.empty((0, 4), dtype=torch.uint8) if unread is None
+            else unread.reshape(-1, 4).contiguous().view(torch.uint8))
+    out = torch.empty(shape, dtype=torch.int32)
+    if out.numel() != rows.shape[0] * quads * 4:
+        raise AssertionError("the quads' rows do not cover the output")
+    _nb_run("quads", (_nb_array(src_words, torch.int32), rows.contiguous().numpy(), quads, step,
+                             mask.numpy(), luts.numpy(), _nb_array(out, torch.int32)), rows.shape[0], 1)
+    return out
+
+
+def _nb_permute(w, table):
+    """``_permute_words`` by the native words kernel: each int32 word's bits permuted by ``table``."""
+    words = w.contiguous().reshape(-1)
+    g = 4 * (words.numel() & -words.numel()) if words.numel() else 4  # runs of up to 1 KiB: a short table
+    g = min(g, 1024)
+    runs = torch.arange(words.numel() * 4 // g, dtype=torch.int32)
+    return _nb_words(words, ("native", g, runs, True, 1, 0, False), w.shape, table)
