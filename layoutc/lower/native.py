@@ -171,16 +171,29 @@ def _nb():
     import sys
 
     globals()["_nb_np"] = numpy
-    # numba's cache reloads a kernel by importing its module by name: only a module imported from a file
-    # under its own name (sys.modules) caches (not layoutc.compile_file's, nor one run from a spec_from_file_location
-    # without sys.modules)
-    here = sys.modules.get(globals().get("__name__", ""))
-    cache = getattr(here, "__dict__", None) is globals() and str(globals().get("__file__", "")).endswith(".py")
-    kernels = {"numba": numba, "cache": cache}
-    for name, fn in (("gather", _nb_gather_k), ("words", _nb_words_k), ("quads", _nb_quads_k)):
-        kernels[name] = _nb_jit(numba, fn, cache)
+    cache = _nb_cacheable(globals(), sys.modules)
+    fns = (("gather", _nb_gather_k), ("words", _nb_words_k), ("quads", _nb_quads_k))
+    # one compile per process for every converter whose kernels are these (their code objects, compared whole):
+    # a process that loads many converters (tests, a checkpoint of several specs) compiles them once
+    shared = numba.__dict__.setdefault("_layoutc_native_kernels", {})
+    key = tuple((c.co_code, c.co_consts, c.co_names, c.co_varnames) for c in (fn.__code__ for _, fn in fns))
+    kernels = shared.get(key)
+    if kernels is None:
+        kernels = {"numba": numba, "cache": cache}
+        for name, fn in fns:
+            kernels[name] = _nb_jit(numba, fn, cache)
+        shared[key] = kernels
     _NB_STATE["kernels"] = kernels
     return kernels
+
+
+def _nb_cacheable(namespace, modules):
+    """Whether numba may cache kernels defined in ``namespace`` on disk: its cache reloads a kernel by
+    importing the module by name, so only a module imported from a ``.py`` file under its own name (in
+    ``modules``, i.e. sys.modules) does; not ``layoutc.compile_file``'s module from a string, nor one
+    run by ``spec_from_file_location`` without an entry in sys.modules."""
+    here = modules.get(namespace.get("__name__", ""))
+    return getattr(here, "__dict__", None) is namespace and str(namespace.get("__file__", "")).endswith(".py")
 
 
 def _nb_jit(numba, fn, cache):
@@ -323,3 +336,27 @@ def _nb_permute(w, table):
     g = min(g, 1024)
     runs = torch.arange(words.numel() * 4 // g, dtype=torch.int32)
     return _nb_words(words, ("native", g, runs, True, 1, 0, False), w.shape, table)
+
+
+def _nb_values(y, convert):
+    """``convert(y)`` (value conversions, element by element) of one-byte elements: ``convert`` of each of the
+    256 values once per process, then a lookup by the native gather. Where ``convert`` refuses one of the 256
+    (a checked cast), or gives other than one element per element, ``convert(y)`` itself."""
+    key = ("values", convert, y.dtype)
+    lut = _NB_STATE.get(key)
+    if lut is None:
+        try:
+            lut = convert(torch.arange(256, dtype=torch.uint8).view(y.dtype))
+            if not isinstance(lut, torch.Tensor) or lut.shape != (256,):
+                lut = False
+        except Exception:
+            lut = False
+        _NB_STATE[key] = lut
+    if lut is False or y.element_size() != 1:
+        return convert(y)
+    out = torch.empty(y.shape, dtype=lut.dtype)
+    size = lut.element_size()
+    index = y.contiguous().reshape(-1).view(torch.uint8).to(torch.int32)  # a byte's value: its entry in the table
+    _nb_run("gather", (_nb_array(lut.contiguous(), torch.uint8), index.numpy(), size, size, 0, 1,
+                       torch.zeros(size, dtype=torch.uint8).numpy(), _nb_array(out, torch.uint8)), index.numel(), 1)
+    return out

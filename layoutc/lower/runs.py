@@ -100,7 +100,7 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
     checked it on the map's expressions); then the addresses of expert 0 are evaluated and the
     others are theirs plus e * expert_stride."""
     native = _nb() is not None  # native plans (layoutc.lower.native) where numba runs, kept apart
-    key = (key, native)
+    key = tuple(key) + (native,)
     got = _RUN_PLANS.get(key, False)  # never False: a plan or None (get: another thread may clear)
     if got is not False:
         return got

@@ -172,7 +172,12 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
         wide = f".view(torch.{p.out_elem.canonical})" if p.out_elem.bits != 8 else ""
         drive.append(f"    return y.view(torch.uint8){wide}.reshape({out})")
     else:
-        if p.conversions:
+        if p.conversions and runs and p.in_elem.bits == 8:  # numba: the conversions of 256 values, then a lookup
+            part += ["", "", f"def {name}_values(y):  # the value conversions, element by element",
+                     *conversions(p, "y", "    "), "    return y"]
+            drive += ['    if runs is not None and runs[0] == "native":  # each of 256 values converted once',
+                      f"        y = _nb_values(y, {name}_values)", "    else:", f"        y = {name}_values(y)"]
+        elif p.conversions:
             drive += conversions(p, "y", "    ")
         else:
             drive.append(f"    y = y.view(torch.{p.out_elem.canonical})")

@@ -1,0 +1,289 @@
+"""The native CPU kernels (layoutc.lower.native, numba) equal the torch forms and the element gather bit for bit.
+
+Each kernel is driven as generated converters drive it, from the text they carry (``runs_source`` and
+``native_source`` executed in one namespace): run tables of random maps (fill runs, fills that vary,
+expert-0 tables moved per expert, element widths), words plans (random byte maps, fills, permutations,
+bytewise conversions), SM90 quads (rows of quads at a step, per-quad indices with unread words), and the
+lookups of value conversions. The same namespace with ``_nb`` returning None is the torch form. The
+kernels compile once per test process (the ``native`` fixture; numba caches them on disk by this
+package's file), so each test stays well under a second after that.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layoutc.convert.synthckpt import synthetic_inputs
+from layoutc.lower import native, torch_emit
+from tests.helpers import assert_same_bits
+from tests.helpers import spec as _spec
+
+numba = pytest.importorskip("numba")
+
+
+def _namespace(on: bool) -> dict:
+    namespace = {"torch": torch, "__name__": "native_test_namespace"}
+    exec(torch_emit.runs_source(), namespace)  # the text generated converters carry
+    exec(torch_emit.native_source(), namespace)
+    exec(torch_emit.bit_tables_source(), namespace)
+    if not on:
+        namespace["_nb"] = lambda: None
+    return namespace
+
+
+@pytest.fixture(scope="session")
+def native_ns():
+    """The converters' text with numba on, its three kernels compiled once (shared by every test here)."""
+    assert native._nb() is not None  # this package's kernels first: numba caches them by its file, and the
+    ns = _namespace(True)  # converters' text (the same code) shares them in this process
+    assert ns["_nb"]() is not None
+    flat = torch.arange(64, dtype=torch.uint8)
+    ns["_nb_gather"](flat, ("native", 1, torch.arange(4, dtype=torch.int32), False, 1, 0, False), (4,), 0)
+    ns["_nb_permute"](torch.zeros(8, dtype=torch.int32), tuple(range(32)))
+    ns["_nb_words"](flat, ("native", 1, torch.arange(8, dtype=torch.int32), False, 1, 0, False), (2,),
+                    tuple(range(32)))
+    ns["_nb_quads"](flat.view(torch.int32), torch.zeros(1, 4, dtype=torch.int32), 1, 0, None, tuple(range(32)), (4,))
+    return ns
+
+
+def _per_bit(words: torch.Tensor, table) -> torch.Tensor:
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    return sum(((w >> s) & 1) << i for i, s in enumerate(table))
+
+
+def _element_gather(flat, index, fill):
+    ok = index >= 0
+    return torch.where(ok, flat[torch.where(ok, index, 0)], torch.as_tensor(fill, dtype=flat.dtype))
+
+
+def _random_map(g: torch.Generator, experts: int, per: int, run: int, src_per: int, holes: bool):
+    """Expert 0's source element of each of ``per`` outputs, in runs of ``run`` (-1: fill), reading
+    [0, src_per); every expert reads its own the same way."""
+    runs = per // run
+    starts = torch.randint(0, src_per - run + 1, (runs,), generator=g)
+    if holes:
+        starts[torch.rand(runs, generator=g) < 0.3] = -1
+    index = (starts.unsqueeze(1) + torch.arange(run)).reshape(-1)
+    index[(starts < 0).repeat_interleave(run)] = -1
+    return index
+
+
+@given(seed=st.integers(0, 2**16), experts=st.integers(1, 4), run=st.sampled_from([1, 2, 3, 4, 8]),
+       width=st.sampled_from([1, 2, 4, 8]), holes=st.booleans(), moved=st.booleans(),
+       fill=st.sampled_from([0, 1, 0x7F]))
+@settings(max_examples=15, deadline=None)
+def test_run_tables_equal_the_torch_form_and_the_element_gather(native_ns, seed, experts, run, width, holes, moved,
+                                                                 fill):
+    g = torch.Generator().manual_seed(seed)
+    dtype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
+    per, src_per = run * 12, 40
+    index0 = _random_map(g, experts, per, run, src_per, holes)
+    whole = torch.cat([torch.where(index0 >= 0, index0 + e * src_per, -1) for e in range(experts)])
+    flat = torch.randint(-100, 100, (experts * src_per,), generator=g).to(dtype)
+    shape = (experts, per)
+    want = _element_gather(flat, whole, fill).view(shape)
+    torch_ns = _namespace(False)
+    for ns in (native_ns, torch_ns):
+        ns["_RUN_PLANS"].clear()
+        if moved:  # expert 0's map, moved per expert
+            index_of = lambda start, stop: index0.view(1, per)  # noqa: E731
+            stride = src_per
+        else:
+            index_of = lambda start, stop: whole.view(shape)[start:stop]  # noqa: E731
+            stride = None
+        plan = ns["_run_plan"](("t",), index_of, (), shape, width, stride)
+        if plan is None:
+            continue
+        got = ns["_run_gather"](flat, plan, shape, fill)
+        assert torch.equal(got, want), (plan[0], ns is native_ns)
+        if ns is native_ns and plan[0] != "view":
+            assert plan[0] == "native"
+
+
+@given(seed=st.integers(0, 2**16), experts=st.integers(1, 3))
+@settings(max_examples=10, deadline=None)
+def test_a_fill_that_varies_writes_each_fill_runs_byte(native_ns, seed, experts):
+    g = torch.Generator().manual_seed(seed)
+    per = 64
+    index0 = torch.randint(0, 50, (per,), generator=g)
+    holes = torch.rand(per, generator=g) < 0.4
+    index0[holes] = -1 - torch.randint(0, 256, (int(holes.sum()),), generator=g)  # -1 - its fill byte
+    flat = torch.randint(0, 256, (experts * 50,), generator=g).to(torch.uint8)
+    want = torch.cat([torch.where(index0 >= 0, flat[torch.where(index0 >= 0, index0 + e * 50, 0)],
+                                  (-1 - index0).to(torch.uint8)) for e in range(experts)]).view(experts, per)
+    for ns in (native_ns, _namespace(False)):
+        ns["_RUN_PLANS"].clear()
+        plan = ns["_run_plan"](("v",), lambda s, e: index0.view(1, per), (), (experts, per), 1, 50)
+        assert plan is not None
+        assert torch.equal(ns["_run_gather"](flat, plan, (experts, per), None), want)
+
+
+def _bytewise_xor(w):  # a conversion of each byte on its own (for the words kernel's byte tables)
+    return w ^ 0x5A5A5A5A
+
+
+@given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), experts=st.integers(1, 3),
+       run=st.sampled_from([1, 2, 4, 8]), holes=st.booleans(), convert=st.booleans())
+@settings(max_examples=15, deadline=None)
+def test_words_gather_and_permutation_fused_equal_the_torch_form(native_ns, seed, table, experts, run, holes, convert):
+    g = torch.Generator().manual_seed(seed)
+    words = 8 * run  # per expert
+    per, src_per = 4 * words, 4 * words + 16
+    index0 = _random_map(g, experts, per, run, src_per, holes)
+    x = torch.randint(0, 256, (experts * src_per,), generator=g).to(torch.uint8)
+    shape = (experts, words)
+    table = tuple(table)
+    conv = _bytewise_xor if convert else None
+    torch_ns = _namespace(False)
+    results = []
+    for ns in (native_ns, torch_ns):
+        ns["_RUN_PLANS"].clear()
+        plan = ns["_run_plan"](("w",), lambda s, e: index0.view(1, per), (), (experts, per), 1, src_per)
+        assert plan is not None
+        if plan[0] == "native":
+            results.append(ns["_nb_words"](x, plan, shape, table, conv))
+        else:
+            w = ns["_run_gather"](x, plan, (experts, per), 0).view(torch.int32)
+            if conv is not None:
+                w = conv(w)
+            results.append(ns["_permute_words"](w, table))
+    whole = torch.cat([torch.where(index0 >= 0, index0 + e * src_per, -1) for e in range(experts)])
+    w = _element_gather(x, whole, 0).view(torch.int32)
+    w = conv(w) if conv is not None else w
+    want = _per_bit(w, table).view(shape)
+    for got in results:
+        assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
+
+
+@given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), n=st.integers(0, 300))
+@settings(max_examples=15, deadline=None)
+def test_permute_words_natively_equals_per_bit(native_ns, seed, table, n):
+    g = torch.Generator().manual_seed(seed)
+    words = torch.randint(-2**31, 2**31, (n,), dtype=torch.int64, generator=g).to(torch.int32)
+    got = native_ns["_permute_words"](words.view(1, -1) if n else words, tuple(table))
+    assert got.dtype == torch.int32 and got.shape == (words.view(1, -1) if n else words).shape
+    assert torch.equal(got.reshape(-1).to(torch.int64) & 0xFFFFFFFF, _per_bit(words, tuple(table)))
+
+
+@given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), rows=st.integers(1, 6), quads=st.integers(1, 5),
+       step=st.integers(0, 3), unread=st.booleans())
+@settings(max_examples=25, deadline=None)
+def test_quads_equal_the_transpose_then_the_permutation(native_ns, seed, table, rows, quads, step, unread):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(-2**31, 2**31, (64,), dtype=torch.int64, generator=g).to(torch.int32)
+    hi = 64 - (quads - 1) * step
+    base = torch.randint(0, hi, (rows, 4), generator=g)
+    mask = (torch.rand(rows, 4, generator=g) < 0.3) if unread else None
+    if mask is not None:
+        quads, step = 1, 0  # the per-quad index form: one quad a row
+    got = native_ns["_nb_quads"](src, base, quads, step, mask, tuple(table), (rows, 4 * quads))
+    # reference: source word b of quad q: base[r, b] + q * step (0 where unread); output word j's byte b is
+    # byte j of source word b; then the permutation
+    s = torch.stack([src[base[:, b].unsqueeze(1) + step * torch.arange(quads)] for b in range(4)], dim=-1)
+    if mask is not None:
+        s = torch.where(mask.unsqueeze(1), 0, s)
+    w = s.contiguous().view(torch.uint8).view(rows, quads, 4, 4).transpose(-1, -2).contiguous().view(torch.int32)
+    want = _per_bit(w.reshape(-1), tuple(table)).view(rows, 4 * quads)
+    assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
+
+
+def test_a_table_that_reads_past_its_input_raises_and_reads_nothing(native_ns):
+    flat = torch.arange(16, dtype=torch.uint8)
+    plan = ("native", 2, torch.tensor([0, 7, 3], dtype=torch.int32), False, 1, 0, False)
+    assert native_ns["_nb_gather"](flat, plan, (6,), 0).tolist() == [0, 1, 7, 8, 3, 4]
+    with pytest.raises(IndexError, match="outside its input"):  # expert 1 (9 elements on): run 7 reads 16 and 17
+        native_ns["_nb_gather"](flat, plan[:4] + (2, 9, False), (12,), 0)
+    with pytest.raises(IndexError, match="outside its input"):
+        native_ns["_nb_quads"](flat.view(torch.int32), torch.tensor([[0, 1, 2, 4]]), 1, 0, None, tuple(range(32)),
+                               (4,))
+
+
+def test_value_conversions_of_bytes_by_a_lookup(native_ns):
+    y = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)[torch.randperm(256)]
+    convert = lambda v: v.to(torch.float16) * 2  # noqa: E731
+    got = native_ns["_nb_values"](y, convert)
+    assert got.dtype == torch.float16 and torch.equal(got.view(torch.int16), convert(y).view(torch.int16))
+
+    def refuses_nan(v):  # a checked conversion: one of the 256 values is refused, the data are converted as is
+        if bool(torch.isnan(v.float()).any()):
+            raise ValueError("nan")
+        return v.to(torch.float32)
+
+    finite = y[~torch.isnan(y.float())]
+    assert torch.equal(native_ns["_nb_values"](finite, refuses_nan), finite.to(torch.float32))
+    with pytest.raises(ValueError):
+        native_ns["_nb_values"](y, refuses_nan)
+
+
+def test_the_switch_and_a_missing_numba_leave_the_torch_forms(monkeypatch):
+    monkeypatch.setenv("LAYOUTC_NUMBA", "0")
+    assert _namespace(True)["_nb"]() is None and not native._nb_on("cpu")
+    monkeypatch.delenv("LAYOUTC_NUMBA")
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba fails
+    assert _namespace(True)["_nb"]() is None
+    assert not native._nb_on("meta")
+
+
+def test_only_a_module_imported_by_its_name_from_a_file_caches_kernels_on_disk():
+    import types
+
+    mod = types.ModuleType("conv_x")
+    mod.__file__ = "/somewhere/conv_x.py"
+    assert native._nb_cacheable(mod.__dict__, {"conv_x": mod})
+    assert not native._nb_cacheable(mod.__dict__, {})  # run without an entry in sys.modules
+    assert not native._nb_cacheable({"__name__": "conv_x", "__file__": "<layoutc x.lyt>"}, {"conv_x": mod})
+    assert not native._nb_cacheable(_namespace(True), sys.modules)  # the converter text from a string
+    assert native._nb_cacheable(vars(native), sys.modules)
+
+
+@pytest.mark.slow  # three processes compile a spec
+def test_generated_text_does_not_depend_on_numba(tmp_path):
+    """Codegen does not look at the environment: the same text with numba importable, refused, or off."""
+    code = ("import sys, layoutc; sys.modules['numba'] = None if sys.argv[1] == 'none' else sys.modules.get('numba'); "
+            "sys.stdout.write(layoutc.compile_file('specs/marlin_gptq_int4.lyt').source)")
+    texts = set()
+    for how, env in (("on", {}), ("none", {}), ("on", {"LAYOUTC_NUMBA": "0"})):
+        run = subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True,
+                             env={**os.environ, **env}, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        assert run.returncode == 0, run.stderr
+        texts.add(run.stdout)
+    assert len(texts) == 1 and "_nb_words(" in texts.pop()
+
+
+@pytest.mark.slow  # compiles three specs and runs the eager reference
+@pytest.mark.parametrize("name, dims", [("flashinfer_cutlass_mxfp4_padded", {"E": 2, "I": 96, "H": 160}),
+                                        ("flashinfer_cutlass_bf16", {"E": 2, "I": 64, "H": 128}),
+                                        ("marlin_nvfp4", {"E": 2, "I": 256, "H": 512}),
+                                        ("triton_kernels_mxfp4_hopper", {"E": 1, "I": 96, "H": 160})])
+def test_shipped_specs_take_the_native_kernels_and_equal_eager(name, dims, monkeypatch):
+    spec = _spec(name)
+    x = synthetic_inputs(spec, dims, seed=11)
+    want = spec.convert(x, lowering="eager")
+    spec.module._RUN_PLANS.clear()
+    assert_same_bits(spec.convert(x, lowering="gather"), want, name)
+    assert spec.module._nb() is not None
+    if "_nb_words(" in spec.source or "_nb_values(" in spec.source:
+        assert any(v is not None and v[0] == "native" for v in spec.module._RUN_PLANS.values()), name
+    monkeypatch.setenv("LAYOUTC_NUMBA", "0")
+    assert_same_bits(spec.convert(x, lowering="gather"), want, f"{name} without numba")
+
+
+@pytest.mark.slow  # two processes import torch and numba
+def test_a_converter_file_imported_by_name_caches_its_kernels(tmp_path):
+    """A converter imported from its file under its own name: numba's cache sits next to it."""
+    spec = _spec("flashinfer_cutedsl_nvfp4")
+    spec.write(tmp_path / "conv_cached.py")
+    code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import conv_cached as m; "
+            "m._nb_permute(torch.arange(8, dtype=torch.int32), tuple(range(32))); print(m._nb()['cache'])")
+    for _ in range(2):  # the second loads what the first wrote
+        run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == "True"
+        assert list((tmp_path / "__pycache__").glob("conv_cached._nb_words_k-*.nbi"))
