@@ -1,31 +1,33 @@
-"""Native CPU kernels of the run and words plans, compiled by numba where it is installed.
+"""Native CPU kernels of the words plans, compiled by numba where it is installed.
 
-The torch forms of the CPU gather (:mod:`layoutc.lower.runs`, ``_permute_words`` and the quads part of
-:mod:`layoutc.lower.torch_emit`) pay per-element torch passes: ``index_select`` looks a table up serially
-(about 1.2 ns a lookup on the 2-core CPU machine) and a bit permutation of 32-bit words takes two
-65536-entry lookups a word or 17 masked shift groups of several passes each. Here the same plans run as
-three generic kernels, driven by the plans' data (no code per spec):
+The torch forms of a bit permutation of 32-bit words (``_permute_words`` and the quads part of
+:mod:`layoutc.lower.torch_emit`) pay per-word torch passes: two lookups a word in 65536-entry tables, each an
+``index_select`` (serial, about 1.2 ns a lookup on the 2-core CPU machine), after the words' bytes were
+gathered into memory by a run table and read back. Here they run as two generic kernels, driven by the
+plans' data (no code per spec):
 
-* ``_nb_gather_k``: runs of ``g`` bytes by a table of run starts (expert 0's alone, moved by
-  ``e * shift`` for expert ``e``), fill runs (a negative entry) written with the fill's bytes, or the byte
-  ``-1 - entry`` where the fill varies;
-* ``_nb_words_k``: the same gather of a words plan's source bytes, fused with the bit permutation: a tile
-  of bytes (in L1) is gathered, then each word is four lookups in 256-entry tables (one per byte of the
-  word: the image of that byte's bits, the plan's bytewise value conversions folded in), so the bytes
-  are never written out and read back;
-* ``_nb_quads_k``: the SM90 quads (4 source words a quad, the 4x4 byte transpose, the permutation): the
-  same four tables, indexed by byte ``j`` of each source word.
+* ``_nb_words_k``: a words plan's source bytes by its run table (expert 0's starts alone, moved by
+  ``e * shift`` for expert ``e``; a negative entry: padding, byte 0), fused with the bit permutation:
+  each word is four lookups in 256-entry tables (``luts[b, v]``: the image of byte value ``v`` at byte
+  ``b``, the plan's bytewise value conversions folded in), so the gathered bytes are never written out
+  and read back (runs longer than a byte: gathered into a tile in L1 first);
+* ``_nb_quads_k``: the SM90 quads (4 source words a quad at a step along a row, or per quad from a cached
+  index with unread words; the 4x4 byte transpose; the permutation): the same four tables, indexed by
+  byte ``j`` of each source word.
 
-Each kernel releases the GIL (``nogil``) and a call runs it on two or more Python threads over parts of
-the output (``torch.get_num_threads()``; a parallel numba loop took longer to compile). Every address a
-kernel reads is checked against its source's length; a table or index that would read outside it makes
-the call raise (never a read outside the tensor).
+Each kernel releases the GIL (``nogil``) and a call runs it on ``torch.get_num_threads()`` Python threads
+over parts of the output (a parallel numba loop took longer to compile). Every address a kernel reads is
+checked against its source's length: a table or index that would read outside it makes the call raise
+(never a read outside the tensor). Plain run tables (no bit permutation) stay torch's ``index_select``:
+a numba loop of one-byte lookups was no faster than it on the CPU machine (BENCHMARKS.md).
 
 Used where ``import numba`` succeeds and ``LAYOUTC_NUMBA`` is not ``0``, on CPU tensors only; else
-``_nb()`` is None and the torch forms run, unchanged. The kernels compile on their first call in a
-process, cached on disk by numba (``cache=True``) where the converter is a file numba can find (a module
-imported from a ``.py`` file: next to it in ``__pycache__``, or numba's user cache folder); a module
-loaded from a string (``layoutc.compile_file``) compiles them once per process.
+``_nb()`` is None and the torch forms run, unchanged. Also only then, value conversions of one-byte
+elements after a run table are one lookup in a table of the conversions of all 256 values
+(``_nb_values``). The kernels compile on their first call in a process (once per process for every
+converter that carries them), cached on disk by numba (``cache=True``) where the converter is a module
+imported from a ``.py`` file under its own name (in ``__pycache__`` beside it, or numba's user cache
+folder); a module loaded from a string (``layoutc.compile_file``) compiles them once per process.
 
 The functions here are copied whole into generated converters (torch and builtins; numba imported on
 first use only); ``tests/lower/test_native.py`` holds each kernel to the torch forms bit for bit.
@@ -37,36 +39,6 @@ _NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "poo
 _NB_TILE = 4096  # bytes a words tile gathers before permuting them (L1)
 _NB_MIN_SPLIT = 1 << 16  # units of work under which a call runs on the calling thread alone
 _nb_np = None  # numpy, once numba is imported: the kernels allocate their tiles with it
-
-
-def _nb_gather_k(src, table, g, unit, shift, copies, fill, out, lo, hi):
-    # Runs [lo, hi) of every expert: run r of expert e is g bytes from src[table[r] * unit + e * shift],
-    # or fill bytes where table[r] < 0 (fill[k % len(fill)], or byte -1 - table[r] where len(fill) == 0).
-    # Returns 1 where an address is outside src (nothing past it is read), else 0. Experts outermost: a
-    # map's reads of one expert stay near each other (in cache), its table is read once per expert.
-    n = src.shape[0]
-    per = table.shape[0]
-    nf = fill.shape[0]
-    for e in range(copies):
-        es = e * shift
-        d = (e * per + lo) * g
-        for r in range(lo, hi):
-            v = table[r]
-            if v >= 0:
-                a = v * unit + es
-                if a < 0 or a + g > n:
-                    return 1
-                for k in range(g):
-                    out[d + k] = src[a + k]
-            elif nf == 0:
-                b = -1 - v
-                for k in range(g):
-                    out[d + k] = b
-            else:
-                for k in range(g):
-                    out[d + k] = fill[(d + k) % nf]
-            d += g
-    return 0
 
 
 def _nb_words_k(src, table, g, unit, shift, copies, tile, luts, out, lo, hi):
@@ -172,7 +144,7 @@ def _nb():
 
     globals()["_nb_np"] = numpy
     cache = _nb_cacheable(globals(), sys.modules)
-    fns = (("gather", _nb_gather_k), ("words", _nb_words_k), ("quads", _nb_quads_k))
+    fns = (("words", _nb_words_k), ("quads", _nb_quads_k))
     # one compile per process for every converter whose kernels are these (their code objects, compared whole):
     # a process that loads many converters (tests, a checkpoint of several specs) compiles them once
     shared = numba.__dict__.setdefault("_layoutc_native_kernels", {})
@@ -270,33 +242,6 @@ def _nb_luts(table, conv=None):
     return luts
 
 
-def _nb_gather(flat, plan, shape, fill):
-    """``_run_gather`` of a native table plan (``("native", g, table, aligned, copies, shift, varied)``):
-    ``flat`` the input's elements, contiguous; the output of ``shape``."""
-    _, g, table, aligned, copies, shift, varied = plan
-    size = flat.element_size()
-    out = torch.empty(shape, dtype=flat.dtype)
-    if varied:  # each fill run's byte rides in its entry
-        fill_bytes = torch.empty(0, dtype=torch.uint8)
-    else:
-        fill_bytes = _nb_fill_bytes(flat.dtype, size, 0 if fill is None else fill)
-    src = _nb_array(flat, torch.uint8)
-    dst = _nb_array(out, torch.uint8)
-    unit = g * size if aligned else size
-    per = table.shape[0]
-    _nb_run("gather", (src, table.numpy(), g * size, unit, shift * size, copies, fill_bytes.numpy(), dst),
-            per, 1)
-    return out
-
-
-def _nb_fill_bytes(dtype, size, fill):
-    # the fill's bits, as the torch path writes them (a float cast to the type, else an integer's low bits)
-    if dtype.is_floating_point:
-        return torch.tensor(fill, dtype=torch.float64).to(dtype).reshape(1).view(torch.uint8)
-    value = int(fill) % (1 << (8 * size))
-    return torch.tensor(list(value.to_bytes(size, "little")), dtype=torch.uint8)
-
-
 def _nb_words(x, plan, shape, table, conv=None):
     """The int32 words of ``shape`` of a words plan: the source bytes of ``x`` by the native table plan
     ``plan`` (fill: byte 0), each byte through ``conv``, the bits permuted by ``table``."""
@@ -340,8 +285,8 @@ def _nb_permute(w, table):
 
 def _nb_values(y, convert):
     """``convert(y)`` (value conversions, element by element) of one-byte elements: ``convert`` of each of the
-    256 values once per process, then a lookup by the native gather. Where ``convert`` refuses one of the 256
-    (a checked cast), or gives other than one element per element, ``convert(y)`` itself."""
+    256 values once per process, then one lookup per element. Where ``convert`` refuses one of the 256 (a
+    checked cast), or gives other than one element per element, ``convert(y)`` itself."""
     key = ("values", convert, y.dtype)
     lut = _NB_STATE.get(key)
     if lut is None:
@@ -354,9 +299,5 @@ def _nb_values(y, convert):
         _NB_STATE[key] = lut
     if lut is False or y.element_size() != 1:
         return convert(y)
-    out = torch.empty(y.shape, dtype=lut.dtype)
-    size = lut.element_size()
-    index = y.contiguous().reshape(-1).view(torch.uint8).to(torch.int32)  # a byte's value: its entry in the table
-    _nb_run("gather", (_nb_array(lut.contiguous(), torch.uint8), index.numpy(), size, size, 0, 1,
-                       torch.zeros(size, dtype=torch.uint8).numpy(), _nb_array(out, torch.uint8)), index.numel(), 1)
-    return out
+    index = y.contiguous().reshape(-1).view(torch.uint8).to(torch.int32)  # a byte's value: its entry
+    return lut.index_select(0, index).view(y.shape)

@@ -33,7 +33,7 @@ The functions here are copied whole into generated converters (torch and builtin
 ``tests/lower/test_runs.py`` holds every path to the element gather bit for bit.
 """
 
-from .native import _nb, _nb_gather  # copied beside this module into converters
+from .native import _nb  # copied beside this module into converters
 import torch
 
 _RUN_PLANS = {}  # (converter function, dims, device) -> ("view", ...), ("table", ...) or None
@@ -94,12 +94,14 @@ def _run_affine(starts):
     return sizes, strides, int(flat[0])
 
 
-def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
+def _run_plan(key, index, args, shape, itemsize, expert_stride=None, words=False):
     """The gather plan of one shape (cached by ``key``): see the module's docstring. ``expert_stride``:
     the map reads output expert e from input expert e alone, the same way for every e (the planner
     checked it on the map's expressions); then the addresses of expert 0 are evaluated and the
-    others are theirs plus e * expert_stride."""
-    native = _nb() is not None  # native plans (layoutc.lower.native) where numba runs, kept apart
+    others are theirs plus e * expert_stride. ``words``: the source bytes of a words plan, whose
+    table the native kernel reads where numba runs (``("native", ...)``; layoutc.lower.native)."""
+    native = words and _nb() is not None  # native plans, kept apart from the torch forms'
+
     key = tuple(key) + (native,)
     got = _RUN_PLANS.get(key, False)  # never False: a plan or None (get: another thread may clear)
     if got is not False:
@@ -137,7 +139,7 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
         if affine is not None and (g * itemsize >= _RUN_VIEW_BYTES or len(affine[0]) <= 2 or not small):
             plan = ("view", tuple(affine[0]) + (g,), tuple(affine[1]) + (1,), affine[2])
         elif small and native and starts.device.type == "cpu":
-            # the native kernels read expert 0's starts (fill runs: -1 - their byte) and move them per expert
+            # the native words kernel reads expert 0's starts (fill runs: -1) and moves them per expert
             wide = read and int(starts.max()) >= 2**31
             varied = bool((starts[bad0] != -1).any())
             plan = ("native", g, starts.to(torch.int64 if wide else torch.int32), False, copies, shift, varied)
@@ -197,8 +199,6 @@ def _run_gather(flat, plan, shape, fill):
                 return out
         out.view(sizes).copy_(src.as_strided(sizes, strides, base))
         return out
-    if plan[0] == "native":
-        return _nb_gather(flat, plan, shape, fill)
     _, g, table, bad, aligned, varied = plan
     out = torch.empty((table.numel(), g), dtype=flat.dtype, device=flat.device)
     word = _RUN_WORDS.get(g * flat.element_size())

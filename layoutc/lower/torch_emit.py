@@ -132,7 +132,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
             "    # CPU path: the source byte of every output byte (layoutc.lower.runs: a view, a table, or None:",
             "    # the per-byte part below), then each word's bits permuted by two half-word table lookups",
             f"    runs = None if compiled else _run_plan(({name!r}, {', '.join(dims)}, str(x.device)), {name}_index, "
-            f"({args},), ({byte_sizes},), 1{stride})",
+            f"({args},), ({byte_sizes},), 1{stride}, words=True)",
         ]
         words = f"_run_gather(x.contiguous().view(torch.uint8).reshape(-1), runs, ({byte_sizes},), 0).view(torch.int32)"
         conv = "None"
@@ -175,7 +175,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
         if p.conversions and runs and p.in_elem.bits == 8:  # numba: the conversions of 256 values, then a lookup
             part += ["", "", f"def {name}_values(y):  # the value conversions, element by element",
                      *conversions(p, "y", "    "), "    return y"]
-            drive += ['    if runs is not None and runs[0] == "native":  # each of 256 values converted once',
+            drive += ["    if runs is not None and _nb_on(y.device):  # each of the 256 values converted once",
                       f"        y = _nb_values(y, {name}_values)", "    else:", f"        y = {name}_values(y)"]
         elif p.conversions:
             drive += conversions(p, "y", "    ")
