@@ -10,7 +10,7 @@ plans' data (no code per spec):
   ``e * shift`` for expert ``e``; a negative entry: padding, byte 0), fused with the bit permutation:
   each word is four lookups in 256-entry tables (``luts[b, v]``: the image of byte value ``v`` at byte
   ``b``, the plan's bytewise value conversions folded in), so the gathered bytes are never written out
-  and read back (runs longer than a byte: gathered into a tile in L1 first);
+  and read back (runs longer than a byte: the table lists each of their bytes);
 * ``_nb_quads_k``: the SM90 quads (4 source words a quad at a step along a row, or per quad from a cached
   index with unread words; the 4x4 byte transpose; the permutation): the same four tables, indexed by
   byte ``j`` of each source word.
@@ -36,56 +36,31 @@ first use only); ``tests/lower/test_native.py`` holds each kernel to the torch f
 import torch
 
 _NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "pool": worker threads
-_NB_TILE = 4096  # bytes a words tile gathers before permuting them (L1)
 _NB_MIN_SPLIT = 1 << 16  # units of work under which a call runs on the calling thread alone
-_nb_np = None  # numpy, once numba is imported: the kernels allocate their tiles with it
 
 
-def _nb_words_k(src, table, g, unit, shift, copies, tile, luts, out, lo, hi):
-    # Bytes [lo, hi) of every expert's output words (lo, hi, tile: multiples of g and 4), gathered as
-    # _nb_gather_k does (fill runs read byte 0), then word w = OR_b luts[b, byte b of w]. Runs of one
-    # byte: the word's four bytes read straight; longer runs: gathered into a tile (L1), then looked up.
+def _nb_words_k(src, table, shift, copies, luts, out, lo, hi):
+    # Words [lo, hi) of every expert: byte b of word w of expert e is src[table[4 * w + b] + e * shift], or 0
+    # where the entry is negative (padding); the word is OR_b luts[b, that byte]. Returns 1 where an address
+    # is outside src (nothing past it is read), else 0. Experts outermost: one expert's reads stay near each
+    # other (in cache), and its table is read once per expert.
     n = src.shape[0]
-    per = table.shape[0] * g
-    if g == 1:
-        for e in range(copies):
-            es = e * shift
-            base = e * per // 4
-            for w in range(lo // 4, hi // 4):
-                r = 0
-                for b in range(4):
-                    v = table[4 * w + b]
-                    if v >= 0:
-                        a = v * unit + es
-                        if a < 0 or a >= n:
-                            return 1
-                        r |= luts[b, src[a]]
-                    else:
-                        r |= luts[b, 0]
-                out[base + w] = r
-        return 0
-    buf = _nb_np.empty(tile, _nb_np.uint8)
+    per = table.shape[0] // 4
     for e in range(copies):
         es = e * shift
-        for t0 in range(lo, hi, tile):
-            t1 = min(hi, t0 + tile)
-            q = 0
-            for r in range(t0 // g, t1 // g):  # (no division per run: tens of cycles each)
-                v = table[r]
+        base = e * per
+        for w in range(lo, hi):
+            r = 0
+            for b in range(4):
+                v = table[4 * w + b]
                 if v >= 0:
-                    a = v * unit + es
-                    if a < 0 or a + g > n:
+                    a = v + es
+                    if a >= n:
                         return 1
-                    for k in range(g):
-                        buf[q + k] = src[a + k]
+                    r |= luts[b, src[a]]
                 else:
-                    for k in range(g):
-                        buf[q + k] = 0
-                q += g
-            base = (e * per + t0) // 4
-            for w in range((t1 - t0) // 4):
-                out[base + w] = (luts[0, buf[4 * w]] | luts[1, buf[4 * w + 1]] | luts[2, buf[4 * w + 2]]
-                                 | luts[3, buf[4 * w + 3]])
+                    r |= luts[b, 0]
+            out[base + w] = r
     return 0
 
 
@@ -136,13 +111,11 @@ def _nb():
         return got
     try:
         import numba
-        import numpy
     except ImportError:
         _NB_STATE["kernels"] = None
         return None
     import sys
 
-    globals()["_nb_np"] = numpy
     cache = _nb_cacheable(globals(), sys.modules)
     fns = (("words", _nb_words_k), ("quads", _nb_quads_k))
     # one compile per process for every converter whose kernels are these (their code objects, compared whole):
@@ -244,16 +217,14 @@ def _nb_luts(table, conv=None):
 
 def _nb_words(x, plan, shape, table, conv=None):
     """The int32 words of ``shape`` of a words plan: the source bytes of ``x`` by the native table plan
-    ``plan`` (fill: byte 0), each byte through ``conv``, the bits permuted by ``table``."""
-    _, g, runs, aligned, copies, shift, _ = plan
+    ``plan`` (``("native", 1, table, False, experts, shift, varied)``; padding: byte 0), each byte through
+    ``conv``, the bits permuted by ``table``."""
+    _, _, runs, _, copies, shift, _ = plan
     luts = _nb_luts(table, conv)
     out = torch.empty(shape, dtype=torch.int32)
     src = _nb_array(x.contiguous(), torch.uint8)
-    per = runs.shape[0] * g
-    whole = g * (1 if g % 4 == 0 else 2 if g % 2 == 0 else 4)  # whole runs and whole words
-    tile = whole * max(1, _NB_TILE // whole)
-    _nb_run("words", (src, runs.numpy(), g, g if aligned else 1, shift, copies, tile, luts.numpy(),
-                             _nb_array(out, torch.int32)), per, whole)
+    _nb_run("words", (src, runs.numpy(), shift, copies, luts.numpy(), _nb_array(out, torch.int32)),
+            runs.shape[0] // 4, 1)
     return out
 
 
@@ -272,15 +243,6 @@ def _nb_quads(src_words, rows, quads, step, unread, table, shape):
     _nb_run("quads", (_nb_array(src_words, torch.int32), rows.contiguous().numpy(), quads, step,
                              mask.numpy(), luts.numpy(), _nb_array(out, torch.int32)), rows.shape[0], 1)
     return out
-
-
-def _nb_permute(w, table):
-    """``_permute_words`` by the native words kernel: each int32 word's bits permuted by ``table``."""
-    words = w.contiguous().reshape(-1)
-    g = 4 * (words.numel() & -words.numel()) if words.numel() else 4  # runs of up to 1 KiB: a short table
-    g = min(g, 1024)
-    runs = torch.arange(words.numel() * 4 // g, dtype=torch.int32)
-    return _nb_words(words, ("native", g, runs, True, 1, 0, False), w.shape, table)
 
 
 def _nb_values(y, convert):

@@ -136,13 +136,15 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None, words=False
         read = bool((~bad0).any())
         wide = read and int(starts.max()) + (copies - 1) * shift >= 2**31 - g
         small = runs * (8 if wide else 4) <= _RUN_TABLE_RATIO * runs * g * itemsize  # bounded by the output
-        if affine is not None and (g * itemsize >= _RUN_VIEW_BYTES or len(affine[0]) <= 2 or not small):
+        native = native and small and starts.device.type == "cpu"
+        if affine is not None and not native and (g * itemsize >= _RUN_VIEW_BYTES or len(affine[0]) <= 2
+                                                  or not small):
             plan = ("view", tuple(affine[0]) + (g,), tuple(affine[1]) + (1,), affine[2])
-        elif small and native and starts.device.type == "cpu":
-            # the native words kernel reads expert 0's starts (fill runs: -1) and moves them per expert
-            wide = read and int(starts.max()) >= 2**31
-            varied = bool((starts[bad0] != -1).any())
-            plan = ("native", g, starts.to(torch.int64 if wide else torch.int32), False, copies, shift, varied)
+        elif native:  # the native words kernel: expert 0's source byte of each output byte (padding: -1), moved
+            # per expert in the loop that permutes the words' bits (a view too: no bytes written and read back)
+            starts = _run_refine(starts, g, 1).reshape(-1)
+            wide = read and int(starts.max()) >= 2**31  # (the kernel adds each expert's shift in int64)
+            plan = ("native", 1, starts.to(torch.int64 if wide else torch.int32), False, copies, shift, False)
         elif small:
             fill = bad0.nonzero().flatten()
             safe = torch.where(bad0, 0, starts)

@@ -454,8 +454,6 @@ def bit_tables_source() -> str:
         "def _permute_words(w, table):\n"
         "    # The bits of every int32 word of ``w`` permuted by ``table`` (output bit i = input bit table[i]):\n"
         "    # two lookups of the half words (little-endian: the low half first), as the quads part does.\n"
-        "    if w.device.type == 'cpu' and _nb() is not None:  # numba: four byte lookups a word\n"
-        "        return _nb_permute(w, table)\n"
         "    low, high = _bit_tables(table, w.device)\n"
         "    halves = w.reshape(-1).view(torch.int16).view(-1, 2)\n"
         "    if w.device.type == 'cpu':  # per tile: uint16 widens in one pass, no mask; lookups into the output\n"

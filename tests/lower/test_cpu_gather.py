@@ -90,7 +90,6 @@ def _per_bit(words: torch.Tensor, table) -> torch.Tensor:
 def _helpers(tile_words: int | None = None) -> dict:
     namespace = {"torch": torch}
     exec(torch_emit.bit_tables_source(), namespace)
-    namespace["_nb"] = lambda: None  # the torch form (the native kernel: tests/lower/test_native.py)
     if tile_words is not None:  # small tiles: a few words exercise the tiling (the last tile partial)
         namespace["_TILE_WORDS"] = tile_words
     return namespace

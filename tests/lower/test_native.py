@@ -45,7 +45,6 @@ def native_ns():
     ns = _namespace(True)  # converters' text (the same code) shares them in this process
     assert ns["_nb"]() is not None
     flat = torch.arange(64, dtype=torch.uint8)
-    ns["_nb_permute"](torch.zeros(8, dtype=torch.int32), tuple(range(32)))
     ns["_nb_words"](flat, ("native", 1, torch.arange(8, dtype=torch.int32), False, 1, 0, False), (2,),
                     tuple(range(32)))
     ns["_nb_quads"](flat.view(torch.int32), torch.zeros(1, 4, dtype=torch.int32), 1, 0, None, tuple(range(32)), (4,))
@@ -112,16 +111,6 @@ def test_words_gather_and_permutation_fused_equal_the_torch_form(native_ns, seed
         assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
 
 
-@given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), n=st.integers(0, 300))
-@settings(max_examples=15, deadline=None)
-def test_permute_words_natively_equals_per_bit(native_ns, seed, table, n):
-    g = torch.Generator().manual_seed(seed)
-    words = torch.randint(-2**31, 2**31, (n,), dtype=torch.int64, generator=g).to(torch.int32)
-    got = native_ns["_permute_words"](words.view(1, -1) if n else words, tuple(table))
-    assert got.dtype == torch.int32 and got.shape == (words.view(1, -1) if n else words).shape
-    assert torch.equal(got.reshape(-1).to(torch.int64) & 0xFFFFFFFF, _per_bit(words, tuple(table)))
-
-
 @given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), rows=st.integers(1, 6), quads=st.integers(1, 5),
        step=st.integers(0, 3), unread=st.booleans())
 @settings(max_examples=25, deadline=None)
@@ -146,14 +135,11 @@ def test_quads_equal_the_transpose_then_the_permutation(native_ns, seed, table, 
 
 def test_a_table_that_reads_past_its_input_raises_and_reads_nothing(native_ns):
     flat = torch.arange(16, dtype=torch.uint8)
-    plan = ("native", 2, torch.tensor([0, 7, 3, 14], dtype=torch.int32), False, 1, 0, False)
+    plan = ("native", 1, torch.tensor([0, 7, -1, 14, 15, 3, 2, 1], dtype=torch.int32), False, 1, 0, False)
     got = native_ns["_nb_words"](flat, plan, (2,), tuple(range(32)))
-    assert got.view(torch.uint8).tolist() == [0, 1, 7, 8, 3, 4, 14, 15]
-    with pytest.raises(IndexError, match="outside its input"):  # expert 1 (1 byte on): run 14 reads 15 and 16
+    assert got.view(torch.uint8).tolist() == [0, 7, 0, 14, 15, 3, 2, 1]
+    with pytest.raises(IndexError, match="outside its input"):  # expert 1 (1 byte on): entry 15 reads byte 16
         native_ns["_nb_words"](flat, plan[:4] + (2, 1, False), (4,), tuple(range(32)))
-    one = ("native", 1, torch.tensor([0, 7, 3, 16], dtype=torch.int32), False, 1, 0, False)
-    with pytest.raises(IndexError, match="outside its input"):
-        native_ns["_nb_words"](flat, one, (1,), tuple(range(32)))
     with pytest.raises(IndexError, match="outside its input"):
         native_ns["_nb_quads"](flat.view(torch.int32), torch.tensor([[0, 1, 2, 4]]), 1, 0, None, tuple(range(32)),
                                (4,))
@@ -235,9 +221,10 @@ def test_a_converter_file_imported_by_name_caches_its_kernels(tmp_path):
     spec = _spec("flashinfer_cutedsl_nvfp4")
     spec.write(tmp_path / "conv_cached.py")
     code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import conv_cached as m; "
-            "m._nb_permute(torch.arange(8, dtype=torch.int32), tuple(range(32))); print(m._nb()['cache'])")
+            "m._nb_quads(torch.arange(8, dtype=torch.int32), torch.zeros(1, 4), 1, 0, None, tuple(range(32)), (4,)); "
+            "print(m._nb()['cache'])")
     for _ in range(2):  # the second loads what the first wrote
         run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
         assert run.stdout.strip() == "True"
-        assert list((tmp_path / "__pycache__").glob("conv_cached._nb_words_k-*.nbi"))
+        assert list((tmp_path / "__pycache__").glob("conv_cached._nb_quads_k-*.nbi"))
