@@ -36,7 +36,7 @@ first use only); ``tests/lower/test_native.py`` holds each kernel to the torch f
 import torch
 
 _NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "pool": worker threads
-_NB_MIN_SPLIT = 1 << 16  # units of work under which a call runs on the calling thread alone
+_NB_MIN_SPLIT = 1 << 16  # words of output under which a call runs on the calling thread alone
 
 
 def _nb_words_k(src, table, shift, copies, luts, out, lo, hi):
@@ -161,10 +161,10 @@ def _nb_array(t, dtype):
     return t.detach().reshape(-1).view(dtype).numpy()
 
 
-def _nb_run(name, args, total, align):
-    """The kernel ``name``'s ``kernel(*args, lo, hi)`` over [0, total) in parts (multiples of ``align``) on
-    the calling thread and worker threads, one part per intra-op thread torch uses; raises where a part
-    read out of range."""
+def _nb_run(name, args, total, weight):
+    """The kernel ``name``'s ``kernel(*args, lo, hi)`` over [0, total) in parts on the calling thread and
+    worker threads, one part per intra-op thread torch uses (``weight``: words a unit writes; small calls
+    run on one thread); raises where a part read out of range."""
     kernels = _nb()
     kernel = kernels[name]
     try:  # compiled (or loaded from numba's cache) here, for these types, before the threads call it
@@ -175,8 +175,8 @@ def _nb_run(name, args, total, align):
         # a cache numba cannot load (written for a module of another name): compiled again, not cached
         kernel = kernels[name] = _nb_jit(kernels["numba"], kernel.py_func, False)
         kernel(*args, 0, 0)
-    threads = max(1, min(torch.get_num_threads(), total // max(align, _NB_MIN_SPLIT)))
-    cut = [min(total, (total * k // threads) // align * align) for k in range(threads)] + [total]
+    threads = max(1, min(torch.get_num_threads(), total, total * weight // _NB_MIN_SPLIT))
+    cut = [total * k // threads for k in range(threads)] + [total]
     if threads == 1:
         bad = [kernel(*args, 0, total)]
     else:
@@ -223,8 +223,10 @@ def _nb_words(x, plan, shape, table, conv=None):
     luts = _nb_luts(table, conv)
     out = torch.empty(shape, dtype=torch.int32)
     src = _nb_array(x.contiguous(), torch.uint8)
+    if out.numel() != copies * (runs.shape[0] // 4) or runs.shape[0] % 4:
+        raise AssertionError("a words plan's table does not cover its output")
     _nb_run("words", (src, runs.numpy(), shift, copies, luts.numpy(), _nb_array(out, torch.int32)),
-            runs.shape[0] // 4, 1)
+            runs.shape[0] // 4, copies)
     return out
 
 
@@ -241,7 +243,7 @@ def _nb_quads(src_words, rows, quads, step, unread, table, shape):
     if out.numel() != rows.shape[0] * quads * 4:
         raise AssertionError("the quads' rows do not cover the output")
     _nb_run("quads", (_nb_array(src_words, torch.int32), rows.contiguous().numpy(), quads, step,
-                             mask.numpy(), luts.numpy(), _nb_array(out, torch.int32)), rows.shape[0], 1)
+                             mask.numpy(), luts.numpy(), _nb_array(out, torch.int32)), rows.shape[0], 4 * quads)
     return out
 
 

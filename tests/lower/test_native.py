@@ -78,9 +78,11 @@ def _bytewise_xor(w):  # a conversion of each byte on its own (for the words ker
 
 
 @given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), experts=st.integers(1, 3),
-       run=st.sampled_from([1, 2, 4, 8]), holes=st.booleans(), convert=st.booleans())
-@settings(max_examples=15, deadline=None)
-def test_words_gather_and_permutation_fused_equal_the_torch_form(native_ns, seed, table, experts, run, holes, convert):
+       run=st.sampled_from([1, 2, 4, 8]), holes=st.booleans(), convert=st.booleans(), split=st.sampled_from([1, 1 << 16]))
+@settings(max_examples=10, deadline=None)
+def test_words_gather_and_permutation_fused_equal_the_torch_form(native_ns, seed, table, experts, run, holes, convert,
+                                                                 split):
+    native_ns["_NB_MIN_SPLIT"] = split  # 1: every call in parts, on every intra-op thread
     g = torch.Generator().manual_seed(seed)
     words = 8 * run  # per expert
     per, src_per = 4 * words, 4 * words + 16
@@ -112,9 +114,10 @@ def test_words_gather_and_permutation_fused_equal_the_torch_form(native_ns, seed
 
 
 @given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), rows=st.integers(1, 6), quads=st.integers(1, 5),
-       step=st.integers(0, 3), unread=st.booleans())
+       step=st.integers(0, 3), unread=st.booleans(), split=st.sampled_from([1, 1 << 16]))
 @settings(max_examples=25, deadline=None)
-def test_quads_equal_the_transpose_then_the_permutation(native_ns, seed, table, rows, quads, step, unread):
+def test_quads_equal_the_transpose_then_the_permutation(native_ns, seed, table, rows, quads, step, unread, split):
+    native_ns["_NB_MIN_SPLIT"] = split  # 1: every call in parts, on every intra-op thread
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(-2**31, 2**31, (64,), dtype=torch.int64, generator=g).to(torch.int32)
     hi = 64 - (quads - 1) * step
