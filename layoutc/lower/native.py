@@ -39,23 +39,27 @@ _NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "poo
 _NB_MIN_SPLIT = 1 << 16  # words of output under which a call runs on the calling thread alone
 
 
-def _nb_words_k(src, table, shift, copies, luts, out, lo, hi):
-    # Words [lo, hi) of every expert: byte b of word w of expert e is src[table[4 * w + b] + e * shift], or 0
-    # where the entry is negative (padding); the word is OR_b luts[b, that byte]. Returns 1 where an address
-    # is outside src (nothing past it is read), else 0. Experts outermost: one expert's reads stay near each
-    # other (in cache), and its table is read once per expert.
+def _nb_words_k(src, inner, outer, ps, shift, copies, luts, out, lo, hi):
+    # Words [lo, hi) of every expert: output byte i of expert e is src[inner[i & (2**ps - 1)] + outer[i >> ps]
+    # + e * shift] (blocks of 2**ps bytes, each its block-0 bytes moved; ps 62: one block), or 0 where the inner
+    # entry is negative (padding); word w is OR_b luts[b, byte 4 * w + b]. Returns 1 where an address is outside
+    # src (nothing past it is read), else 0. Experts outermost: one expert's reads stay near each other.
     n = src.shape[0]
-    per = table.shape[0] // 4
+    per = outer.shape[0] * inner.shape[0] // 4
+    pm = (1 << ps) - 1
     for e in range(copies):
         es = e * shift
         base = e * per
         for w in range(lo, hi):
+            i = 4 * w
+            off = outer[i >> ps] + es
+            j = i & pm
             r = 0
             for b in range(4):
-                v = table[4 * w + b]
+                v = inner[j + b]
                 if v >= 0:
-                    a = v + es
-                    if a >= n:
+                    a = v + off
+                    if a < 0 or a >= n:
                         return 1
                     r |= luts[b, src[a]]
                 else:
@@ -215,18 +219,42 @@ def _nb_luts(table, conv=None):
     return luts
 
 
+def _nb_blocks(starts):
+    """A words plan's table of source bytes (expert 0's, -1: padding) as blocks: the largest power-of-two
+    block (4 bytes to 16 KiB: its table stays in L2) of which every block reads block 0's bytes moved by one
+    offset, as ``(inner, outer, ps)``: block k's byte j reads ``inner[j] + outer[k]``, blocks of ``2**ps``
+    bytes. The kernel then reads a small table (in cache) and an offset per block, not 4 bytes of table per
+    byte (Marlin's and W4A8's words: every word reads 4 bytes at the same offsets from its own start). Else
+    the whole table as one block (``ps`` 62). Checked on every entry."""
+    n = starts.numel()
+    for ps in range(14, 1, -1):
+        size = 1 << ps
+        if size >= n or n % size:
+            continue
+        rows = starts.view(-1, size)
+        holes = rows < 0
+        if not bool((holes == holes[:1]).all()) or bool(holes[0].all()):
+            continue
+        col = int((~holes[0]).nonzero()[0])
+        outer = rows[:, col] - rows[0, col]
+        if bool(((rows - outer.unsqueeze(1) == rows[:1]) | holes).all()):
+            return rows[0].contiguous(), outer.contiguous(), ps
+    return starts, torch.zeros(1, dtype=starts.dtype), 62
+
+
 def _nb_words(x, plan, shape, table, conv=None):
     """The int32 words of ``shape`` of a words plan: the source bytes of ``x`` by the native table plan
-    ``plan`` (``("native", 1, table, False, experts, shift, varied)``; padding: byte 0), each byte through
-    ``conv``, the bits permuted by ``table``."""
-    _, _, runs, _, copies, shift, _ = plan
+    ``plan`` (``("native", inner, outer, ps, experts, shift)``, :func:`_nb_blocks`; padding: byte 0), each byte
+    through ``conv``, the bits permuted by ``table``."""
+    _, inner, outer, ps, copies, shift = plan
     luts = _nb_luts(table, conv)
     out = torch.empty(shape, dtype=torch.int32)
     src = _nb_array(x.contiguous(), torch.uint8)
-    if out.numel() != copies * (runs.shape[0] // 4) or runs.shape[0] % 4:
+    per = outer.numel() * inner.numel() // 4
+    if out.numel() != copies * per or inner.numel() % 4 or (ps < 62 and inner.numel() != 1 << ps):
         raise AssertionError("a words plan's table does not cover its output")
-    _nb_run("words", (src, runs.numpy(), shift, copies, luts.numpy(), _nb_array(out, torch.int32)),
-            runs.shape[0] // 4, copies)
+    _nb_run("words", (src, inner.numpy(), outer.numpy(), ps, shift, copies, luts.numpy(),
+                      _nb_array(out, torch.int32)), per, copies)
     return out
 
 

@@ -45,8 +45,8 @@ def native_ns():
     ns = _namespace(True)  # converters' text (the same code) shares them in this process
     assert ns["_nb"]() is not None
     flat = torch.arange(64, dtype=torch.uint8)
-    ns["_nb_words"](flat, ("native", 1, torch.arange(8, dtype=torch.int32), False, 1, 0, False), (2,),
-                    tuple(range(32)))
+    ns["_nb_words"](flat, ("native", torch.arange(8, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 62, 1, 0),
+                    (2,), tuple(range(32)))
     ns["_nb_quads"](flat.view(torch.int32), torch.zeros(1, 4, dtype=torch.int32), 1, 0, None, tuple(range(32)), (4,))
     return ns
 
@@ -71,6 +71,30 @@ def _random_map(g: torch.Generator, experts: int, per: int, run: int, src_per: i
     index = (starts.unsqueeze(1) + torch.arange(run)).reshape(-1)
     index[(starts < 0).repeat_interleave(run)] = -1
     return index
+
+
+@given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), ps=st.integers(2, 5), blocks=st.integers(1, 6),
+       experts=st.integers(1, 2))
+@settings(max_examples=6, deadline=None)
+def test_block_periodic_tables_are_one_block_and_offsets(native_ns, seed, table, ps, blocks, experts):
+    g = torch.Generator().manual_seed(seed)
+    size = 1 << ps
+    block = torch.randint(0, 40, (size,), generator=g)
+    block[torch.rand(size, generator=g) < 0.2] = -1
+    offsets = torch.randint(0, 40, (blocks,), generator=g)
+    index0 = torch.where(block >= 0, block + offsets.unsqueeze(1), -1).reshape(-1)
+    src_per = 80
+    x = torch.randint(0, 256, (experts * src_per,), generator=g).to(torch.uint8)
+    native_ns["_RUN_PLANS"].clear()
+    per = blocks * size
+    plan = native_ns["_run_plan"](("b",), lambda s, e: index0.view(1, per), (), (experts, per), 1, src_per, words=True)
+    assert plan[0] == "native"
+    if blocks > 1 and bool((block >= 0).any()):
+        assert plan[3] >= ps and plan[1].numel() == 1 << plan[3] and plan[2].numel() == per >> plan[3]
+    whole = torch.cat([torch.where(index0 >= 0, index0 + e * src_per, -1) for e in range(experts)])
+    want = _per_bit(_element_gather(x, whole, 0).view(torch.int32), tuple(table)).view(experts, per // 4)
+    got = native_ns["_nb_words"](x, plan, (experts, per // 4), tuple(table))
+    assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
 
 
 def _bytewise_xor(w):  # a conversion of each byte on its own (for the words kernel's byte tables)
@@ -138,11 +162,19 @@ def test_quads_equal_the_transpose_then_the_permutation(native_ns, seed, table, 
 
 def test_a_table_that_reads_past_its_input_raises_and_reads_nothing(native_ns):
     flat = torch.arange(16, dtype=torch.uint8)
-    plan = ("native", 1, torch.tensor([0, 7, -1, 14, 15, 3, 2, 1], dtype=torch.int32), False, 1, 0, False)
+    inner, outer = torch.tensor([0, 7, -1, 14, 15, 3, 2, 1], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    plan = ("native", inner, outer, 62, 1, 0)
     got = native_ns["_nb_words"](flat, plan, (2,), tuple(range(32)))
     assert got.view(torch.uint8).tolist() == [0, 7, 0, 14, 15, 3, 2, 1]
     with pytest.raises(IndexError, match="outside its input"):  # expert 1 (1 byte on): entry 15 reads byte 16
-        native_ns["_nb_words"](flat, plan[:4] + (2, 1, False), (4,), tuple(range(32)))
+        native_ns["_nb_words"](flat, plan[:4] + (2, 1), (4,), tuple(range(32)))
+    wide = torch.arange(32, dtype=torch.uint8)  # blocks of 4 bytes, block k moved by outer[k]
+    blocks = ("native", inner[:4], torch.tensor([0, 12], dtype=torch.int32), 2, 1, 0)
+    assert native_ns["_nb_words"](wide, blocks, (2,), tuple(range(32))).view(torch.uint8).tolist() == \
+        [0, 7, 0, 14, 12, 19, 0, 26]
+    with pytest.raises(IndexError, match="outside its input"):  # block 2: 20 + 14 is past 32
+        native_ns["_nb_words"](wide, blocks[:2] + (torch.tensor([0, 12, 20], dtype=torch.int32),) + blocks[3:], (3,),
+                               tuple(range(32)))
     with pytest.raises(IndexError, match="outside its input"):
         native_ns["_nb_quads"](flat.view(torch.int32), torch.tensor([[0, 1, 2, 4]]), 1, 0, None, tuple(range(32)),
                                (4,))
