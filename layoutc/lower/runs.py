@@ -21,6 +21,10 @@ transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device
   4 or 8 bytes where a run is one aligned word) and an ``index_fill_`` of the fill runs;
 * else ``None``: the caller runs the element gather, as before.
 
+A words plan's source bytes (``words=True``) take a ``("native", ...)`` plan instead of a table where numba
+runs (:mod:`layoutc.lower.native`: expert 0's source byte of each output byte, in blocks, read by the kernel
+that also permutes the words' bits; a view too, so no byte is written and read back).
+
 A map whose fill varies over the output (AITER's padded scales: 0 or 127 by where the padding is)
 gives, for byte moves, a fill byte ``b`` as ``-1 - b`` in its index: fill runs join only over one
 byte, and a table plan carries each fill run's byte (a constant fill, and fill byte 0, read ``-1``).
