@@ -15,7 +15,15 @@ alternation so both see the same load:
 * ``first s``: a fresh Python process that has imported torch and loaded the inputs imports the
   generated converter module (written by that tree's ``layoutc``) and calls ``convert`` once: the
   time from the import to the result (module import, plans, tables, the call);
-* ``sha``: sha256 of the outputs' bytes (old and new must agree).
+* ``sha``: sha256 of the outputs' bytes (old and new must agree);
+* ``path``: which CPU path ran: ``native:words,quads`` (the numba kernels of ``layoutc/lower/native.py``
+  this process compiled and called) or ``torch`` (numba not installed, ``LAYOUTC_NUMBA=0``, a tree without
+  them, or a spec none of whose plans takes them). ``LAYOUTC_NUMBA=0 python benchmarks/cpu_speed.py``
+  times the torch forms of this tree.
+
+The first call's process loads the module from its file without an entry in ``sys.modules``, so numba
+cannot use its disk cache there (it reloads a kernel by importing its module by name): the figure includes
+importing numba and compiling the kernels the spec uses, every time (the cold case).
 
 Each (tree, spec) runs in its own process. Not a test: timings depend on the machine and on what
 else runs on it (say which, with the load average).
@@ -48,6 +56,13 @@ spec.loader.exec_module(mod)
 out = mod.convert(x)
 print(time.perf_counter() - t0)
 """
+
+
+def _path(module) -> str:
+    """The CPU path the module's calls took: the native kernels it called (compiled in this process), or torch."""
+    state = getattr(module, "_NB_STATE", {}).get("kernels")
+    used = [k for k in ("words", "quads") if state and state[k].signatures]
+    return "native:" + ",".join(used) if used else "torch"
 
 
 def _alternating_ms(fns, reps: int) -> list[float]:
@@ -100,7 +115,8 @@ def worker(tree: str, spec_path: str, shape: dict, reps: int) -> dict:
                                          lambda: spec.convert(x, fingerprint=False)], reps)
     return {"spec": spec.name, "mb": nbytes / 1e6, "clone_ms": clone, "warm_ms": warm, "ratio": warm / clone,
             "nofp_ms": bare, "nofp_ratio": bare / clone,
-            "first_s": first_s, "sha": _digest(spec.convert(x)), "threads": torch.get_num_threads()}
+            "first_s": first_s, "sha": _digest(spec.convert(x)), "threads": torch.get_num_threads(),
+            "path": _path(spec.module)}
 
 
 def specs(names: str | None) -> list[Path]:
@@ -130,7 +146,7 @@ def main() -> None:
     print(f"shape: {shape}; trees: {trees}")
     rows = []
     print(f"{'spec':34} {'tree':4} {'MB':>6} {'clone ms':>9} {'warm ms':>9} {'ratio':>7} {'no-fp ms':>9} "
-          f"{'ratio':>7} {'first s':>8}  sha")
+          f"{'ratio':>7} {'first s':>8}  sha               path")
     for path in specs(args.specs):
         for label, tree in trees:
             run = subprocess.run([sys.executable, __file__, "--worker", tree, str(path), "--shape", args.shape,
@@ -142,7 +158,8 @@ def main() -> None:
             r = json.loads(run.stdout.strip().splitlines()[-1]) | {"tree": label, "load": os.getloadavg()[0]}
             rows.append(r)
             print(f"{r['spec']:34} {label:4} {r['mb']:6.1f} {r['clone_ms']:9.2f} {r['warm_ms']:9.2f} "
-                  f"{r['ratio']:7.1f} {r['nofp_ms']:9.2f} {r['nofp_ratio']:7.1f} {r['first_s']:8.2f}  {r['sha']}",
+                  f"{r['ratio']:7.1f} {r['nofp_ms']:9.2f} {r['nofp_ratio']:7.1f} {r['first_s']:8.2f}  {r['sha']}  "
+                  f"{r['path']}",
                   flush=True)
     print(f"load average at end: {os.getloadavg()}")
     new = [r for r in rows if r["tree"] == "new"]

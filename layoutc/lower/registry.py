@@ -258,6 +258,7 @@ def _gather_chain(ctx: EmitContext, chain: Chain) -> str | None:
         ctx.define("_bit_tables", torch_emit.bit_tables_source())
     if isinstance(p, (Gather, Rows, Words)):
         ctx.define("_run_plan", torch_emit.runs_source())
+        ctx.define("_nb", torch_emit.native_source())
     cite = ctx.header(chain, walk=False)  # the spec lines it computes
     return ctx.define(name, cite + "\n" + ctx.gather(chain, name))
 

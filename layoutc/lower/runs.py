@@ -21,6 +21,10 @@ transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device
   4 or 8 bytes where a run is one aligned word) and an ``index_fill_`` of the fill runs;
 * else ``None``: the caller runs the element gather, as before.
 
+A words plan's source bytes (``words=True``) take a ``("native", ...)`` plan instead of a table where numba
+runs (:mod:`layoutc.lower.native`: expert 0's source byte of each output byte, in blocks, read by the kernel
+that also permutes the words' bits; a view too, so no byte is written and read back).
+
 A map whose fill varies over the output (AITER's padded scales: 0 or 127 by where the padding is)
 gives, for byte moves, a fill byte ``b`` as ``-1 - b`` in its index: fill runs join only over one
 byte, and a table plan carries each fill run's byte (a constant fill, and fill byte 0, read ``-1``).
@@ -33,6 +37,7 @@ The functions here are copied whole into generated converters (torch and builtin
 ``tests/lower/test_runs.py`` holds every path to the element gather bit for bit.
 """
 
+from .native import _nb, _nb_blocks  # copied beside this module into converters
 import torch
 
 _RUN_PLANS = {}  # (converter function, dims, device) -> ("view", ...), ("table", ...) or None
@@ -93,11 +98,15 @@ def _run_affine(starts):
     return sizes, strides, int(flat[0])
 
 
-def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
+def _run_plan(key, index, args, shape, itemsize, expert_stride=None, words=False):
     """The gather plan of one shape (cached by ``key``): see the module's docstring. ``expert_stride``:
     the map reads output expert e from input expert e alone, the same way for every e (the planner
     checked it on the map's expressions); then the addresses of expert 0 are evaluated and the
-    others are theirs plus e * expert_stride."""
+    others are theirs plus e * expert_stride. ``words``: the source bytes of a words plan, whose
+    table the native kernel reads where numba runs (``("native", ...)``; layoutc.lower.native)."""
+    native = words and _nb() is not None  # native plans, kept apart from the torch forms'
+
+    key = tuple(key) + (native,)
     got = _RUN_PLANS.get(key, False)  # never False: a plan or None (get: another thread may clear)
     if got is not False:
         return got
@@ -131,8 +140,16 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
         read = bool((~bad0).any())
         wide = read and int(starts.max()) + (copies - 1) * shift >= 2**31 - g
         small = runs * (8 if wide else 4) <= _RUN_TABLE_RATIO * runs * g * itemsize  # bounded by the output
-        if affine is not None and (g * itemsize >= _RUN_VIEW_BYTES or len(affine[0]) <= 2 or not small):
+        native = native and small and starts.device.type == "cpu"
+        if affine is not None and not native and (g * itemsize >= _RUN_VIEW_BYTES or len(affine[0]) <= 2
+                                                  or not small):
             plan = ("view", tuple(affine[0]) + (g,), tuple(affine[1]) + (1,), affine[2])
+        elif native:  # the native words kernel: expert 0's source byte of each output byte (padding: -1), moved
+            # per expert in the loop that permutes the words' bits (a view too: no bytes written and read back)
+            starts = _run_refine(starts, g, 1).reshape(-1)
+            wide = read and int(starts.max()) >= 2**31  # (the kernel adds each expert's shift in int64)
+            inner, outer, ps = _nb_blocks(starts.to(torch.int64 if wide else torch.int32))  # block-periodic maps
+            plan = ("native", inner, outer, ps, copies, shift)
         elif small:
             fill = bad0.nonzero().flatten()
             safe = torch.where(bad0, 0, starts)
@@ -147,7 +164,8 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None):
                 fill = (fill.unsqueeze(0) + torch.arange(copies).unsqueeze(1) * starts.numel()).reshape(-1)
                 varied = None if varied is None else varied.repeat(copies)
             plan = ("table", g, table, fill if fill.numel() else None, aligned, varied)
-    if not _run_keep(key, plan, [] if plan is None or plan[0] == "view" else [plan[2], plan[3], plan[5]]):
+    kept = [] if plan is None or plan[0] == "view" else plan[1:3] if plan[0] == "native" else [plan[2], plan[3], plan[5]]
+    if not _run_keep(key, plan, kept):
         _RUN_PLANS[key] = None  # no room for its table: this call uses it, later ones the element gather
     return plan
 

@@ -21,7 +21,7 @@ from ..algebra import expr as ex
 from ..lang.ops.conversion import known
 from .plan import Affine, Copy, Gather, Plan, Rows, Words, affine_strides, linear, unknown
 from .terms import collect_and_name, is_size
-from . import runs as runs_module
+from . import native as native_module, runs as runs_module
 
 #: The line after the coordinates are bound: where the named terms of the coordinates go.
 TERMS = "#<terms>"
@@ -76,7 +76,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
     else:
         store = f"torch.{BIT_VIEWS[p.in_elem.bits]}" if bitwise else f"torch.{p.in_elem.canonical}"
     per = " * ".join(f"({s})" for s in sizes[1:]) or "1"
-    eager_part, choose, pre = f"{name}_part", [], []
+    eager_part, choose, pre, native = f"{name}_part", [], [], []
     own = tuple((n, d) for n, d in terms if is_size(d))  # what the other grids share with the header
     if isinstance(p, Words) and p.quads is not None and rank >= 2:  # rank 1: chunks split quads
         # torch.compile keeps the plain part (it fuses that one itself); the quads part holds for
@@ -132,19 +132,27 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
             "    # CPU path: the source byte of every output byte (layoutc.lower.runs: a view, a table, or None:",
             "    # the per-byte part below), then each word's bits permuted by two half-word table lookups",
             f"    runs = None if compiled else _run_plan(({name!r}, {', '.join(dims)}, str(x.device)), {name}_index, "
-            f"({args},), ({byte_sizes},), 1{stride})",
+            f"({args},), ({byte_sizes},), 1{stride}, words=True)",
         ]
         words = f"_run_gather(x.contiguous().view(torch.uint8).reshape(-1), runs, ({byte_sizes},), 0).view(torch.int32)"
+        conv = "None"
         if p.conversions:  # each byte on its own (plan.bytewise), on the gathered words, before the bit tables
             pre = [f"        w = {words}", *conversions(p, "w", "        ")]
             words = "w"
+            conv = f"{name}_bytes"
+            part += ["", "", f"def {conv}(w):  # the value conversions, each byte on its own",
+                     *conversions(p, "w", "    "), "    return w"]
+        native = [  # numba (layoutc.lower.native): the bytes gathered, converted and permuted in one kernel
+            '    if runs is not None and runs[0] == "native":',
+            f"        y = _nb_words(x, runs, ({', '.join(sizes)},), {tuple(p.table)!r}, {conv})",
+        ]
         # an identity permutation (byte moves with bytewise tables): the gathered words are the output
         gathered = words if tuple(p.table) == tuple(range(32)) else f"_permute_words({words}, {tuple(p.table)!r})"
     drive = [
         f"def {name}(x, d, compiled=False):",
         *bind,
         *choose,
-        *([f"    if runs is not None:",
+        *([*native, f"    {'el' if native else ''}if runs is not None:",
            *pre,
            f"        y = {gathered}",
            "    elif compiled:"] if runs else ["    if compiled:"]),
@@ -164,7 +172,12 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
         wide = f".view(torch.{p.out_elem.canonical})" if p.out_elem.bits != 8 else ""
         drive.append(f"    return y.view(torch.uint8){wide}.reshape({out})")
     else:
-        if p.conversions:
+        if p.conversions and runs and p.in_elem.bits == 8:  # numba: the conversions of 256 values, then a lookup
+            part += ["", "", f"def {name}_values(y):  # the value conversions, element by element",
+                     *conversions(p, "y", "    "), "    return y"]
+            drive += ["    if runs is not None and _nb_on(y.device):  # each of the 256 values converted once",
+                      f"        y = _nb_values(y, {name}_values)", "    else:", f"        y = {name}_values(y)"]
+        elif p.conversions:
             drive += conversions(p, "y", "    ")
         else:
             drive.append(f"    y = y.view(torch.{p.out_elem.canonical})")
@@ -257,6 +270,15 @@ def runs_source() -> str:
         text[text.index(head) + len(head):].strip() + "\n"
 
 
+def native_source() -> str:
+    """Module-level helpers of the native CPU kernels: :mod:`layoutc.lower.native` without its docstring
+    and import."""
+    text = inspect.getsource(native_module)
+    head = "\nimport torch\n"
+    return "# native CPU kernels through numba, where it is installed: the code of layoutc.lower.native\n" + \
+        text[text.index(head) + len(head):].strip() + "\n"
+
+
 def _coordinates(sizes: Sequence) -> list[str]:
     """Lines binding the output coordinates of a part: ``o0`` over experts [start, stop), ``o1``..
     over their whole axes, each shaped to broadcast along its own axis, and ``zero`` of the full
@@ -324,6 +346,9 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
         lines.append("    rows = torch.stack([" + ", ".join(f"(({t(base)}) + zero) // 4" for base in q.bases)
                      + "], dim=-1)  # row, source word b: the first quad's word")
         lines.append(f"    step = ({ex.to_python(q.row_stride)}) // 4  # words between a row's neighbouring quads")
+        lines.append("    if _nb_on(_dev):  # numba (layoutc.lower.native): gathered, transposed and permuted in one kernel")
+        lines.append(f"        return _nb_quads(src_words, rows, {qshape[-1]}, step, None, {tuple(p.table)!r}, "
+                     f"({_quads_out(qshape)},))")
         lines.append(f"    runs = src_words.as_strided((src_words.numel() - ({qshape[-1]} - 1) * step, {qshape[-1]}), (1, step))")
         lines.append(f"    s = runs[rows.reshape(-1)].view(rows.shape[:-2] + (4, {qshape[-1]}))  # row, b, quad")
         lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
@@ -332,6 +357,8 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
         lines.append(f"    index, unread = _run_cached(({name!r}, {', '.join(dims)}, start, stop, str(_dev)), "
                      f"{name}_quad_index, (x, {', '.join(dims)}, start, stop))")
         del lines[-(rank + 2):-1]  # no coordinates: the cached index holds them
+        lines.append("    if _nb_on(_dev):  # numba (layoutc.lower.native): gathered, transposed and permuted in one kernel")
+        lines.append(f"        return _nb_quads(src_words, index, 1, 0, unread, {tuple(p.table)!r}, ({_quads_out(qshape)},))")
         lines.append("    s = src_words.index_select(0, index.reshape(-1)).view(index.shape)")
         if any(valid != ex.TRUE for valid in q.valid):
             lines.append("    if unread is not None:")

@@ -26,6 +26,7 @@ from tests.helpers import spec as _spec
 def _helpers() -> dict:
     namespace = {"torch": torch}
     exec(torch_emit.runs_source(), namespace)  # the text generated converters carry
+    namespace["_nb"] = lambda: None  # the torch forms (the native kernels: tests/lower/test_native.py)
     return namespace
 
 
@@ -143,7 +144,7 @@ def test_tables_past_the_byte_budget_are_used_once_then_the_element_gather():
 
     plan, y = _run(h, index_of, (32, 2), x)
     assert plan[0] == "table" and torch.equal(y, _element_gather(x, index_of(0, 32), 0))
-    assert h["_RUN_PLANS"][("t",)] is None and h["_RUN_BYTES"][0] == 0  # remembered as: the element gather
+    assert h["_RUN_PLANS"][("t", False)] is None and h["_RUN_BYTES"][0] == 0  # remembered as: the element gather
 
 
 def test_the_affine_check_reads_every_value():
@@ -200,10 +201,11 @@ def test_a_table_plan_fills_float8_padding_by_its_bits():
         flat.view(torch.uint8)[[2, 3]].tolist()
 
 
-def test_a_rows_plan_takes_a_run_plan_too():
+def test_a_rows_plan_takes_a_run_plan_too(monkeypatch):
     """A ``Rows`` plan (a gather whose last axis is copied as is: cutedsl_nvfp4's w13_weight, row swaps and
     interleaves) was walked element by element on the CPU (an int64 index per byte, 20x a clone); its map
     is cut into runs like any gather's, bit for bit the eager reference."""
+    monkeypatch.setenv("LAYOUTC_NUMBA", "0")  # the torch form's table (the native one: test_native.py)
     spec = _spec("flashinfer_cutedsl_nvfp4")
     assert "def _gather_w13_weight_0_index(" in spec.source
     x = synthetic_inputs(spec, {"E": 2, "I": 128, "H": 64}, seed=3)

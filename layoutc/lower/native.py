@@ -1,0 +1,295 @@
+"""Native CPU kernels of the words plans, compiled by numba where it is installed.
+
+The torch forms of a bit permutation of 32-bit words (``_permute_words`` and the quads part of
+:mod:`layoutc.lower.torch_emit`) pay per-word torch passes: two lookups a word in 65536-entry tables, each an
+``index_select`` (serial, about 1.2 ns a lookup on the 2-core CPU machine), after the words' bytes were
+gathered into memory by a run table and read back. Here they run as two generic kernels, driven by the
+plans' data (no code per spec):
+
+* ``_nb_words_k``: a words plan's source bytes by its run table (expert 0's starts alone, moved by
+  ``e * shift`` for expert ``e``; a negative entry: padding, byte 0), fused with the bit permutation:
+  each word is four lookups in 256-entry tables (``luts[b, v]``: the image of byte value ``v`` at byte
+  ``b``, the plan's bytewise value conversions folded in), so the gathered bytes are never written out
+  and read back (runs longer than a byte: the table lists each of their bytes);
+* ``_nb_quads_k``: the SM90 quads (4 source words a quad at a step along a row, or per quad from a cached
+  index with unread words; the 4x4 byte transpose; the permutation): the same four tables, indexed by
+  byte ``j`` of each source word.
+
+Each kernel releases the GIL (``nogil``) and a call runs it on ``torch.get_num_threads()`` Python threads
+over parts of the output (a parallel numba loop took longer to compile). Every address a kernel reads is
+checked against its source's length: a table or index that would read outside it makes the call raise
+(never a read outside the tensor). Plain run tables (no bit permutation) stay torch's ``index_select``:
+a numba loop of one-byte lookups was no faster than it on the CPU machine (BENCHMARKS.md).
+
+Used where ``import numba`` succeeds and ``LAYOUTC_NUMBA`` is not ``0``, on CPU tensors only; else
+``_nb()`` is None and the torch forms run, unchanged. Also only then, value conversions of one-byte
+elements after a run table are one lookup in a table of the conversions of all 256 values
+(``_nb_values``). The kernels compile on their first call in a process (once per process for every
+converter that carries them), cached on disk by numba (``cache=True``) where the converter is a module
+imported from a ``.py`` file under its own name (in ``__pycache__`` beside it, or numba's user cache
+folder); a module loaded from a string (``layoutc.compile_file``) compiles them once per process.
+
+The functions here are copied whole into generated converters (torch and builtins; numba imported on
+first use only); ``tests/lower/test_native.py`` holds each kernel to the torch forms bit for bit.
+"""
+
+import torch
+
+_NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "pool": worker threads
+_NB_MIN_SPLIT = 1 << 16  # words of output under which a call runs on the calling thread alone
+
+
+def _nb_words_k(src, inner, outer, ps, shift, copies, luts, out, lo, hi):
+    # Words [lo, hi) of every expert: output byte i of expert e is src[inner[i & (2**ps - 1)] + outer[i >> ps]
+    # + e * shift] (blocks of 2**ps bytes, each its block-0 bytes moved; ps 62: one block), or 0 where the inner
+    # entry is negative (padding); word w is OR_b luts[b, byte 4 * w + b]. Returns 1 where an address is outside
+    # src (nothing past it is read), else 0. Experts outermost: one expert's reads stay near each other.
+    n = src.shape[0]
+    per = outer.shape[0] * inner.shape[0] // 4
+    pm = (1 << ps) - 1
+    for e in range(copies):
+        es = e * shift
+        base = e * per
+        for w in range(lo, hi):
+            i = 4 * w
+            off = outer[i >> ps] + es
+            j = i & pm
+            r = 0
+            for b in range(4):
+                v = inner[j + b]
+                if v >= 0:
+                    a = v + off
+                    if a < 0 or a >= n:
+                        return 1
+                    r |= luts[b, src[a]]
+                else:
+                    r |= luts[b, 0]
+            out[base + w] = r
+    return 0
+
+
+def _nb_quads_k(src, rows, quads, step, unread, luts, out, lo, hi):
+    # Rows [lo, hi): row r's quad q reads source words rows[r, b] + q * step (b = 0..3; 0 where unread[r, b]),
+    # and its output word j (at (r * quads + q) * 4 + j) is OR_b luts[b, byte j of source word b].
+    n = src.shape[0]
+    masked = unread.shape[0] > 0
+    for r in range(lo, hi):
+        for q in range(quads):
+            s0 = s1 = s2 = s3 = 0
+            a0 = rows[r, 0] + q * step
+            a1 = rows[r, 1] + q * step
+            a2 = rows[r, 2] + q * step
+            a3 = rows[r, 3] + q * step
+            if not masked or unread[r, 0] == 0:
+                if a0 < 0 or a0 >= n:
+                    return 1
+                s0 = src[a0]
+            if not masked or unread[r, 1] == 0:
+                if a1 < 0 or a1 >= n:
+                    return 1
+                s1 = src[a1]
+            if not masked or unread[r, 2] == 0:
+                if a2 < 0 or a2 >= n:
+                    return 1
+                s2 = src[a2]
+            if not masked or unread[r, 3] == 0:
+                if a3 < 0 or a3 >= n:
+                    return 1
+                s3 = src[a3]
+            d = (r * quads + q) * 4
+            for j in range(4):
+                sh = 8 * j
+                out[d + j] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255] | luts[2, (s2 >> sh) & 255]
+                              | luts[3, (s3 >> sh) & 255])
+    return 0
+
+
+def _nb():
+    """The compiled kernels, or None: numba is not installed, or ``LAYOUTC_NUMBA=0``."""
+    import os
+
+    if os.environ.get("LAYOUTC_NUMBA", "1").strip() == "0":
+        return None
+    got = _NB_STATE.get("kernels", False)
+    if got is not False:
+        return got
+    try:
+        import numba
+    except ImportError:
+        _NB_STATE["kernels"] = None
+        return None
+    import sys
+
+    cache = _nb_cacheable(globals(), sys.modules)
+    fns = (("words", _nb_words_k), ("quads", _nb_quads_k))
+    # one compile per process for every converter whose kernels are these (their code objects, compared whole):
+    # a process that loads many converters (tests, a checkpoint of several specs) compiles them once
+    shared = numba.__dict__.setdefault("_layoutc_native_kernels", {})
+    key = tuple((c.co_code, c.co_consts, c.co_names, c.co_varnames) for c in (fn.__code__ for _, fn in fns))
+    kernels = shared.get(key)
+    if kernels is None:
+        kernels = {"numba": numba, "cache": cache}
+        for name, fn in fns:
+            kernels[name] = _nb_jit(numba, fn, cache)
+        shared[key] = kernels
+    _NB_STATE["kernels"] = kernels
+    return kernels
+
+
+def _nb_cacheable(namespace, modules):
+    """Whether numba may cache kernels defined in ``namespace`` on disk: its cache reloads a kernel by
+    importing the module by name, so only a module imported from a ``.py`` file under its own name (in
+    ``modules``, i.e. sys.modules) does; not ``layoutc.compile_file``'s module from a string, nor one
+    run by ``spec_from_file_location`` without an entry in sys.modules."""
+    here = modules.get(namespace.get("__name__", ""))
+    return getattr(here, "__dict__", None) is namespace and str(namespace.get("__file__", "")).endswith(".py")
+
+
+def _nb_jit(numba, fn, cache):
+    # a lazily compiled kernel (on its first call, for the argument types it gets), cached on disk if it can be
+    if cache:
+        try:
+            return numba.njit(nogil=True, cache=True)(fn)
+        except Exception:  # numba: "cannot cache function ...: no locator available for file ..."
+            pass
+    return numba.njit(nogil=True)(fn)
+
+
+def _nb_on(device):
+    """Whether the native kernels run for tensors on ``device``."""
+    return torch.device(device).type == "cpu" and _nb() is not None
+
+
+def _nb_array(t, dtype):
+    # a numpy view of a contiguous CPU tensor's bytes as ``dtype`` (no copy; bf16, fp8: by their bits)
+    return t.detach().reshape(-1).view(dtype).numpy()
+
+
+def _nb_run(name, args, total, weight):
+    """The kernel ``name``'s ``kernel(*args, lo, hi)`` over [0, total) in parts on the calling thread and
+    worker threads, one part per intra-op thread torch uses (``weight``: words a unit writes; small calls
+    run on one thread); raises where a part read out of range."""
+    kernels = _nb()
+    kernel = kernels[name]
+    try:  # compiled (or loaded from numba's cache) here, for these types, before the threads call it
+        kernel(*args, 0, 0)
+    except Exception:
+        if not kernels["cache"]:
+            raise
+        # a cache numba cannot load (written for a module of another name): compiled again, not cached
+        kernel = kernels[name] = _nb_jit(kernels["numba"], kernel.py_func, False)
+        kernel(*args, 0, 0)
+    threads = max(1, min(torch.get_num_threads(), total, total * weight // _NB_MIN_SPLIT))
+    cut = [total * k // threads for k in range(threads)] + [total]
+    if threads == 1:
+        bad = [kernel(*args, 0, total)]
+    else:
+        pool = _NB_STATE.get("pool")
+        if pool is None or pool._max_workers < threads - 1:
+            import concurrent.futures
+
+            pool = _NB_STATE["pool"] = concurrent.futures.ThreadPoolExecutor(threads - 1)
+        futures = [pool.submit(kernel, *args, cut[k], cut[k + 1]) for k in range(1, threads)]
+        bad = [kernel(*args, cut[0], cut[1])] + [f.result() for f in futures]
+    if any(bad):
+        raise IndexError("a run table reads outside its input (the converter's plan does not fit this tensor)")
+
+
+def _nb_luts(table, conv=None):
+    """The four 256-entry tables of a bit permutation (output bit i = input bit table[i]): luts[b, v] is
+    the image of byte value v at byte b of a word, after ``conv`` (each byte converted on its own: a
+    function of int32 words) where given. Built once per table and conversion."""
+    key = ("luts", tuple(table), conv)
+    got = _NB_STATE.get(key)
+    if got is not None:
+        return got
+    v = torch.arange(256, dtype=torch.int64)
+    words = v * 0x01010101  # byte value v in every byte
+    if conv is not None:
+        w = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+        words = conv(w).to(torch.int64) & 0xFFFFFFFF
+    luts = torch.zeros(4, 256, dtype=torch.int64)
+    for b in range(4):
+        byte = (words >> (8 * b)) & 0xFF
+        for i, s in enumerate(table):  # output bit i: input bit s, of byte s // 8
+            if s // 8 == b:
+                luts[b] |= ((byte >> (s % 8)) & 1) << i
+    luts = torch.where(luts >= 2**31, luts - 2**32, luts).to(torch.int32).contiguous()
+    _NB_STATE[key] = luts
+    return luts
+
+
+def _nb_blocks(starts):
+    """A words plan's table of source bytes (expert 0's, -1: padding) as blocks: the largest power-of-two
+    block (4 bytes to 16 KiB: its table stays in L2) of which every block reads block 0's bytes moved by one
+    offset, as ``(inner, outer, ps)``: block k's byte j reads ``inner[j] + outer[k]``, blocks of ``2**ps``
+    bytes. The kernel then reads a small table (in cache) and an offset per block, not 4 bytes of table per
+    byte (Marlin's and W4A8's words: every word reads 4 bytes at the same offsets from its own start). Else
+    the whole table as one block (``ps`` 62). Checked on every entry."""
+    n = starts.numel()
+    for ps in range(14, 1, -1):
+        size = 1 << ps
+        if size >= n or n % size:
+            continue
+        rows = starts.view(-1, size)
+        holes = rows < 0
+        if not bool((holes == holes[:1]).all()) or bool(holes[0].all()):
+            continue
+        col = int((~holes[0]).nonzero()[0])
+        outer = rows[:, col] - rows[0, col]
+        if bool(((rows - outer.unsqueeze(1) == rows[:1]) | holes).all()):
+            return rows[0].contiguous(), outer.contiguous(), ps
+    return starts, torch.zeros(1, dtype=starts.dtype), 62
+
+
+def _nb_words(x, plan, shape, table, conv=None):
+    """The int32 words of ``shape`` of a words plan: the source bytes of ``x`` by the native table plan
+    ``plan`` (``("native", inner, outer, ps, experts, shift)``, :func:`_nb_blocks`; padding: byte 0), each byte
+    through ``conv``, the bits permuted by ``table``."""
+    _, inner, outer, ps, copies, shift = plan
+    luts = _nb_luts(table, conv)
+    out = torch.empty(shape, dtype=torch.int32)
+    src = _nb_array(x.contiguous(), torch.uint8)
+    per = outer.numel() * inner.numel() // 4
+    if out.numel() != copies * per or inner.numel() % 4 or (ps < 62 and inner.numel() != 1 << ps):
+        raise AssertionError("a words plan's table does not cover its output")
+    _nb_run("words", (src, inner.numpy(), outer.numpy(), ps, shift, copies, luts.numpy(),
+                      _nb_array(out, torch.int32)), per, copies)
+    return out
+
+
+def _nb_quads(src_words, rows, quads, step, unread, table, shape):
+    """The int32 words of ``shape`` of a quads plan: row r's quad q reads source words
+    ``rows[r, b] + q * step`` (b = 0..3; none where ``unread[r, b]``), output word j of the quad byte j of
+    each, the bits permuted by ``table``."""
+    luts = _nb_luts(table)
+    rows = rows.reshape(-1, 4)
+    rows = rows.to(torch.int32) if rows.dtype != torch.int32 and rows.numel() and int(rows.max()) < 2**31 else rows
+    mask = (torch.empty((0, 4), dtype=torch.uint8) if unread is None
+            else unread.reshape(-1, 4).contiguous().view(torch.uint8))
+    out = torch.empty(shape, dtype=torch.int32)
+    if out.numel() != rows.shape[0] * quads * 4:
+        raise AssertionError("the quads' rows do not cover the output")
+    _nb_run("quads", (_nb_array(src_words, torch.int32), rows.contiguous().numpy(), quads, step,
+                             mask.numpy(), luts.numpy(), _nb_array(out, torch.int32)), rows.shape[0], 4 * quads)
+    return out
+
+
+def _nb_values(y, convert):
+    """``convert(y)`` (value conversions, element by element) of one-byte elements: ``convert`` of each of the
+    256 values once per process, then one lookup per element. Where ``convert`` refuses one of the 256 (a
+    checked cast), or gives other than one element per element, ``convert(y)`` itself."""
+    key = ("values", convert, y.dtype)
+    lut = _NB_STATE.get(key)
+    if lut is None:
+        try:
+            lut = convert(torch.arange(256, dtype=torch.uint8).view(y.dtype))
+            if not isinstance(lut, torch.Tensor) or lut.shape != (256,):
+                lut = False
+        except Exception:
+            lut = False
+        _NB_STATE[key] = lut
+    if lut is False or y.element_size() != 1:
+        return convert(y)
+    index = y.contiguous().reshape(-1).view(torch.uint8).to(torch.int32)  # a byte's value: its entry
+    return lut.index_select(0, index).view(y.shape)

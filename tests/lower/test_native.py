@@ -1,0 +1,267 @@
+"""The native CPU kernels (layoutc.lower.native, numba) equal the torch forms and the element gather bit for bit.
+
+Each kernel is driven as generated converters drive it, from the text they carry (``runs_source``,
+``native_source`` and ``bit_tables_source`` executed in one namespace): words plans (random byte maps in
+runs of 1 to 8 bytes, padding, expert-0 tables moved per expert, random permutations, bytewise
+conversions), SM90 quads (rows of quads at a step, per-quad indices with unread words), the permutation
+alone, and the lookups of value conversions. The same namespace with ``_nb`` returning None is the torch
+form. The kernels compile once per test process (the ``native_ns`` fixture; numba caches them on disk
+by this package's file), so each test stays well under a second after that.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layoutc.convert.synthckpt import synthetic_inputs
+from layoutc.lower import native, torch_emit
+from tests.helpers import assert_same_bits
+from tests.helpers import spec as _spec
+
+numba = pytest.importorskip("numba")
+
+
+def _namespace(on: bool) -> dict:
+    namespace = {"torch": torch, "__name__": "native_test_namespace"}
+    exec(torch_emit.runs_source(), namespace)  # the text generated converters carry
+    exec(torch_emit.native_source(), namespace)
+    exec(torch_emit.bit_tables_source(), namespace)
+    if not on:
+        namespace["_nb"] = lambda: None
+    return namespace
+
+
+@pytest.fixture(scope="session")
+def native_ns():
+    """The converters' text with numba on, its two kernels compiled once (shared by every test here)."""
+    assert native._nb() is not None  # this package's kernels first: numba caches them by its file, and the
+    ns = _namespace(True)  # converters' text (the same code) shares them in this process
+    assert ns["_nb"]() is not None
+    flat = torch.arange(64, dtype=torch.uint8)
+    ns["_nb_words"](flat, ("native", torch.arange(8, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 62, 1, 0),
+                    (2,), tuple(range(32)))
+    ns["_nb_quads"](flat.view(torch.int32), torch.zeros(1, 4, dtype=torch.int32), 1, 0, None, tuple(range(32)), (4,))
+    return ns
+
+
+def _per_bit(words: torch.Tensor, table) -> torch.Tensor:
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    return sum(((w >> s) & 1) << i for i, s in enumerate(table))
+
+
+def _element_gather(flat, index, fill):
+    ok = index >= 0
+    return torch.where(ok, flat[torch.where(ok, index, 0)], torch.as_tensor(fill, dtype=flat.dtype))
+
+
+def _random_map(g: torch.Generator, experts: int, per: int, run: int, src_per: int, holes: bool):
+    """Expert 0's source element of each of ``per`` outputs, in runs of ``run`` (-1: fill), reading
+    [0, src_per); every expert reads its own the same way."""
+    runs = per // run
+    starts = torch.randint(0, src_per - run + 1, (runs,), generator=g)
+    if holes:
+        starts[torch.rand(runs, generator=g) < 0.3] = -1
+    index = (starts.unsqueeze(1) + torch.arange(run)).reshape(-1)
+    index[(starts < 0).repeat_interleave(run)] = -1
+    return index
+
+
+@given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), ps=st.integers(2, 5), blocks=st.integers(1, 6),
+       experts=st.integers(1, 2))
+@settings(max_examples=6, deadline=None)
+def test_block_periodic_tables_are_one_block_and_offsets(native_ns, seed, table, ps, blocks, experts):
+    g = torch.Generator().manual_seed(seed)
+    size = 1 << ps
+    block = torch.randint(0, 40, (size,), generator=g)
+    block[torch.rand(size, generator=g) < 0.2] = -1
+    offsets = torch.randint(0, 40, (blocks,), generator=g)
+    index0 = torch.where(block >= 0, block + offsets.unsqueeze(1), -1).reshape(-1)
+    src_per = 80
+    x = torch.randint(0, 256, (experts * src_per,), generator=g).to(torch.uint8)
+    native_ns["_RUN_PLANS"].clear()
+    per = blocks * size
+    plan = native_ns["_run_plan"](("b",), lambda s, e: index0.view(1, per), (), (experts, per), 1, src_per, words=True)
+    assert plan[0] == "native"
+    if blocks > 1 and bool((block >= 0).any()):
+        assert plan[3] >= ps and plan[1].numel() == 1 << plan[3] and plan[2].numel() == per >> plan[3]
+    whole = torch.cat([torch.where(index0 >= 0, index0 + e * src_per, -1) for e in range(experts)])
+    want = _per_bit(_element_gather(x, whole, 0).view(torch.int32), tuple(table)).view(experts, per // 4)
+    got = native_ns["_nb_words"](x, plan, (experts, per // 4), tuple(table))
+    assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
+
+
+def _bytewise_xor(w):  # a conversion of each byte on its own (for the words kernel's byte tables)
+    return w ^ 0x5A5A5A5A
+
+
+@given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), experts=st.integers(1, 3),
+       run=st.sampled_from([1, 2, 4, 8]), holes=st.booleans(), convert=st.booleans(), split=st.sampled_from([1, 1 << 16]))
+@settings(max_examples=10, deadline=None)
+def test_words_gather_and_permutation_fused_equal_the_torch_form(native_ns, seed, table, experts, run, holes, convert,
+                                                                 split):
+    native_ns["_NB_MIN_SPLIT"] = split  # 1: every call in parts, on every intra-op thread
+    g = torch.Generator().manual_seed(seed)
+    words = 8 * run  # per expert
+    per, src_per = 4 * words, 4 * words + 16
+    index0 = _random_map(g, experts, per, run, src_per, holes)
+    x = torch.randint(0, 256, (experts * src_per,), generator=g).to(torch.uint8)
+    shape = (experts, words)
+    table = tuple(table)
+    conv = _bytewise_xor if convert else None
+    torch_ns = _namespace(False)
+    results = []
+    for ns in (native_ns, torch_ns):
+        ns["_RUN_PLANS"].clear()
+        plan = ns["_run_plan"](("w",), lambda s, e: index0.view(1, per), (), (experts, per), 1, src_per, words=True)
+        assert plan is not None
+        assert (plan[0] == "native") == (ns is native_ns) or plan[0] == "view"
+        if plan[0] == "native":
+            results.append(ns["_nb_words"](x, plan, shape, table, conv))
+        else:
+            w = ns["_run_gather"](x, plan, (experts, per), 0).view(torch.int32)
+            if conv is not None:
+                w = conv(w)
+            results.append(ns["_permute_words"](w, table))
+    whole = torch.cat([torch.where(index0 >= 0, index0 + e * src_per, -1) for e in range(experts)])
+    w = _element_gather(x, whole, 0).view(torch.int32)
+    w = conv(w) if conv is not None else w
+    want = _per_bit(w, table).view(shape)
+    for got in results:
+        assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
+
+
+@given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), rows=st.integers(1, 6), quads=st.integers(1, 5),
+       step=st.integers(0, 3), unread=st.booleans(), split=st.sampled_from([1, 1 << 16]))
+@settings(max_examples=25, deadline=None)
+def test_quads_equal_the_transpose_then_the_permutation(native_ns, seed, table, rows, quads, step, unread, split):
+    native_ns["_NB_MIN_SPLIT"] = split  # 1: every call in parts, on every intra-op thread
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(-2**31, 2**31, (64,), dtype=torch.int64, generator=g).to(torch.int32)
+    hi = 64 - (quads - 1) * step
+    base = torch.randint(0, hi, (rows, 4), generator=g)
+    mask = (torch.rand(rows, 4, generator=g) < 0.3) if unread else None
+    if mask is not None:
+        quads, step = 1, 0  # the per-quad index form: one quad a row
+    got = native_ns["_nb_quads"](src, base, quads, step, mask, tuple(table), (rows, 4 * quads))
+    # reference: source word b of quad q: base[r, b] + q * step (0 where unread); output word j's byte b is
+    # byte j of source word b; then the permutation
+    s = torch.stack([src[base[:, b].unsqueeze(1) + step * torch.arange(quads)] for b in range(4)], dim=-1)
+    if mask is not None:
+        s = torch.where(mask.unsqueeze(1), 0, s)
+    w = s.contiguous().view(torch.uint8).view(rows, quads, 4, 4).transpose(-1, -2).contiguous().view(torch.int32)
+    want = _per_bit(w.reshape(-1), tuple(table)).view(rows, 4 * quads)
+    assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
+
+
+def test_a_table_that_reads_past_its_input_raises_and_reads_nothing(native_ns):
+    flat = torch.arange(16, dtype=torch.uint8)
+    inner, outer = torch.tensor([0, 7, -1, 14, 15, 3, 2, 1], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    plan = ("native", inner, outer, 62, 1, 0)
+    got = native_ns["_nb_words"](flat, plan, (2,), tuple(range(32)))
+    assert got.view(torch.uint8).tolist() == [0, 7, 0, 14, 15, 3, 2, 1]
+    with pytest.raises(IndexError, match="outside its input"):  # expert 1 (1 byte on): entry 15 reads byte 16
+        native_ns["_nb_words"](flat, plan[:4] + (2, 1), (4,), tuple(range(32)))
+    wide = torch.arange(32, dtype=torch.uint8)  # blocks of 4 bytes, block k moved by outer[k]
+    blocks = ("native", inner[:4], torch.tensor([0, 12], dtype=torch.int32), 2, 1, 0)
+    assert native_ns["_nb_words"](wide, blocks, (2,), tuple(range(32))).view(torch.uint8).tolist() == \
+        [0, 7, 0, 14, 12, 19, 0, 26]
+    with pytest.raises(IndexError, match="outside its input"):  # block 2: 20 + 14 is past 32
+        native_ns["_nb_words"](wide, blocks[:2] + (torch.tensor([0, 12, 20], dtype=torch.int32),) + blocks[3:], (3,),
+                               tuple(range(32)))
+    with pytest.raises(IndexError, match="outside its input"):
+        native_ns["_nb_quads"](flat.view(torch.int32), torch.tensor([[0, 1, 2, 4]]), 1, 0, None, tuple(range(32)),
+                               (4,))
+
+
+def test_value_conversions_of_bytes_by_a_lookup(native_ns):
+    y = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)[torch.randperm(256)]
+    convert = lambda v: v.to(torch.float16) * 2  # noqa: E731
+    got = native_ns["_nb_values"](y, convert)
+    assert got.dtype == torch.float16 and torch.equal(got.view(torch.int16), convert(y).view(torch.int16))
+
+    def refuses_nan(v):  # a checked conversion: one of the 256 values is refused, the data are converted as is
+        if bool(torch.isnan(v.float()).any()):
+            raise ValueError("nan")
+        return v.to(torch.float32)
+
+    finite = y[~torch.isnan(y.float())]
+    assert torch.equal(native_ns["_nb_values"](finite, refuses_nan), finite.to(torch.float32))
+    with pytest.raises(ValueError):
+        native_ns["_nb_values"](y, refuses_nan)
+
+
+def test_the_switch_and_a_missing_numba_leave_the_torch_forms(monkeypatch):
+    monkeypatch.setenv("LAYOUTC_NUMBA", "0")
+    assert _namespace(True)["_nb"]() is None and not native._nb_on("cpu")
+    monkeypatch.delenv("LAYOUTC_NUMBA")
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba fails
+    assert _namespace(True)["_nb"]() is None
+    assert not native._nb_on("meta")
+
+
+def test_only_a_module_imported_by_its_name_from_a_file_caches_kernels_on_disk():
+    import types
+
+    mod = types.ModuleType("conv_x")
+    mod.__file__ = "/somewhere/conv_x.py"
+    assert native._nb_cacheable(mod.__dict__, {"conv_x": mod})
+    assert not native._nb_cacheable(mod.__dict__, {})  # run without an entry in sys.modules
+    assert not native._nb_cacheable({"__name__": "conv_x", "__file__": "<layoutc x.lyt>"}, {"conv_x": mod})
+    assert not native._nb_cacheable(_namespace(True), sys.modules)  # the converter text from a string
+    assert native._nb_cacheable(vars(native), sys.modules)
+
+
+@pytest.mark.slow  # three processes compile a spec
+def test_generated_text_does_not_depend_on_numba(tmp_path):
+    """Codegen does not look at the environment: the same text with numba importable, refused, or off."""
+    code = ("import sys, layoutc; sys.modules['numba'] = None if sys.argv[1] == 'none' else sys.modules.get('numba'); "
+            "sys.stdout.write(layoutc.compile_file('specs/marlin_gptq_int4.lyt').source)")
+    texts = set()
+    for how, env in (("on", {}), ("none", {}), ("on", {"LAYOUTC_NUMBA": "0"})):
+        run = subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True,
+                             env={**os.environ, **env}, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        assert run.returncode == 0, run.stderr
+        texts.add(run.stdout)
+    assert len(texts) == 1 and "_nb_words(" in texts.pop()
+
+
+@pytest.mark.slow  # compiles three specs and runs the eager reference
+@pytest.mark.parametrize("name, dims", [("flashinfer_cutlass_mxfp4_padded", {"E": 2, "I": 96, "H": 160}),
+                                        ("flashinfer_cutlass_bf16", {"E": 2, "I": 128, "H": 256}),
+                                        ("marlin_nvfp4", {"E": 2, "I": 256, "H": 512}),
+                                        ("triton_kernels_mxfp4_hopper", {"E": 1, "I": 96, "H": 160})])
+def test_shipped_specs_take_the_native_kernels_and_equal_eager(name, dims, monkeypatch):
+    spec = _spec(name)
+    x = synthetic_inputs(spec, dims, seed=11)
+    want = spec.convert(x, lowering="eager")
+    spec.module._RUN_PLANS.clear()
+    assert_same_bits(spec.convert(x, lowering="gather"), want, name)
+    assert spec.module._nb() is not None
+    if 'runs[0] == "native"' in spec.source:  # a words plan's driver: its table is a native plan
+        assert any(v is not None and v[0] == "native" for v in spec.module._RUN_PLANS.values()), name
+    if "return _nb_quads(" in spec.source:  # a quads part: the kernel ran
+        assert spec.module._nb()["quads"].signatures, name
+    monkeypatch.setenv("LAYOUTC_NUMBA", "0")
+    assert_same_bits(spec.convert(x, lowering="gather"), want, f"{name} without numba")
+
+
+@pytest.mark.slow  # two processes import torch and numba
+def test_a_converter_file_imported_by_name_caches_its_kernels(tmp_path):
+    """A converter imported from its file under its own name: numba's cache sits next to it."""
+    spec = _spec("flashinfer_cutedsl_nvfp4")
+    spec.write(tmp_path / "conv_cached.py")
+    code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import conv_cached as m; "
+            "m._nb_quads(torch.arange(8, dtype=torch.int32), torch.zeros(1, 4), 1, 0, None, tuple(range(32)), (4,)); "
+            "print(m._nb()['cache'])")
+    for _ in range(2):  # the second loads what the first wrote
+        run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == "True"
+        assert list((tmp_path / "__pycache__").glob("conv_cached._nb_quads_k-*.nbi"))
