@@ -93,7 +93,9 @@ HOSTILE_CHARS = st.sampled_from(["\r", "\r\n", "\u2028", "\u2029", "\x00", "\x0b
 SHIPPED = sorted((__import__("pathlib").Path(__file__).resolve().parents[2] / "specs").glob("*.lyt"))
 
 
-@settings(max_examples=150, suppress_health_check=list(HealthCheck))
+# No deadline: an example whose edit still parses compiles and verifies a whole shipped spec the first time
+# (21 s once in CI's slow run under load, 2.4 ms when hypothesis replayed it from the caches: a flaky failure)
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 @pytest.mark.slow  # over 5 s on the 2-core machine: `make test-slow`
 def test_hostile_characters_anywhere_in_a_real_spec(data):
