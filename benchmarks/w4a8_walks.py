@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -122,18 +121,10 @@ def _tile(x_ptr, y_ptr, N: tl.constexpr, K: tl.constexpr, TK: tl.constexpr):
 
 
 def _events(fn, reps=20, calls=1):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / calls)
-    return statistics.median(times)
+    # milliseconds of one call (CUDA events), by `layoutc bench`'s own timing loop
+    from layoutc.cli.bench import timeit
+
+    return timeit(fn, "cuda", reps=reps, calls=calls) * 1e3
 
 
 def variants(n: int, k: int):
