@@ -22,9 +22,10 @@ checked against its source's length: a table or index that would read outside it
 a numba loop of one-byte lookups was no faster than it on the CPU machine (BENCHMARKS.md).
 
 Used where ``import numba`` succeeds and ``LAYOUTC_NUMBA`` is not ``0``, on CPU tensors only; else
-``_nb()`` is None and the torch forms run, unchanged. Also only then, value conversions of one-byte
-elements after a run table are one lookup in a table of the conversions of all 256 values
-(``_nb_values``). The kernels compile on their first call in a process (once per process for every
+``_nb()`` is None and the torch forms run, unchanged. ``_nb_values`` (pure torch, used on every CPU path
+with or without numba) makes value conversions of one-byte elements after a run table one lookup in a table
+of the conversions of all 256 values, where a conversion changes bits (a relabelling alone stays a view).
+The kernels compile on their first call in a process (once per process for every
 converter that carries them), cached on disk by numba (``cache=True``) where the converter is a module
 imported from a ``.py`` file under its own name (in ``__pycache__`` beside it, or numba's user cache
 folder); a module loaded from a string (``layoutc.compile_file``) compiles them once per process.

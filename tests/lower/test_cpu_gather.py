@@ -131,3 +131,14 @@ def test_marlin_weights_take_the_cpu_gather_and_equal_eager(name, monkeypatch):
     assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, f"{name} per-byte part")
     for k in x:
         assert torch.equal(x[k].view(torch.uint8), before[k].view(torch.uint8)), k  # inputs untouched
+
+
+def test_byte_value_lookups_only_where_a_conversion_changes_bits():
+    # marlin_nvfp4's FP8 scales (a cast and a bit field): the 256 values converted once, then a lookup a byte;
+    # trtllm_mxfp4's scale bytes handed over as e4m3 (a relabelling): a view, no lookup (it would be a pass)
+    assert "y = _nb_values(y, " in _spec("marlin_nvfp4").source
+    assert "y = _nb_values(y, " not in _spec("flashinfer_trtllm_mxfp4").source
+    spec = _spec("marlin_nvfp4")
+    x = synthetic_inputs(spec, {"E": 2, "I": 256, "H": 256}, seed=5)
+    want = spec.convert(x, lowering="eager")
+    assert_same_bits(spec.convert(x, lowering="gather"), want, "marlin_nvfp4 gather with the lookup")
