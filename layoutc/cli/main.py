@@ -601,6 +601,9 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
     bar = ShardProgress(f"rank {rank}/{world} converting" if world > 1 else "converting", enabled=not quiet)
     failure: Exception | None = None
     profile = Profile()
+    from ..convert.heap import keep_freed_memory
+
+    keep_freed_memory()  # this process converts layer after layer: their outputs reuse freed pages
     t0, cpu0 = time.perf_counter(), os.times()
     try:
         with bar:
