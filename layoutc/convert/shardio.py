@@ -499,6 +499,7 @@ class ShardIO:
                     with prof.span("write", len(raw)):
                         f.write(raw)
                     total += len(raw)
+                prof.add("write_buffered", 0.0, total)
                 return total
             ring = self._ring(self.write_slots)
             pending: list[tuple[int, int]] = []  # (slot, bytes) in file order

@@ -72,7 +72,7 @@ def test_the_switch_and_a_refused_direct_write_stay_buffered_with_the_same_bytes
     io = shardio.ShardIO("cpu", prof, chunk=16384, hash_threads=1)
     io.write(tmp_path / "off.safetensors", tensors, meta)
     assert (tmp_path / "off.safetensors").read_bytes() == want
-    assert "write_direct" not in prof.bytes
+    assert "write_direct" not in prof.bytes and prof.bytes["write_buffered"] == len(want)
     monkeypatch.delenv("LAYOUTC_DIRECT_IO")
     if not _supports_direct(tmp_path):
         pytest.skip("this file system has no direct I/O")
