@@ -569,19 +569,25 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
     from ..api import compile_file
     from ..convert.checkpoint import PREFETCH, WRITERS, convert_checkpoint, finish
     from ..runtime.checks import LayoutError
-    from ..convert.shardio import Profile
+    from ..convert.shardio import EarlyDigests, Profile
 
     params = _parse_defines(defines)
     if profile_path is not None and in_dir.resolve() in profile_path.resolve().parents:
         raise click.BadParameter(f"{display(str(profile_path))} is inside --in; layoutc convert never writes into "
                                  f"its input", param_hint="--profile")
-    spec = compile_file(spec_path, params)
-    specs, outs = [spec], [out_dir]
-    tp_size = spec.params.get("tp_size", 1)
-    if "tp_rank" in spec.params and "tp_rank" not in params and isinstance(tp_size, int) and tp_size > 1:
-        specs = [compile_file(spec_path, {**params, "tp_rank": r}) for r in range(tp_size)]
-        outs = [out_dir / f"tp{r}" for r in range(tp_size)]
     world, rank, local = _torchrun_env(os.environ)
+    # The input hashed while the spec compiles (one rank owns every shard; the pipelined reads take these
+    # digests): the compile is one core of Python, the hashing the other core and the disk
+    early = EarlyDigests(sorted(in_dir.resolve().glob("*.safetensors"))) if world == 1 and prefetch != 0 else None
+    try:
+        spec = compile_file(spec_path, params)
+        specs, outs = [spec], [out_dir]
+        tp_size = spec.params.get("tp_size", 1)
+        if "tp_rank" in spec.params and "tp_rank" not in params and isinstance(tp_size, int) and tp_size > 1:
+            specs = [compile_file(spec_path, {**params, "tp_rank": r}) for r in range(tp_size)]
+            outs = [out_dir / f"tp{r}" for r in range(tp_size)]
+    finally:
+        digests = early.stop() if early is not None else None
     dist = None
     if world > 1:
         import torch.distributed as dist
@@ -610,7 +616,7 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
             summary = convert_checkpoint(specs, in_dir, outs, names, device, rank, world, bar, lowering,
                                          not no_verify, PREFETCH if prefetch is None else prefetch,
                                          WRITERS if writers is None else writers, profile,
-                                         hash_threads=hash_threads, warn=bar.warn)
+                                         hash_threads=hash_threads, warn=bar.warn, digests=digests)
     except Exception as err:  # noqa: BLE001 -- re-raised below, after the other ranks have heard of it
         failure = err
     seconds = time.perf_counter() - t0

@@ -112,7 +112,7 @@ def convert_checkpoint(
     progress: Progress | None = None, lowering: str = "auto", verify: bool = True,
     prefetch: int = PREFETCH, writers: int = WRITERS, profile: shardio.Profile | None = None,
     io_options: Mapping[str, Any] | None = None, hash_threads: int | None = None,
-    warn: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None, digests: Mapping[str, tuple] | None = None,
 ) -> dict[str, Any]:
     """Convert the shards this rank owns; returns a summary. See the module docstring.
 
@@ -125,7 +125,9 @@ def convert_checkpoint(
     threads hashing the input for the stamps (default :data:`layoutc.convert.shardio.HASH_THREADS`).
     ``progress`` (a :class:`Progress`) hears of this rank's shards and bytes, then of each shard as it
     is done (converted or found done); ``warn(message)`` gets what the user should know but does
-    not stop the run (default: :func:`warnings.warn`)."""
+    not stop the run (default: :func:`warnings.warn`). ``digests``: input digests found before the run
+    (:meth:`layoutc.convert.shardio.EarlyDigests.stop`), used by the pipelined reads for files that are
+    still the ones hashed."""
     specs = [spec] if isinstance(spec, CompiledSpec) else list(spec)
     outs = [out_dir] if isinstance(out_dir, (str, Path)) else list(out_dir)
     if not specs or len(specs) != len(outs):
@@ -176,7 +178,7 @@ def convert_checkpoint(
             for lock in locks:
                 stack.enter_context(lock)
             run = _Run(in_dir, targets, rules, weight_map, groups, device, lowering, verify, summary, prof,
-                       dict(io_options or {}), hash_threads)
+                       dict(io_options or {}), hash_threads, digests)
             sizes = {s: (in_dir / s).stat().st_size for s in sorted(set(weight_map.values()))}
             mine = assign_shards(sizes, world)[rank]
             t0 = time.perf_counter()

@@ -209,23 +209,88 @@ class TreeHash:
         return tree_root([leaf.sha.digest() for leaf in self.leaves], self.size)
 
 
-def file_digest(path: str | Path, pool: concurrent.futures.Executor, profile: Profile | None = None) -> str:
-    """:data:`DIGEST` of a file, read in leaf-sized buffers, up to two per pool thread in flight."""
+def file_digest(path: str | Path, pool: concurrent.futures.Executor, profile: Profile | None = None,
+                stop: threading.Event | None = None) -> str | None:
+    """:data:`DIGEST` of a file, read in leaf-sized buffers, up to two per pool thread in flight (each
+    buffer reused once the pool has hashed it: its pages stay resident). None where ``stop`` was set
+    before the end."""
     th = TreeHash(pool, profile)
     window = 2 * max(1, getattr(pool, "_max_workers", 1))
-    inflight: collections.deque = collections.deque()
+    inflight: collections.deque = collections.deque()  # (buffer, its futures)
+    spare: list[bytearray] = []
     with open(path, "rb", buffering=0) as f:
         while True:
+            if stop is not None and stop.is_set():
+                th.wait()
+                return None
             if len(inflight) >= window:
-                for fut in inflight.popleft():
+                buf, futures = inflight.popleft()
+                for fut in futures:
                     fut.result()
-            buf = bytearray(TREE_LEAF)
+                spare.append(buf)
+            buf = spare.pop() if spare else bytearray(TREE_LEAF)
             n = f.readinto(buf)
             if not n:
                 break
-            # a fresh buffer per leaf: the pool reads it while the next one is filled
-            inflight.append(th.update(memoryview(buf)[:n]))
+            # the pool reads this buffer while the next one is filled
+            inflight.append((buf, th.update(memoryview(buf)[:n])))
     return th.hexdigest()
+
+
+class _Known:
+    """A digest found before the read (:class:`EarlyDigests`), in :class:`TreeHash`'s place: nothing to hash."""
+
+    def __init__(self, digest: str):
+        self.digest = digest
+
+    def update(self, data) -> list[concurrent.futures.Future]:
+        return []
+
+    def wait(self) -> None:
+        pass
+
+    def hexdigest(self) -> str:
+        return self.digest
+
+
+class EarlyDigests:
+    """Input shards hashed in the background while ``layoutc convert`` compiles its spec (a few seconds of one
+    core, the other core reading and hashing): the pipeline then reads those shards from the page cache and
+    takes their digests from :meth:`stop`'s result instead of hashing them again. Shards in the order given
+    (the order one rank converts them), one after the other, until :meth:`stop`; only regular files that are
+    not symbolic links. A digest is kept with the file's :func:`file_identity` before and after hashing (equal,
+    or it is dropped): the pipeline uses it only for a file whose identity is still that one when read, and
+    checks the identity again after converting (as for every shard read through its map). A file that cannot
+    be read is left to the pipeline, which reports it."""
+
+    def __init__(self, paths: list[Path], threads: int = 1):
+        self._stop = threading.Event()
+        self._found: dict[str, tuple[tuple[int, ...], str]] = {}
+        self._pool = hash_pool(threads)
+        self._thread = threading.Thread(target=self._run, args=(list(paths),), name="layoutc-early-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self, paths: list[Path]) -> None:
+        for path in paths:
+            if self._stop.is_set():
+                return
+            try:
+                if path.is_symlink() or not path.is_file():
+                    continue
+                before = file_identity(path)
+                digest = file_digest(path, self._pool, stop=self._stop)
+                if digest is not None and file_identity(path) == before:
+                    self._found[str(path.resolve())] = (before, digest)
+            except OSError:
+                continue
+
+    def stop(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Stop hashing (the shard under way is dropped) and return the digests found: resolved path ->
+        (identity, digest)."""
+        self._stop.set()
+        self._thread.join()
+        self._pool.shutdown(wait=True)
+        return dict(self._found)
 
 
 def hash_pool(threads: int | None = None) -> concurrent.futures.ThreadPoolExecutor:
@@ -330,7 +395,9 @@ class ShardIO:
     ``hash_threads``: the hashing pool shared by every reader (default :data:`HASH_THREADS`)."""
 
     def __init__(self, device: str | torch.device, profile: Profile | None = None, chunk: int = CHUNK,
-                 slots: int | None = None, staged: bool | None = None, hash_threads: int | None = None):
+                 slots: int | None = None, staged: bool | None = None, hash_threads: int | None = None,
+                 known: Mapping[str, tuple[tuple[int, ...], str]] | None = None):
+        self.known = dict(known or {})  # resolved path -> (identity, digest): EarlyDigests.stop()'s
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         if self.cuda and self.device.index is None:
@@ -346,7 +413,16 @@ class ShardIO:
 
     def digest(self, path: Path) -> str:
         """:data:`DIGEST` of ``path`` without reading it onto the device (resume, fallback)."""
-        return file_digest(path, self.hash_pool, self.profile)
+        known = self._known(path)
+        return known.digest if known is not None else file_digest(path, self.hash_pool, self.profile)
+
+    def _known(self, path: Path) -> _Known | None:
+        # the digest found early, if the file is still the one hashed then
+        entry = self.known.get(str(Path(path).resolve()))
+        if entry is None or file_identity(path) != entry[0]:
+            return None
+        self.profile.add("hash_early", 0.0, entry[0][2])
+        return _Known(entry[1])
 
     def close(self) -> None:
         """Stop the hashing threads (after the last read)."""
@@ -368,7 +444,7 @@ class ShardIO:
         (not staged) the tensors are views of a private, copy-on-write memory map of the file
         (:meth:`_read_mapped`): no copy, and no write of theirs can reach the file."""
         prof = self.profile
-        digest = TreeHash(self.hash_pool, prof)
+        digest = self._known(path) or TreeHash(self.hash_pool, prof)
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
             head = bytearray(8)

@@ -184,9 +184,10 @@ class _Run:
     """One rank's conversion: the shards it owns, for every target."""
 
     def __init__(self, in_dir, targets, rules, weight_map, groups, device, lowering, verify, summary, prof,
-                 io_options, hash_threads=None):
+                 io_options, hash_threads=None, digests=None):
         self.io_options = io_options
         self.hash_threads = hash_threads
+        self.digests = digests  # found before the run (shardio.EarlyDigests), for the pipelined reads
         self.in_dir, self.targets, self.rules = in_dir, targets, rules
         self.weight_map, self.groups = weight_map, groups
         self.device, self.lowering, self.verify = device, lowering, verify
@@ -372,7 +373,8 @@ class _Run:
             raise LayoutError(f"{source}: cannot read ({err})") from None
 
     def pipelined(self, mine: list[str], progress, prefetch: int, writers: int) -> None:
-        io = shardio.ShardIO(self.device, self.prof, hash_threads=self.hash_threads, **self.io_options)
+        io = shardio.ShardIO(self.device, self.prof, hash_threads=self.hash_threads, known=self.digests,
+                             **self.io_options)
         readers = concurrent.futures.ThreadPoolExecutor(prefetch, thread_name_prefix="layoutc-read")
         write_pool = concurrent.futures.ThreadPoolExecutor(writers, thread_name_prefix="layoutc-write")
         finisher = _Finisher(self, depth=writers)
