@@ -51,6 +51,10 @@ _RUN_TABLE_RATIO = 4  # a table's bytes per output byte, at most: an int32 per b
 # the 128x4 scale swizzles: 4-byte runs, 10-50x slower)
 _RUN_VIEW_BYTES = 16
 _RUN_WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+# A strided view copy also moves 16-byte runs as one element: complex128, the one 16-byte type (a copy_ between
+# tensors of one dtype moves their bits, no arithmetic: NaN payloads included, checked on random bytes). AITER's
+# 16x16 weight shuffle: 8.8 -> 2.9 ms on one thread for 16.8 MB (int64 pairs: an inner loop of 2 per run)
+_RUN_VIEW_WORDS = {16: torch.complex128, **_RUN_WORDS}
 
 
 def _run_gcd(a, b):
@@ -194,7 +198,7 @@ def _run_gather(flat, plan, shape, fill):
         _, sizes, strides, offset = plan
         out = torch.empty(shape, dtype=flat.dtype, device=flat.device)
         src, base = flat, flat.storage_offset() + offset
-        for word, dtype in sorted(_RUN_WORDS.items(), reverse=True):  # the copy over the widest words that fit
+        for word, dtype in sorted(_RUN_VIEW_WORDS.items(), reverse=True):  # the copy over the widest words that fit
             k = word // flat.element_size()
             if (k > 1 and word % flat.element_size() == 0 and sizes[-1] % k == 0 and base % k == 0
                     and flat.storage_offset() % k == 0 and all(st % k == 0 for st in strides[:-1])):

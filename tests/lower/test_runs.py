@@ -79,6 +79,24 @@ def test_a_view_of_runs_of_whole_words_copies_words_and_any_offset_copies_bytes(
         assert torch.equal(y, _element_gather(x, index_of(0, 3), 0))
 
 
+def test_sixteen_byte_runs_move_as_one_element_with_every_bit_pattern():
+    # an aligned view of 16-byte runs is copied as complex128 elements: a copy between one dtype moves bits,
+    # so NaN payloads (quiet, signalling, negative), infinities and subnormals come out as they went in
+    h = _helpers()
+    words = [0x7FF0000000000001, 0x7FF8000000000000, 0xFFF0000000000001, 0xFFFFFFFFFFFFFFFF, 0x7FF0000000000000,
+             0x0000000000000001, 0x8000000000000000, 0x7FF4000000000000]
+    pattern = torch.tensor([w - (1 << 64) if w >= 1 << 63 else w for w in words], dtype=torch.int64)
+    x = torch.cat([pattern.view(torch.uint8), torch.randint(0, 256, (8 * 6 * 16 - 64,), dtype=torch.uint8)])
+
+    def index_of(start, stop):  # [8, 6, 16] -> [6, 8, 16]: 16-byte runs, tiles transposed
+        o0, o1, o2 = torch.meshgrid(torch.arange(start, stop), torch.arange(8), torch.arange(16), indexing="ij")
+        return o1 * 96 + o0 * 16 + o2
+
+    plan, y = _run(h, index_of, (6, 8, 16), x)
+    assert plan[0] == "view" and plan[1][-1] == 16 and 16 in h["_RUN_VIEW_WORDS"]
+    assert torch.equal(y, _element_gather(x, index_of(0, 6), 0))
+
+
 def test_a_swap_of_halves_with_padding_is_a_table_of_rows():
     h = _helpers()
     e, rows, cols, pad = 2, 6, 8, 2  # [e, 2*3 rows, 8] -> rows (r + 3) % 6, two fill rows at the end
