@@ -564,22 +564,24 @@ def convert_cmd(spec_path: Path, in_dir: Path, out_dir: Path, names: str, device
     import os
     import time
 
-    import torch
-
-    from ..api import compile_file
-    from ..convert.checkpoint import PREFETCH, WRITERS, convert_checkpoint, finish
-    from ..runtime.checks import LayoutError
-    from ..convert.shardio import EarlyDigests, Profile
+    from ..convert.sharddigest import EarlyDigests  # no torch: started before torch is imported
 
     params = _parse_defines(defines)
     if profile_path is not None and in_dir.resolve() in profile_path.resolve().parents:
         raise click.BadParameter(f"{display(str(profile_path))} is inside --in; layoutc convert never writes into "
                                  f"its input", param_hint="--profile")
     world, rank, local = _torchrun_env(os.environ)
-    # The input hashed while the spec compiles (one rank owns every shard; the pipelined reads take these
-    # digests): the compile is one core of Python, the hashing the other core and the disk
+    # The input hashed while torch is imported and the spec compiles (one rank owns every shard; the pipelined
+    # reads take these digests): those are one core of Python, the hashing the other core and the disk
     early = EarlyDigests(sorted(in_dir.resolve().glob("*.safetensors"))) if world == 1 and prefetch != 0 else None
     try:
+        import torch
+
+        from ..api import compile_file
+        from ..convert.checkpoint import PREFETCH, WRITERS, convert_checkpoint, finish
+        from ..runtime.checks import LayoutError
+        from ..convert.shardio import Profile
+
         spec = compile_file(spec_path, params)
         specs, outs = [spec], [out_dir]
         tp_size = spec.params.get("tp_size", 1)
