@@ -29,6 +29,7 @@ against that adversary: one who can write the bytes can as well edit them throug
 rewrite the manifest beside a checkpoint.
 """
 
+import ctypes
 import hashlib
 
 import torch
@@ -78,25 +79,28 @@ def _fp_bytes_of(t):
 def _fingerprint_start(tensors):
     """Queue the _fingerprints of ``tensors`` (one device, or several: grouped) without waiting for
     them. Returns a handle for :func:`_fingerprint_finish`."""
-    groups = {}
+    groups, xs = {}, {}
     for i, t in enumerate(tensors):
-        key = "meta" if t.is_meta else "none" if not t.numel() else str(_fp_bytes_of(t).device)
+        if t.is_meta or not t.numel():
+            key = "meta" if t.is_meta else "none"
+        else:  # the bytes read once (a misaligned CUDA tensor is cloned here: once, not per use)
+            xs[i] = _fp_bytes_of(t)
+            key = str(xs[i].device)
         groups.setdefault(key, []).append(i)
     parts = []
     for key, idx in groups.items():
         if key in ("none", "meta"):  # no bytes: the fingerprint of none; a meta tensor has none to read
             parts.append((idx, key, [[] for _ in idx], [0 for _ in idx]))
         else:
-            parts.append(_fp_start_group([tensors[i] for i in idx], idx))
+            parts.append(_fp_start_group([xs[i] for i in idx], idx))
     return parts
 
 
-def _fp_start_group(tensors, idx):
-    # One batch: the bulk of every segment straight from the tensor (one int8 GEMM per segment),
-    # the rest (a last partial row, or every row of a small segment) through one staging buffer,
-    # then one GEMM with R2 laid out per segment in column blocks.
+def _fp_start_group(xs, idx):
+    # One batch of flat int8 byte views (_fp_bytes_of, one device): the bulk of every segment straight from
+    # the tensor (one int8 GEMM per segment), the rest (a last partial row, or every row of a small segment)
+    # through one staging buffer, then one GEMM with R2 laid out per segment in column blocks.
     with torch.no_grad():
-        xs = [_fp_bytes_of(t) for t in tensors]
         device = xs[0].device
         # The same integers whichever rows are staged: a row's place in R2 is its place in the tensor.
         min_rows = _FP_MIN_ROWS.get(device.type, 1)
@@ -135,6 +139,14 @@ def _fp_start_group(tensors, idx):
         z = torch._int_mm(y.view(torch.int8).t().contiguous(), _fp_blocks(layout, rows, bulk_rows, device))
         event = None
         if device.type == "cuda":
+            # Z (4 KiB per segment) goes to pinned host memory in the stream's order, and the event marks that
+            # copy: reading it back later (_fingerprint_finish, the stamp's _resolve of finished ones) is then a
+            # host read. A plain z.cpu() there would wait for everything queued on the caller's stream since,
+            # the conversion that is stamping included: every convert call synchronized the device once 64
+            # were pending (benchmarks/before_after.py, the default call).
+            host = torch.empty(z.shape, dtype=z.dtype, pin_memory=True)
+            host.copy_(z, non_blocking=True)
+            z = host
             event = torch.cuda.Event()
             event.record()
     cols = [[] for _ in xs]
@@ -177,15 +189,22 @@ def _fingerprint_finish(handle, count):
         if work != "none":
             z, event = work
             if event is not None:
-                event.synchronize()
-            z = z.cpu()
+                event.synchronize()  # the copy into pinned host memory (CUDA) is done
+            z = z.cpu()  # a host tensor already on CUDA (no device call) and on the CPU
         for i, ks, n in zip(idx, cols, sizes):
             h = hashlib.sha256(f"{_FP_SCHEME}\0{n}\0".encode())
             for k in ks:
-                block = z[:, k * _FP_COLS: (k + 1) * _FP_COLS].contiguous().view(torch.uint8).reshape(-1)
-                h.update(bytes(block.tolist()))
+                h.update(_host_bytes(z[:, k * _FP_COLS: (k + 1) * _FP_COLS].contiguous()))
             out[i] = f"{_FP_SCHEME}:{h.hexdigest()}"
     return out
+
+
+def _host_bytes(t):
+    # The bytes of a contiguous host tensor, in memory order (the little-endian int32 of the definition on the
+    # machines torch runs on): one copy of its memory, where bytes(t.view(uint8).tolist()) made a Python int per
+    # byte (~60 us per 4 KiB block: the larger part of a stamp's host time once fingerprints were read back).
+    # The tensor is alive and owns its memory for the duration of the read.
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
 
 
 def _fingerprints(tensors):

@@ -361,3 +361,19 @@ def test_every_shipped_spec_is_trusted_from_a_converted_checkpoint(tmp_path, ste
     for layer in range(2):
         params = {k: torch.nn.Parameter(v.clone(), requires_grad=False) for k, v in _layer(loaded, layer).items()}
         assert guard.check(params, spec, same_call=True)["dims"]["I"] == 256
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fingerprints_are_read_back_from_pinned_host_memory():
+    # The products Z go to pinned host memory in the stream's order (no device call, no wait on the caller's
+    # stream when the stamp reads finished fingerprints back); the values are those of the CPU, on a misaligned
+    # view too (cloned once).
+    g = torch.Generator().manual_seed(2)
+    ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (5, 32768 * 17 + 3, 100003)]
+    ts.append(torch.randn(64, 48, generator=g).to(torch.bfloat16))
+    cuda = [t.cuda() for t in ts] + [ts[1].cuda()[1:]]
+    handle = fp._fingerprint_start(cuda)
+    for part in handle:
+        z, event = part[1]
+        assert z.device.type == "cpu" and z.is_pinned() and event is not None
+    assert fp._fingerprint_finish(handle, len(cuda)) == [reference(t) for t in ts + [ts[1][1:]]]
