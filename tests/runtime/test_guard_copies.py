@@ -56,8 +56,13 @@ SIZES = [1, 7, 4096, 32768 * 17, 32768 * 17 + 5, 32768 * 20 + 32767, 100003]
 
 
 @pytest.mark.parametrize("min_rows", [1, 17])  # 17: the staging CUDA needs (cuBLAS takes > 16 rows), run here
-def test_the_fingerprint_is_its_definition(monkeypatch, min_rows):
+@pytest.mark.parametrize("split", [None, 1 << 20])  # 1 << 20: the K parts of the GEMMs CUDA takes, run here
+def test_the_fingerprint_is_its_definition(monkeypatch, min_rows, split):
     monkeypatch.setitem(fp._FP_MIN_ROWS, "cpu", min_rows)
+    if split is not None:
+        monkeypatch.setitem(fp._FP_SPLIT_ROWS, "cpu", split)
+        monkeypatch.setitem(fp._FP_ROWS_MULTIPLE, "cpu", 256)
+        assert fp._fp_split(17, fp._FP_ROW, torch.device("cpu")) == fp._FP_SPLIT_MOST
     g = torch.Generator().manual_seed(0)
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in SIZES]
     ts += [torch.randn(3, 5, generator=g).to(torch.bfloat16), torch.empty(0), torch.randn(64, 48, generator=g).t()]
@@ -68,9 +73,13 @@ def test_the_fingerprint_is_its_definition(monkeypatch, min_rows):
 
 
 @pytest.mark.parametrize("min_rows", [1, 17])
-def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows):
+@pytest.mark.parametrize("split", [None, 1 << 20])
+def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows, split):
     # 2 GiB segments cannot be tried here: the same code with 64-byte rows and 24-row segments
     monkeypatch.setitem(fp._FP_MIN_ROWS, "cpu", min_rows)
+    if split is not None:  # 64-byte rows: K cut in 2 (each part a multiple of 32 bytes), the second product in 8
+        monkeypatch.setitem(fp._FP_SPLIT_ROWS, "cpu", split)
+        monkeypatch.setitem(fp._FP_ROWS_MULTIPLE, "cpu", 256)
     monkeypatch.setattr(fp, "_FP_ROW", 64)
     monkeypatch.setattr(fp, "_FP_SEGMENT_ROWS", 24)
     g = torch.Generator().manual_seed(1)
