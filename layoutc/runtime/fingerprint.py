@@ -17,7 +17,9 @@ R and R2 are SHAKE-256 output of a fixed seed, so the value is the same in every
 device and in a manifest written by ``layoutc convert``. Both products are integer GEMMs on the
 bytes where they lie (``torch._int_mm``: cuBLAS int8 on CUDA, zero-copy views of the tensor), with
 no rounding anywhere, so the CPU and the GPU compute the same integers. The only host work is
-reading back Z (4 KiB per 2 GiB segment) and one sha256 of it, once.
+reading back Z (4 KiB per 2 GiB segment) and one sha256 of it, once. On CUDA a product's K axis is
+cut into parts summed afterwards (:func:`_fp_mm`: more thread blocks for cuBLAS, the same integers),
+and Z is copied to pinned host memory in the stream's order, so reading it back waits on nothing else.
 
 Strength: for two different byte strings of one length, over the choice of R and R2, the chance of
 equal fingerprints is at most 2 * 256^-16 = 2^-127 (a row differs, so some product column differs
