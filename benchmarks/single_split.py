@@ -100,6 +100,21 @@ def main() -> int:
             one, b2b = timeit(fn, "cuda") * 1e3, timeit(fn, "cuda", reps=5, calls=10) * 1e3
             print(f"  device {what:40s} single {one:7.3f} ms, b2b {b2b:7.3f} ms ({nbytes / 1e9:.3f} GB of outputs)",
                   flush=True)
+        splits = getattr(m, "_FP_SPLIT_ROWS", None)
+        if splits is not None:  # the fingerprint's GEMMs with K in parts (_fp_mm): the whole pass and each GEMM
+            shipped = splits.get("cuda")
+            for target in (None, 1 << 15, 1 << 17):
+                splits["cuda"] = target
+                cs = [m._fp_split(v.numel() // m._FP_ROW, m._FP_ROW, torch.device("cuda")) for v in big]
+                whole = timeit(lambda: fp(ys), "cuda", reps=5, calls=10) * 1e3
+                each = []
+                for v in big:
+                    a = v[: v.numel() // m._FP_ROW * m._FP_ROW].view(-1, m._FP_ROW)
+                    each.append(timeit(lambda a=a: m._fp_mm(a, lambda c: m._fp_matrix(b"R", m._FP_ROW, a.device, c)),
+                                       "cuda", reps=5, calls=10) * 1e3)
+                print(f"  device split rows {target}: parts {cs}, fingerprint b2b {whole:.3f} ms, GEMMs b2b "
+                      + ", ".join(f"{t:.3f}" for t in each) + " ms", flush=True)
+            splits["cuda"] = shipped
         x = out = ys = xs = big = flat = buf = None
         torch.cuda.empty_cache()
     return 0
