@@ -216,6 +216,11 @@ def main() -> int:
                          else (lambda m=m: m.convert(x))
                          for tag, m in converters.items()}
                 calls["new_fingerprinted"] = lambda: converters["new"].convert(x)
+                # The default call (what an engine calls) of both sides where both fingerprint: single and b2b.
+                fped = [t for t in ("old", "new") if t in sides and takes_fp[t]]
+                for tag in fped:
+                    calls[f"{tag}_fingerprinted"] = lambda m=converters[tag]: m.convert(x)
+                    times.update({f"{tag}_fingerprinted": [], f"{tag}_fingerprinted_b2b": []})
                 times.update(old_b2b=[], new_b2b=[], copy_b2b=[])
                 outs_of = []  # the tags timed with out= too: new, and old where its convert takes out=
                 if args.out_arg:  # the outputs preallocated by the caller: no allocation in the call
@@ -234,7 +239,10 @@ def main() -> int:
                     for tag in (sides if r % 2 == 0 else sides[::-1]):
                         times[tag].append(timeit(calls[tag], "cuda") * 1e3)
                         times[f"{tag}_b2b"].append(timeit(calls[tag], "cuda", reps=5, calls=10) * 1e3)
-                    times["new_fingerprinted"].append(timeit(calls["new_fingerprinted"], "cuda") * 1e3)
+                    for tag in (fped if r % 2 == 0 else fped[::-1]):
+                        times[f"{tag}_fingerprinted"].append(timeit(calls[f"{tag}_fingerprinted"], "cuda") * 1e3)
+                        times[f"{tag}_fingerprinted_b2b"].append(
+                            timeit(calls[f"{tag}_fingerprinted"], "cuda", reps=5, calls=10) * 1e3)
                     for tag in (outs_of if r % 2 == 0 else outs_of[::-1]):
                         times[tag].append(timeit(calls[tag], "cuda") * 1e3)
                         times[f"{tag}_b2b"].append(timeit(calls[tag], "cuda", reps=5, calls=10) * 1e3)
@@ -252,7 +260,12 @@ def main() -> int:
                                 host[k].append(_host_median(calls[k], 100) * 1e6)
                     for k, v in host.items():
                         row[f"host_{k}_us"] = statistics.median(v)
-                row["new_fingerprinted_median_ms"] = statistics.median(times["new_fingerprinted"])
+                for tag in fped:  # the default call, fingerprint included, as a fraction of the copy too
+                    for kind, copy in (("", "copy"), ("_b2b", "copy_b2b")):
+                        ms = row[f"{tag}_fingerprinted{kind}_median_ms"] = statistics.median(
+                            times[f"{tag}_fingerprinted{kind}"])
+                        row[f"{tag}_fingerprinted{kind}_fraction_of_copy"] = (row[f"{tag}_bytes"] / ms) / (
+                            2 * flat.numel() / statistics.median(times[copy]))
                 row.update({f"{k}_ms": v for k, v in times.items()})
                 if args.out_arg:
                     outs = converters["new"].convert(x, fingerprint=False, out=o)

@@ -39,8 +39,8 @@ from ..lang.versions import distribution
 #: The run-time modules copied whole into every converter, in this order.
 RUNTIME_MODULES = (dimsolve, runtime, warm, fingerprint, guard_rt)
 #: What the copied modules may import (the converter imports these at its top).
-RUNTIME_IMPORTS = frozenset({"difflib", "hashlib", "importlib.metadata", "importlib.util", "itertools", "linecache", "os",
-                             "sys", "types", "fractions", "torch"})
+RUNTIME_IMPORTS = frozenset({"ctypes", "difflib", "hashlib", "importlib.metadata", "importlib.util", "itertools",
+                             "linecache", "os", "sys", "types", "fractions", "torch"})
 
 
 def text_literal(text: str) -> str:
@@ -441,6 +441,7 @@ def generate(compiled: Compiled) -> str:
         f"# Parameters: {comment(', '.join(f'{k}={v!r}' for k, v in params.items()) or 'none')}",
         text_literal(doc),
         "",
+        "import ctypes",
         "import difflib",
         "import hashlib",
         "import importlib.metadata",

@@ -17,7 +17,9 @@ R and R2 are SHAKE-256 output of a fixed seed, so the value is the same in every
 device and in a manifest written by ``layoutc convert``. Both products are integer GEMMs on the
 bytes where they lie (``torch._int_mm``: cuBLAS int8 on CUDA, zero-copy views of the tensor), with
 no rounding anywhere, so the CPU and the GPU compute the same integers. The only host work is
-reading back Z (4 KiB per 2 GiB segment) and one sha256 of it, once.
+reading back Z (4 KiB per 2 GiB segment) and one sha256 of it, once. On CUDA a product's K axis is
+cut into parts summed afterwards (:func:`_fp_mm`: more thread blocks for cuBLAS, the same integers),
+and Z is copied to pinned host memory in the stream's order, so reading it back waits on nothing else.
 
 Strength: for two different byte strings of one length, over the choice of R and R2, the chance of
 equal fingerprints is at most 2 * 256^-16 = 2^-127 (a row differs, so some product column differs
@@ -29,6 +31,7 @@ against that adversary: one who can write the bytes can as well edit them throug
 rewrite the manifest beside a checkpoint.
 """
 
+import ctypes
 import hashlib
 
 import torch
@@ -45,14 +48,25 @@ _FP_SEGMENT_ROWS = 1 << 16
 _FP_MIN_ROWS = {"cuda": 17}
 _FP_SEED = b"layoutc fingerprint v1 "
 
+#: Rows of an int8 GEMM's first operand below which _fp_mm cuts its K axis into parts, per device type (none:
+#: never), and the most parts.
+_FP_SPLIT_ROWS = {"cuda": 1 << 15}
+_FP_SPLIT_MOST = 8
+#: Rows of Y (and of the second product's K) a multiple of this, per device type (8 elsewhere).
+_FP_ROWS_MULTIPLE = {"cuda": 256}
+
 _FP_MATRICES = {}
 _FP_BLOCKS = {}
+_FP_ZEROS = {}
 
 
-def _fp_matrix(which, rows, device):
-    # R (b"R") or R2 (b"R2"), SHAKE-256 of the seed: a prefix of the stream for fewer rows.
-    key = (which, rows, str(device))
+def _fp_matrix(which, rows, device, split=1):
+    # R (b"R") or R2 (b"R2"), SHAKE-256 of the seed: a prefix of the stream for fewer rows. split > 1: R in
+    # _fp_mm's split form.
+    key = (which, rows, str(device), split)
     m = _FP_MATRICES.get(key)
+    if m is None and split > 1:
+        m = _FP_MATRICES[key] = _fp_split_form(_fp_matrix(which, rows, device), split)
     if m is None:
         data = bytearray(hashlib.shake_256(_FP_SEED + which).digest(rows * _FP_COLS))
         m = torch.frombuffer(data, dtype=torch.int8).reshape(rows, _FP_COLS).to(device)
@@ -75,28 +89,77 @@ def _fp_bytes_of(t):
     return x
 
 
+def _fp_split(m, k, device):
+    # How many parts _fp_mm cuts the K axis of an [m, k] @ [k, n] product into: 1 on the CPU; on CUDA the fewest
+    # (a power of 2, at most _FP_SPLIT_MOST, each part's K a multiple of 16) that give the product at least
+    # _FP_SPLIT_ROWS rows of its first operand. cuBLAS runs an int8 GEMM of few rows and a long K on few
+    # thread blocks, each walking all of K: a 17 MB output's GEMM took ~70 us on the H200, a 277 MB one 118 us
+    # (benchmarks/single_split.py), where a copy of their bytes takes ~8 and ~60.
+    target = _FP_SPLIT_ROWS.get(device.type)
+    c = 1
+    while target is not None and c < _FP_SPLIT_MOST and m * c < target and k % (32 * c) == 0:
+        c *= 2
+    return c
+
+
+def _fp_split_form(b, c):
+    # [k, n] -> [k / c, c * n]: column block j holds rows j * k / c ... (j + 1) * k / c of b (column-major, as
+    # _fp_matrix lays its matrices out for cuBLAS).
+    k, n = b.shape
+    m = b.reshape(c, k // c, n).permute(1, 0, 2).reshape(k // c, c * n)
+    return m.t().contiguous().t()
+
+
+def _fp_mm(a, b_of, out=None):
+    # a @ b, exact in int32: a [m, k] contiguous int8, b_of(c) the [k, n] int8 matrix (c = 1) or its split form
+    # (_fp_split_form). With c parts the product is [m * c, k / c] @ [k / c, c * n] (a's rows cut in c, a view):
+    # row i * c + j, column block j is part j's share of row i, and the c shares are summed. The same integers:
+    # int32 sums of int8 products are exact in any order (the definition bounds them by 2^30).
+    m, k = a.shape
+    c = _fp_split(m, k, a.device)
+    if c == 1:
+        return torch._int_mm(a, b_of(1), out=out) if out is not None else torch._int_mm(a, b_of(1))
+    w = torch._int_mm(a.view(m * c, k // c), b_of(c))
+    n = w.shape[1] // c
+    parts = w.view(m, c, c, n).diagonal(dim1=1, dim2=2)  # [m, n, c]: part j of row i, column block j
+    if out is None:
+        return parts.sum(-1, dtype=torch.int32)
+    return torch.sum(parts, -1, dtype=torch.int32, out=out)
+
+
+def _fp_zeros(n, device):
+    # n zero bytes (a view of one buffer per device, grown as needed, never written): staging's padding.
+    z = _FP_ZEROS.get(str(device))
+    if z is None or z.numel() < n:
+        z = _FP_ZEROS[str(device)] = torch.zeros(max(n, _FP_ROW), dtype=torch.int8, device=device)
+    return z[:n]
+
+
 def _fingerprint_start(tensors):
     """Queue the _fingerprints of ``tensors`` (one device, or several: grouped) without waiting for
     them. Returns a handle for :func:`_fingerprint_finish`."""
-    groups = {}
+    groups, xs = {}, {}
     for i, t in enumerate(tensors):
-        key = "meta" if t.is_meta else "none" if not t.numel() else str(_fp_bytes_of(t).device)
+        if t.is_meta or not t.numel():
+            key = "meta" if t.is_meta else "none"
+        else:  # the bytes read once (a misaligned CUDA tensor is cloned here: once, not per use)
+            xs[i] = _fp_bytes_of(t)
+            key = str(xs[i].device)
         groups.setdefault(key, []).append(i)
     parts = []
     for key, idx in groups.items():
         if key in ("none", "meta"):  # no bytes: the fingerprint of none; a meta tensor has none to read
             parts.append((idx, key, [[] for _ in idx], [0 for _ in idx]))
         else:
-            parts.append(_fp_start_group([tensors[i] for i in idx], idx))
+            parts.append(_fp_start_group([xs[i] for i in idx], idx))
     return parts
 
 
-def _fp_start_group(tensors, idx):
-    # One batch: the bulk of every segment straight from the tensor (one int8 GEMM per segment),
-    # the rest (a last partial row, or every row of a small segment) through one staging buffer,
-    # then one GEMM with R2 laid out per segment in column blocks.
+def _fp_start_group(xs, idx):
+    # One batch of flat int8 byte views (_fp_bytes_of, one device): the bulk of every segment straight from
+    # the tensor (one int8 GEMM per segment), the rest (a last partial row, or every row of a small segment)
+    # through one staging buffer, then one GEMM with R2 laid out per segment in column blocks.
     with torch.no_grad():
-        xs = [_fp_bytes_of(t) for t in tensors]
         device = xs[0].device
         # The same integers whichever rows are staged: a row's place in R2 is its place in the tensor.
         min_rows = _FP_MIN_ROWS.get(device.type, 1)
@@ -111,30 +174,42 @@ def _fp_start_group(tensors, idx):
         bulk_rows = sum(b for _, _, b, _ in segs)
         staged = sum(st for _, _, _, st in segs)
         pad = 0 if staged == 0 else max(min_rows, staged)
-        pad += (-(bulk_rows + pad)) % 8  # the second product needs a multiple of 8 rows
+        # the second product needs a multiple of 8 rows; on CUDA of 256, so that _fp_mm can cut its K (these rows)
+        # in 8 (zero rows of X and of R2's blocks add nothing)
+        pad += (-(bulk_rows + pad)) % _FP_ROWS_MULTIPLE.get(device.type, 8)
         rows = bulk_rows + pad
         y = torch.empty((rows, _FP_COLS), dtype=torch.int32, device=device)
-        r = _fp_matrix(b"R", _FP_ROW, device)
         at = 0
         for _, part, bulk, _ in segs:
             if bulk:
-                torch._int_mm(part[: bulk * _FP_ROW].view(bulk, _FP_ROW), r, out=y[at: at + bulk])
+                _fp_mm(part[: bulk * _FP_ROW].view(bulk, _FP_ROW), lambda c: _fp_matrix(b"R", _FP_ROW, device, c),
+                       y[at: at + bulk])
                 at += bulk
         if staged:
-            buf = torch.zeros((pad, _FP_ROW), dtype=torch.int8, device=device)
-            flat, row = buf.view(-1), 0
+            # The rests one after the other, each from a row's start, zeros between and after: one copy (torch.cat
+            # of the rests and views of a zero buffer) instead of a zeroed buffer and a copy per rest.
+            pieces = []
             for _, part, bulk, st in segs:
                 if st:
                     rest = part[bulk * _FP_ROW:]
-                    flat[row * _FP_ROW: row * _FP_ROW + rest.numel()].copy_(rest)
-                    row += st
-            torch._int_mm(buf, r, out=y[bulk_rows:])
+                    pieces += [rest, _fp_zeros(st * _FP_ROW - rest.numel(), device)]
+            pieces.append(_fp_zeros((pad - staged) * _FP_ROW, device))
+            buf = torch.cat([p for p in pieces if p.numel()]).view(pad, _FP_ROW)
+            _fp_mm(buf, lambda c: _fp_matrix(b"R", _FP_ROW, device, c), y[bulk_rows:])
         elif pad:
             y[bulk_rows:].zero_()
         layout = tuple((bulk, st) for _, _, bulk, st in segs)
-        z = torch._int_mm(y.view(torch.int8).t().contiguous(), _fp_blocks(layout, rows, bulk_rows, device))
+        z = _fp_mm(y.view(torch.int8).t().contiguous(), lambda c: _fp_blocks(layout, rows, bulk_rows, device, c))
         event = None
         if device.type == "cuda":
+            # Z (4 KiB per segment) goes to pinned host memory in the stream's order, and the event marks that
+            # copy: reading it back later (_fingerprint_finish, the stamp's _resolve of finished ones) is then a
+            # host read. A plain z.cpu() there would wait for everything queued on the caller's stream since,
+            # the conversion that is stamping included: every convert call synchronized the device once 64
+            # were pending (benchmarks/before_after.py, the default call).
+            host = torch.empty(z.shape, dtype=z.dtype, pin_memory=True)
+            host.copy_(z, non_blocking=True)
+            z = host
             event = torch.cuda.Event()
             event.record()
     cols = [[] for _ in xs]
@@ -143,11 +218,14 @@ def _fp_start_group(tensors, idx):
     return idx, (z, event), cols, [x.numel() for x in xs]
 
 
-def _fp_blocks(layout, rows, bulk_rows, device):
+def _fp_blocks(layout, rows, bulk_rows, device, split=1):
     # R2 placed for a batch: column block k holds R2's rows for segment k's rows of Y (its bulk
     # rows, then its staged rows), zeros elsewhere: block k of the product is segment k's Z.
-    key = (layout, rows, bulk_rows, str(device), _FP_ROW, _FP_SEGMENT_ROWS)
+    # split > 1: that matrix in _fp_mm's split form.
+    key = (layout, rows, bulk_rows, str(device), _FP_ROW, _FP_SEGMENT_ROWS, split)
     m = _FP_BLOCKS.get(key)
+    if m is None and split > 1:
+        m = _FP_BLOCKS[key] = _fp_split_form(_fp_blocks(layout, rows, bulk_rows, device), split)
     if m is None:
         r2 = _fp_matrix(b"R2", _FP_SEGMENT_ROWS, device)
         m = torch.zeros((_FP_COLS * len(layout), rows), dtype=torch.int8, device=device).t()  # column-major
@@ -177,15 +255,22 @@ def _fingerprint_finish(handle, count):
         if work != "none":
             z, event = work
             if event is not None:
-                event.synchronize()
-            z = z.cpu()
+                event.synchronize()  # the copy into pinned host memory (CUDA) is done
+            z = z.cpu()  # a host tensor already on CUDA (no device call) and on the CPU
         for i, ks, n in zip(idx, cols, sizes):
             h = hashlib.sha256(f"{_FP_SCHEME}\0{n}\0".encode())
             for k in ks:
-                block = z[:, k * _FP_COLS: (k + 1) * _FP_COLS].contiguous().view(torch.uint8).reshape(-1)
-                h.update(bytes(block.tolist()))
+                h.update(_host_bytes(z[:, k * _FP_COLS: (k + 1) * _FP_COLS].contiguous()))
             out[i] = f"{_FP_SCHEME}:{h.hexdigest()}"
     return out
+
+
+def _host_bytes(t):
+    # The bytes of a contiguous host tensor, in memory order (the little-endian int32 of the definition on the
+    # machines torch runs on): one copy of its memory, where bytes(t.view(uint8).tolist()) made a Python int per
+    # byte (~60 us per 4 KiB block: the larger part of a stamp's host time once fingerprints were read back).
+    # The tensor is alive and owns its memory for the duration of the read.
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
 
 
 def _fingerprints(tensors):

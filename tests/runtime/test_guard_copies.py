@@ -56,8 +56,13 @@ SIZES = [1, 7, 4096, 32768 * 17, 32768 * 17 + 5, 32768 * 20 + 32767, 100003]
 
 
 @pytest.mark.parametrize("min_rows", [1, 17])  # 17: the staging CUDA needs (cuBLAS takes > 16 rows), run here
-def test_the_fingerprint_is_its_definition(monkeypatch, min_rows):
+@pytest.mark.parametrize("split", [None, 1 << 20])  # 1 << 20: the K parts of the GEMMs CUDA takes, run here
+def test_the_fingerprint_is_its_definition(monkeypatch, min_rows, split):
     monkeypatch.setitem(fp._FP_MIN_ROWS, "cpu", min_rows)
+    if split is not None:
+        monkeypatch.setitem(fp._FP_SPLIT_ROWS, "cpu", split)
+        monkeypatch.setitem(fp._FP_ROWS_MULTIPLE, "cpu", 256)
+        assert fp._fp_split(17, fp._FP_ROW, torch.device("cpu")) == fp._FP_SPLIT_MOST
     g = torch.Generator().manual_seed(0)
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in SIZES]
     ts += [torch.randn(3, 5, generator=g).to(torch.bfloat16), torch.empty(0), torch.randn(64, 48, generator=g).t()]
@@ -68,9 +73,13 @@ def test_the_fingerprint_is_its_definition(monkeypatch, min_rows):
 
 
 @pytest.mark.parametrize("min_rows", [1, 17])
-def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows):
+@pytest.mark.parametrize("split", [None, 1 << 20])
+def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows, split):
     # 2 GiB segments cannot be tried here: the same code with 64-byte rows and 24-row segments
     monkeypatch.setitem(fp._FP_MIN_ROWS, "cpu", min_rows)
+    if split is not None:  # 64-byte rows: K cut in 2 (each part a multiple of 32 bytes), the second product in 8
+        monkeypatch.setitem(fp._FP_SPLIT_ROWS, "cpu", split)
+        monkeypatch.setitem(fp._FP_ROWS_MULTIPLE, "cpu", 256)
     monkeypatch.setattr(fp, "_FP_ROW", 64)
     monkeypatch.setattr(fp, "_FP_SEGMENT_ROWS", 24)
     g = torch.Generator().manual_seed(1)
@@ -361,3 +370,19 @@ def test_every_shipped_spec_is_trusted_from_a_converted_checkpoint(tmp_path, ste
     for layer in range(2):
         params = {k: torch.nn.Parameter(v.clone(), requires_grad=False) for k, v in _layer(loaded, layer).items()}
         assert guard.check(params, spec, same_call=True)["dims"]["I"] == 256
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fingerprints_are_read_back_from_pinned_host_memory():
+    # The products Z go to pinned host memory in the stream's order (no device call, no wait on the caller's
+    # stream when the stamp reads finished fingerprints back); the values are those of the CPU, on a misaligned
+    # view too (cloned once).
+    g = torch.Generator().manual_seed(2)
+    ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (5, 32768 * 17 + 3, 100003)]
+    ts.append(torch.randn(64, 48, generator=g).to(torch.bfloat16))
+    cuda = [t.cuda() for t in ts] + [ts[1].cuda()[1:]]
+    handle = fp._fingerprint_start(cuda)
+    for part in handle:
+        z, event = part[1]
+        assert z.device.type == "cpu" and z.is_pinned() and event is not None
+    assert fp._fingerprint_finish(handle, len(cuda)) == [reference(t) for t in ts + [ts[1][1:]]]
