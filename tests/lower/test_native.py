@@ -97,6 +97,79 @@ def test_block_periodic_tables_are_one_block_and_offsets(native_ns, seed, table,
     assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
 
 
+def _quads_table(g: torch.Generator, quads: int, src_words: int, qs: int):
+    """A block table of ``quads`` quads (expert 0's source byte of each output byte): quad q's four source
+    words are distinct random words of [0, src_words), its output word j at a random place (q's words ``qs``
+    apart where qs > 0); output word j's byte b is byte j of source word b."""
+    qsrc = torch.stack([torch.randperm(src_words, generator=g)[:4] for _ in range(quads)])
+    if qs:
+        places = torch.randperm(quads, generator=g)
+        qdst = (places // qs * 4 * qs + places % qs).unsqueeze(1) + qs * torch.arange(4)
+    else:
+        qdst = torch.randperm(4 * quads, generator=g).view(quads, 4)
+    inner = torch.empty(4 * quads, 4, dtype=torch.int32)
+    for j in range(4):  # output word qdst[q, j], byte b: byte j of source word qsrc[q, b]
+        inner[qdst[:, j]] = (4 * qsrc + j).to(torch.int32)
+    return inner.reshape(-1)
+
+
+@given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), quads=st.sampled_from([4, 8]),
+       blocks=st.integers(1, 3), experts=st.integers(1, 2), qs=st.sampled_from([0, 1, 2, 4]), convert=st.booleans(),
+       split=st.sampled_from([1, 1 << 16]))
+@settings(max_examples=12, deadline=None)
+def test_word_quads_equal_the_per_byte_kernel_and_the_reference(native_ns, seed, table, quads, blocks, experts, qs,
+                                                                 convert, split):
+    """A block table of quads (each output byte: byte j of source word b) takes the quads kernel, found in the
+    table's data; its words equal the per-byte kernel's (the plan without its quads) and the element gather."""
+    native_ns["_NB_MIN_SPLIT"] = split
+    g = torch.Generator().manual_seed(seed)
+    src_per = 4 * 24  # bytes an expert
+    inner = _quads_table(g, quads, 16, qs if quads % max(qs, 1) == 0 else 0)
+    outer = (4 * torch.randint(0, 8, (blocks,), generator=g)).to(torch.int32)  # whole words
+    ps = (inner.numel() - 1).bit_length()
+    found = native_ns["_nb_word_quads"](inner)
+    assert found is not None
+    plan = ("native", inner, outer, ps if blocks > 1 else 62, experts, src_per, found)
+    x = torch.randint(0, 256, (experts * src_per,), generator=g).to(torch.uint8)
+    conv = _bytewise_xor if convert else None
+    shape = (experts, blocks * quads * 4)
+    table = tuple(table)
+    got = native_ns["_nb_words"](x, plan, shape, table, conv)
+    assert native_ns["_nb"]()["wquads"].signatures
+    per_byte = native_ns["_nb_words"](x, plan[:6], shape, table, conv)
+    index0 = (inner.unsqueeze(0) + outer.unsqueeze(1)).reshape(-1)
+    whole = torch.cat([index0 + e * src_per for e in range(experts)])
+    w = _element_gather(x, whole, 0).view(torch.int32)
+    w = conv(w) if conv is not None else w
+    want = _per_bit(w, table).view(shape)
+    assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
+    assert torch.equal(per_byte, got)
+    # what is not quads stays on the per-byte kernel: a byte of another place, a padding byte
+    other = inner.clone()
+    other[0] = other[0] // 4 * 4 + (other[0] + 1) % 4
+    assert native_ns["_nb_word_quads"](other) is None
+    assert native_ns["_nb_word_quads"](torch.where(torch.arange(inner.numel()) == 5, -1, inner)) is None
+    # blocks or experts moved by other than whole words, a source at an odd address: the per-byte kernel, same bits
+    for moved, step, at in ((outer + 2, src_per, 0), (outer, src_per + 2, 0), (outer, src_per, 1)):
+        y = torch.randint(0, 256, (experts * (src_per + 2) + 8,), generator=g).to(torch.uint8)[at:]
+        index2 = (inner.unsqueeze(0) + moved.unsqueeze(1)).reshape(-1)
+        w2 = _element_gather(y, torch.cat([index2 + e * step for e in range(experts)]), 0).view(torch.int32)
+        w2 = conv(w2) if conv is not None else w2
+        got2 = native_ns["_nb_words"](y, ("native", inner, moved, plan[3], experts, step, found), shape, table, conv)
+        assert torch.equal(got2.to(torch.int64) & 0xFFFFFFFF, _per_bit(w2, table).view(shape))
+
+
+def test_shipped_marlin_and_hopper_tables_are_quads(native_ns):
+    """The words plans of Marlin's and triton_kernels hopper's weights are quads (the kernel they take)."""
+    for name in ("marlin_gptq_int4", "triton_kernels_mxfp4_hopper"):
+        spec = _spec(name)
+        x = synthetic_inputs(spec, {"E": 2, "I": 128, "H": 256}, seed=3)
+        spec.module._RUN_PLANS.clear()
+        spec.convert(x, lowering="gather")
+        plans = [v for v in spec.module._RUN_PLANS.values() if v is not None and v[0] == "native"]
+        assert plans and all(p[6] is not None for p in plans), name
+
+
 def _bytewise_xor(w):  # a conversion of each byte on its own (for the words kernel's byte tables)
     return w ^ 0x5A5A5A5A
 
@@ -178,6 +251,13 @@ def test_a_table_that_reads_past_its_input_raises_and_reads_nothing(native_ns):
     with pytest.raises(IndexError, match="outside its input"):
         native_ns["_nb_quads"](flat.view(torch.int32), torch.tensor([[0, 1, 2, 4]]), 1, 0, None, tuple(range(32)),
                                (4,))
+    quads = torch.tensor([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15], dtype=torch.int32)  # words 0-3
+    found = native_ns["_nb_word_quads"](quads)
+    plan = ("native", quads, torch.zeros(1, dtype=torch.int32), 62, 1, 0, found)
+    assert native_ns["_nb_words"](flat, plan, (4,), tuple(range(32))).view(torch.uint8).tolist() == \
+        flat.view(4, 4).t().reshape(-1).tolist()
+    with pytest.raises(IndexError, match="outside its input"):  # expert 1: its words 4-7 are past 16 bytes
+        native_ns["_nb_words"](flat, plan[:4] + (2, 16) + plan[6:], (8,), tuple(range(32)))
 
 
 def test_value_conversions_of_bytes_by_a_lookup(native_ns):
