@@ -44,6 +44,10 @@ import torch
 
 _NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "pool": worker threads
 _NB_MIN_SPLIT = 1 << 16  # words of output under which a call runs on the calling thread alone
+# numpy.uint64 once numba is imported (_nb): the kernels' indices, each known to be >= 0 (checked against the
+# source, or built so), as unsigned, which numba indexes without its test for a negative index (Python's
+# wraparound): about 25-30% less time a call (BENCHMARKS.md)
+_nb_u = None
 
 
 def _nb_words_k(src, inner, outer, ps, shift, copies, luts, out, lo, hi):
@@ -63,15 +67,15 @@ def _nb_words_k(src, inner, outer, ps, shift, copies, luts, out, lo, hi):
             j = i & pm
             r = 0
             for b in range(4):
-                v = inner[j + b]
+                v = inner[_nb_u(j + b)]
                 if v >= 0:
                     a = v + off
                     if a < 0 or a >= n:
                         return 1
-                    r |= luts[b, src[a]]
+                    r |= luts[b, src[_nb_u(a)]]
                 else:
                     r |= luts[b, 0]
-            out[base + w] = r
+            out[_nb_u(base + w)] = r
     return 0
 
 
@@ -90,13 +94,13 @@ def _nb_wquads_k(src, qsrc, qdst, span, outer, shift, copies, luts, out, lo, hi)
                 return 1
             base = (e * blocks + k) * 4 * nq
             for q in range(nq):
-                s0 = src[qsrc[q, 0] + off]
-                s1 = src[qsrc[q, 1] + off]
-                s2 = src[qsrc[q, 2] + off]
-                s3 = src[qsrc[q, 3] + off]
+                s0 = src[_nb_u(qsrc[q, 0] + off)]
+                s1 = src[_nb_u(qsrc[q, 1] + off)]
+                s2 = src[_nb_u(qsrc[q, 2] + off)]
+                s3 = src[_nb_u(qsrc[q, 3] + off)]
                 for j in range(4):
                     sh = 8 * j
-                    out[base + qdst[q, j]] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255]
+                    out[_nb_u(base + qdst[q, j])] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255]
                                               | luts[2, (s2 >> sh) & 255] | luts[3, (s3 >> sh) & 255])
     return 0
 
@@ -115,11 +119,11 @@ def _nb_wpairs_k(src, qsrc, qdst, span, outer, shift, copies, luts, out, lo, hi)
                 return 1
             base = (e * blocks + k) * 2 * nq
             for q in range(nq):
-                s0 = src[qsrc[q, 0] + off]
-                s1 = src[qsrc[q, 1] + off]
+                s0 = src[_nb_u(qsrc[q, 0] + off)]
+                s1 = src[_nb_u(qsrc[q, 1] + off)]
                 for j in range(2):
                     sh = 16 * j
-                    out[base + qdst[q, j]] = (luts[0, (s0 >> sh) & 255] | luts[1, (s0 >> (sh + 8)) & 255]
+                    out[_nb_u(base + qdst[q, j])] = (luts[0, (s0 >> sh) & 255] | luts[1, (s0 >> (sh + 8)) & 255]
                                               | luts[2, (s1 >> sh) & 255] | luts[3, (s1 >> (sh + 8)) & 255])
     return 0
 
@@ -139,24 +143,24 @@ def _nb_quads_k(src, rows, quads, step, unread, luts, out, lo, hi):
             if not masked or unread[r, 0] == 0:
                 if a0 < 0 or a0 >= n:
                     return 1
-                s0 = src[a0]
+                s0 = src[_nb_u(a0)]
             if not masked or unread[r, 1] == 0:
                 if a1 < 0 or a1 >= n:
                     return 1
-                s1 = src[a1]
+                s1 = src[_nb_u(a1)]
             if not masked or unread[r, 2] == 0:
                 if a2 < 0 or a2 >= n:
                     return 1
-                s2 = src[a2]
+                s2 = src[_nb_u(a2)]
             if not masked or unread[r, 3] == 0:
                 if a3 < 0 or a3 >= n:
                     return 1
-                s3 = src[a3]
+                s3 = src[_nb_u(a3)]
             d = (r * quads + q) * 4
             for j in range(4):
                 sh = 8 * j
-                out[d + j] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255] | luts[2, (s2 >> sh) & 255]
-                              | luts[3, (s3 >> sh) & 255])
+                out[_nb_u(d + j)] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255]
+                                     | luts[2, (s2 >> sh) & 255] | luts[3, (s3 >> sh) & 255])
     return 0
 
 
@@ -174,6 +178,9 @@ def _nb():
     except ImportError:
         _NB_STATE["kernels"] = None
         return None
+    import numpy
+
+    globals()["_nb_u"] = numpy.uint64  # read by the kernels when numba compiles them (after this)
     import sys
 
     cache = _nb_cacheable(globals(), sys.modules)
