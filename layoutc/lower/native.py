@@ -101,7 +101,7 @@ def _nb_wquads_k(src, qsrc, qdst, span, outer, shift, copies, luts, out, lo, hi)
                 for j in range(4):
                     sh = 8 * j
                     out[_nb_u(base + qdst[q, j])] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255]
-                                              | luts[2, (s2 >> sh) & 255] | luts[3, (s3 >> sh) & 255])
+                                                     | luts[2, (s2 >> sh) & 255] | luts[3, (s3 >> sh) & 255])
     return 0
 
 
@@ -124,7 +124,7 @@ def _nb_wpairs_k(src, qsrc, qdst, span, outer, shift, copies, luts, out, lo, hi)
                 for j in range(2):
                     sh = 16 * j
                     out[_nb_u(base + qdst[q, j])] = (luts[0, (s0 >> sh) & 255] | luts[1, (s0 >> (sh + 8)) & 255]
-                                              | luts[2, (s1 >> sh) & 255] | luts[3, (s1 >> (sh + 8)) & 255])
+                                                     | luts[2, (s1 >> sh) & 255] | luts[3, (s1 >> (sh + 8)) & 255])
     return 0
 
 
