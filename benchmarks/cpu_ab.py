@@ -79,8 +79,9 @@ def main() -> None:
             a, b = (mods[k].convert(x, fingerprint=False) for k in ("old", "new"))
             same = a.keys() == b.keys() and all(
                 torch.equal(a[k].contiguous().view(torch.uint8), b[k].contiguous().view(torch.uint8)) for k in a)
-            fns = [lambda: {k: v.clone() for k, v in x.items()}, lambda: mods["old"].convert(x, fingerprint=False),
-                   lambda: mods["new"].convert(x, fingerprint=False)]
+            fns = [lambda x=x: {k: v.clone() for k, v in x.items()},
+                   lambda x=x, m=mods["old"]: m.convert(x, fingerprint=False),
+                   lambda x=x, m=mods["new"]: m.convert(x, fingerprint=False)]
             times = [[] for _ in fns]
             for fn in fns:
                 fn()

@@ -61,8 +61,8 @@ def main() -> None:
             group = plan[6] if len(plan) > 6 and plan[6] is not None else None
             kind = "none" if group is None else ("quads" if group[0].shape[1] == 4 else "pairs")
             fns = [lambda src=src: src.clone(),
-                   lambda src=src, plan=plan, s=out_shape, t=table, c=conv: real(src, plan[:6], s, t, c),
-                   lambda src=src, plan=plan, s=out_shape, t=table, c=conv: real(src, plan, s, t, c)]
+                   lambda src=src, plan=plan, s=out_shape, t=table, c=conv, f=real: f(src, plan[:6], s, t, c),
+                   lambda src=src, plan=plan, s=out_shape, t=table, c=conv, f=real: f(src, plan, s, t, c)]
             same = torch.equal(fns[1](), fns[2]())
             times = [[] for _ in fns]
             for _ in range(args.reps):
