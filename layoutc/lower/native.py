@@ -44,7 +44,7 @@ import torch
 
 _NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "pool": worker threads
 _NB_MIN_SPLIT = 1 << 16  # words of output under which a call runs on the calling thread alone
-# numpy.uint64 once numba is imported (_nb): the kernels' indices, each known to be >= 0 (checked against the
+# numba.uint64 once numba is imported (_nb): the kernels' indices, each known to be >= 0 (checked against the
 # source, or built so), as unsigned, which numba indexes without its test for a negative index (Python's
 # wraparound): about 25-30% less time a call (BENCHMARKS.md)
 _nb_u = None
@@ -178,9 +178,7 @@ def _nb():
     except ImportError:
         _NB_STATE["kernels"] = None
         return None
-    import numpy
-
-    globals()["_nb_u"] = numpy.uint64  # read by the kernels when numba compiles them (after this)
+    globals()["_nb_u"] = numba.uint64  # read by the kernels when numba compiles them (after this)
     import sys
 
     cache = _nb_cacheable(globals(), sys.modules)
