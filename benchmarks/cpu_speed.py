@@ -16,7 +16,7 @@ alternation so both see the same load:
   generated converter module (written by that tree's ``layoutc``) and calls ``convert`` once: the
   time from the import to the result (module import, plans, tables, the call);
 * ``sha``: sha256 of the outputs' bytes (old and new must agree);
-* ``path``: which CPU path ran: ``native:words,quads`` (the numba kernels of ``layoutc/lower/native.py``
+* ``path``: which CPU path ran: ``native:words,wquads,wpairs,quads`` (the numba kernels of ``layoutc/lower/native.py``
   this process compiled and called) or ``torch`` (numba not installed, ``LAYOUTC_NUMBA=0``, a tree without
   them, or a spec none of whose plans takes them). ``LAYOUTC_NUMBA=0 python benchmarks/cpu_speed.py``
   times the torch forms of this tree.
@@ -60,8 +60,8 @@ print(time.perf_counter() - t0)
 
 def _path(module) -> str:
     """The CPU path the module's calls took: the native kernels it called (compiled in this process), or torch."""
-    state = getattr(module, "_NB_STATE", {}).get("kernels")
-    used = [k for k in ("words", "quads") if state and state[k].signatures]
+    state = getattr(module, "_NB_STATE", {}).get("kernels") or {}
+    used = [k for k, v in state.items() if getattr(v, "signatures", None)]  # the kernels compiled (each a dispatcher)
     return "native:" + ",".join(used) if used else "torch"
 
 

@@ -3,7 +3,7 @@
 The torch forms of a bit permutation of 32-bit words (``_permute_words`` and the quads part of
 :mod:`layoutc.lower.torch_emit`) pay per-word torch passes: two lookups a word in 65536-entry tables, each an
 ``index_select`` (serial, about 1.2 ns a lookup on the 2-core CPU machine), after the words' bytes were
-gathered into memory by a run table and read back. Here they run as two generic kernels, driven by the
+gathered into memory by a run table and read back. Here they run as generic kernels, driven by the
 plans' data (no code per spec):
 
 * ``_nb_words_k``: a words plan's source bytes by its run table (expert 0's starts alone, moved by
@@ -11,6 +11,12 @@ plans' data (no code per spec):
   each word is four lookups in 256-entry tables (``luts[b, v]``: the image of byte value ``v`` at byte
   ``b``, the plan's bytewise value conversions folded in), so the gathered bytes are never written out
   and read back (runs longer than a byte: the table lists each of their bytes);
+* ``_nb_wquads_k``: a words plan whose block table is quads (:func:`_nb_word_quads`, found in the table's
+  data: four output words whose byte b is byte j of one source word b, a 4x4 byte transpose; Marlin's
+  weights, triton_kernels hopper): four source word loads and sixteen lookups a quad, where ``_nb_words_k``
+  reads a table entry and a byte for each byte (2-3x less time on Marlin's and hopper's weights, one thread);
+* ``_nb_wpairs_k``: the same for pairs (two output words whose half-word c is half-word j of source word c,
+  a 2x2 transpose of half-words: CUTLASS W4A8's weights);
 * ``_nb_quads_k``: the SM90 quads (4 source words a quad at a step along a row, or per quad from a cached
   index with unread words; the 4x4 byte transpose; the permutation): the same four tables, indexed by
   byte ``j`` of each source word.
@@ -38,6 +44,10 @@ import torch
 
 _NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "pool": worker threads
 _NB_MIN_SPLIT = 1 << 16  # words of output under which a call runs on the calling thread alone
+# numba.uint64 once numba is imported (_nb): the kernels' indices, each known to be >= 0 (checked against the
+# source, or built so), as unsigned, which numba indexes without its test for a negative index (Python's
+# wraparound): about 25-30% less time a call (BENCHMARKS.md)
+_nb_u = None
 
 
 def _nb_words_k(src, inner, outer, ps, shift, copies, luts, out, lo, hi):
@@ -57,15 +67,64 @@ def _nb_words_k(src, inner, outer, ps, shift, copies, luts, out, lo, hi):
             j = i & pm
             r = 0
             for b in range(4):
-                v = inner[j + b]
+                v = inner[_nb_u(j + b)]
                 if v >= 0:
                     a = v + off
                     if a < 0 or a >= n:
                         return 1
-                    r |= luts[b, src[a]]
+                    r |= luts[b, src[_nb_u(a)]]
                 else:
                     r |= luts[b, 0]
-            out[base + w] = r
+            out[_nb_u(base + w)] = r
+    return 0
+
+
+def _nb_wquads_k(src, qsrc, qdst, span, outer, shift, copies, luts, out, lo, hi):
+    # Blocks [lo, hi) of every expert, 4 * qsrc.shape[0] words each: quad q of block k of expert e reads the
+    # source words qsrc[q, b] + outer[k] + e * shift (b = 0..3; span: the least and the largest qsrc), and
+    # its output word j (at qdst[q, j] in the block) is OR_b luts[b, byte j of source word b]: four word loads
+    # and one table row a quad, where the words kernel reads a table entry and a byte for each byte.
+    n = src.shape[0]
+    nq = qsrc.shape[0]
+    blocks = outer.shape[0]
+    for e in range(copies):
+        for k in range(lo, hi):
+            off = outer[k] + e * shift
+            if span[0] + off < 0 or span[1] + off >= n:
+                return 1
+            base = (e * blocks + k) * 4 * nq
+            for q in range(nq):
+                s0 = src[_nb_u(qsrc[q, 0] + off)]
+                s1 = src[_nb_u(qsrc[q, 1] + off)]
+                s2 = src[_nb_u(qsrc[q, 2] + off)]
+                s3 = src[_nb_u(qsrc[q, 3] + off)]
+                for j in range(4):
+                    sh = 8 * j
+                    out[_nb_u(base + qdst[q, j])] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255]
+                                                     | luts[2, (s2 >> sh) & 255] | luts[3, (s3 >> sh) & 255])
+    return 0
+
+
+def _nb_wpairs_k(src, qsrc, qdst, span, outer, shift, copies, luts, out, lo, hi):
+    # As _nb_wquads_k for pairs: pair q of block k of expert e reads the source words qsrc[q, c] + outer[k]
+    # + e * shift (c = 0, 1), and its output word j (at qdst[q, j] in the block) is bytes 2j, 2j + 1 of source
+    # word 0 then of source word 1 (a 2x2 transpose of half-words, CUTLASS W4A8's), through the four tables.
+    n = src.shape[0]
+    nq = qsrc.shape[0]
+    blocks = outer.shape[0]
+    for e in range(copies):
+        for k in range(lo, hi):
+            off = outer[k] + e * shift
+            if span[0] + off < 0 or span[1] + off >= n:
+                return 1
+            base = (e * blocks + k) * 2 * nq
+            for q in range(nq):
+                s0 = src[_nb_u(qsrc[q, 0] + off)]
+                s1 = src[_nb_u(qsrc[q, 1] + off)]
+                for j in range(2):
+                    sh = 16 * j
+                    out[_nb_u(base + qdst[q, j])] = (luts[0, (s0 >> sh) & 255] | luts[1, (s0 >> (sh + 8)) & 255]
+                                                     | luts[2, (s1 >> sh) & 255] | luts[3, (s1 >> (sh + 8)) & 255])
     return 0
 
 
@@ -84,24 +143,24 @@ def _nb_quads_k(src, rows, quads, step, unread, luts, out, lo, hi):
             if not masked or unread[r, 0] == 0:
                 if a0 < 0 or a0 >= n:
                     return 1
-                s0 = src[a0]
+                s0 = src[_nb_u(a0)]
             if not masked or unread[r, 1] == 0:
                 if a1 < 0 or a1 >= n:
                     return 1
-                s1 = src[a1]
+                s1 = src[_nb_u(a1)]
             if not masked or unread[r, 2] == 0:
                 if a2 < 0 or a2 >= n:
                     return 1
-                s2 = src[a2]
+                s2 = src[_nb_u(a2)]
             if not masked or unread[r, 3] == 0:
                 if a3 < 0 or a3 >= n:
                     return 1
-                s3 = src[a3]
+                s3 = src[_nb_u(a3)]
             d = (r * quads + q) * 4
             for j in range(4):
                 sh = 8 * j
-                out[d + j] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255] | luts[2, (s2 >> sh) & 255]
-                              | luts[3, (s3 >> sh) & 255])
+                out[_nb_u(d + j)] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255]
+                                     | luts[2, (s2 >> sh) & 255] | luts[3, (s3 >> sh) & 255])
     return 0
 
 
@@ -119,10 +178,11 @@ def _nb():
     except ImportError:
         _NB_STATE["kernels"] = None
         return None
+    globals()["_nb_u"] = numba.uint64  # read by the kernels when numba compiles them (after this)
     import sys
 
     cache = _nb_cacheable(globals(), sys.modules)
-    fns = (("words", _nb_words_k), ("quads", _nb_quads_k))
+    fns = (("words", _nb_words_k), ("wquads", _nb_wquads_k), ("wpairs", _nb_wpairs_k), ("quads", _nb_quads_k))
     # one compile per process for every converter whose kernels are these (their code objects, compared whole):
     # a process that loads many converters (tests, a checkpoint of several specs) compiles them once
     shared = numba.__dict__.setdefault("_layoutc_native_kernels", {})
@@ -243,17 +303,63 @@ def _nb_blocks(starts):
     return starts, torch.zeros(1, dtype=starts.dtype), 62
 
 
+def _nb_word_quads(inner):
+    """A block table's output words in quads or pairs where it has them, as ``(qsrc, qdst, span)``, else None.
+    Quads (``qsrc`` of 4 columns): four output words (block-local ``qdst[q, j]``, j = 0..3) whose byte b is
+    byte j of one source word ``qsrc[q, b]`` (a 4x4 byte transpose, as Marlin's and triton_kernels' repacks
+    do). Pairs (2 columns): two output words whose bytes 2c, 2c + 1 are bytes 2j, 2j + 1 of source word
+    ``qsrc[q, c]`` (a 2x2 transpose of half-words, CUTLASS W4A8's). Every word of the block in one group, no
+    padding; ``span``: the least and largest entry of ``qsrc``. The kernels then load a source word once for
+    the words that share it instead of a table entry and a byte a byte. Groups sorted by source word (reads
+    in order)."""
+    n = inner.numel()
+    if n % 16 or not n or bool((inner < 0).any()):
+        return None
+    words = (inner.view(-1, 4) // 4).to(torch.int64)
+    byte = (inner.view(-1, 4) % 4).to(torch.int64)
+    if bool((byte == byte[:, :1]).all()):  # quads: the four bytes of an output word at one byte place j
+        slots, place = words, byte[:, 0]
+    elif (bool((words[:, 1::2] == words[:, 0::2]).all()) and bool((byte[:, 0] % 2 == 0).all())
+          and bool((byte == byte[:, :1] + torch.tensor([0, 1, 0, 1])).all())):  # pairs: half-word j of two words
+        slots, place = words[:, 0::2], byte[:, 0] // 2
+    else:
+        return None
+    size = slots.shape[1]
+    qsrc, which, count = torch.unique(slots, dim=0, return_inverse=True, return_counts=True)
+    if not bool((count == size).all()):
+        return None
+    qdst = torch.full((qsrc.shape[0], size), -1, dtype=torch.int64)
+    qdst[which, place] = torch.arange(words.shape[0])
+    if bool((qdst < 0).any()):  # two words of a group at the same place
+        return None
+    dtype = torch.int32 if int(qsrc.max()) < 2**31 else torch.int64
+    span = torch.stack([qsrc.min(), qsrc.max()])
+    return qsrc.to(dtype).contiguous(), qdst.to(torch.int32).contiguous(), span
+
+
 def _nb_words(x, plan, shape, table, conv=None):
     """The int32 words of ``shape`` of a words plan: the source bytes of ``x`` by the native table plan
-    ``plan`` (``("native", inner, outer, ps, experts, shift)``, :func:`_nb_blocks`; padding: byte 0), each byte
-    through ``conv``, the bits permuted by ``table``."""
-    _, inner, outer, ps, copies, shift = plan
+    ``plan`` (``("native", inner, outer, ps, experts, shift[, groups])``, :func:`_nb_blocks`; padding: byte 0),
+    each byte through ``conv``, the bits permuted by ``table``. Where the plan holds quads or pairs
+    (:func:`_nb_word_quads`, not None), ``x``'s bytes are whole aligned words and the blocks' and experts'
+    moves whole words, their kernel runs; else the per-byte one (the same bits)."""
+    _, inner, outer, ps, copies, shift, *groups = plan
     luts = _nb_luts(table, conv)
     out = torch.empty(shape, dtype=torch.int32)
-    src = _nb_array(x.contiguous(), torch.uint8)
+    x = x.contiguous()
     per = outer.numel() * inner.numel() // 4
     if out.numel() != copies * per or inner.numel() % 4 or (ps < 62 and inner.numel() != 1 << ps):
         raise AssertionError("a words plan's table does not cover its output")
+    nbytes = x.numel() * x.element_size()
+    aligned = nbytes % 4 == 0 and x.data_ptr() % 4 == 0 and x.storage_offset() * x.element_size() % 4 == 0
+    if groups and groups[0] is not None and aligned and shift % 4 == 0 and not bool((outer % 4).any()):
+        qsrc, qdst, span = groups[0]  # the source as whole, aligned int32 words; blocks and experts: whole words
+        _nb_run("wquads" if qsrc.shape[1] == 4 else "wpairs",
+                (_nb_array(x, torch.int32), qsrc.numpy(), qdst.numpy(), span.numpy(), (outer // 4).numpy(),
+                 shift // 4, copies, luts.numpy(), _nb_array(out, torch.int32)),
+                outer.numel(), copies * inner.numel() // 4)  # a part: whole blocks, of every expert
+        return out
+    src = _nb_array(x, torch.uint8)
     _nb_run("words", (src, inner.numpy(), outer.numpy(), ps, shift, copies, luts.numpy(),
                       _nb_array(out, torch.int32)), per, copies)
     return out

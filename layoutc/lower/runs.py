@@ -37,7 +37,7 @@ The functions here are copied whole into generated converters (torch and builtin
 ``tests/lower/test_runs.py`` holds every path to the element gather bit for bit.
 """
 
-from .native import _nb, _nb_blocks  # copied beside this module into converters
+from .native import _nb, _nb_blocks, _nb_word_quads  # copied beside this module into converters
 import torch
 
 _RUN_PLANS = {}  # (converter function, dims, device) -> ("view", ...), ("table", ...) or None
@@ -153,7 +153,7 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None, words=False
             starts = _run_refine(starts, g, 1).reshape(-1)
             wide = read and int(starts.max()) >= 2**31  # (the kernel adds each expert's shift in int64)
             inner, outer, ps = _nb_blocks(starts.to(torch.int64 if wide else torch.int32))  # block-periodic maps
-            plan = ("native", inner, outer, ps, copies, shift)
+            plan = ("native", inner, outer, ps, copies, shift, _nb_word_quads(inner))
         elif small:
             fill = bad0.nonzero().flatten()
             safe = torch.where(bad0, 0, starts)
@@ -168,7 +168,8 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None, words=False
                 fill = (fill.unsqueeze(0) + torch.arange(copies).unsqueeze(1) * starts.numel()).reshape(-1)
                 varied = None if varied is None else varied.repeat(copies)
             plan = ("table", g, table, fill if fill.numel() else None, aligned, varied)
-    kept = [] if plan is None or plan[0] == "view" else plan[1:3] if plan[0] == "native" else [plan[2], plan[3], plan[5]]
+    kept = ([] if plan is None or plan[0] == "view" else [*plan[1:3], *(plan[6] or ())[:2]] if plan[0] == "native"
+            else [plan[2], plan[3], plan[5]])
     if not _run_keep(key, plan, kept):
         _RUN_PLANS[key] = None  # no room for its table: this call uses it, later ones the element gather
     return plan

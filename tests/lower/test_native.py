@@ -3,7 +3,7 @@
 Each kernel is driven as generated converters drive it, from the text they carry (``runs_source``,
 ``native_source`` and ``bit_tables_source`` executed in one namespace): words plans (random byte maps in
 runs of 1 to 8 bytes, padding, expert-0 tables moved per expert, random permutations, bytewise
-conversions), SM90 quads (rows of quads at a step, per-quad indices with unread words), the permutation
+conversions; block tables of quads or pairs of words, against the per-byte kernel too), SM90 quads (rows of quads at a step, per-quad indices with unread words), the permutation
 alone, and the lookups of value conversions. The same namespace with ``_nb`` returning None is the torch
 form. The kernels compile once per test process (the ``native_ns`` fixture; numba caches them on disk
 by this package's file), so each test stays well under a second after that.
@@ -97,6 +97,79 @@ def test_block_periodic_tables_are_one_block_and_offsets(native_ns, seed, table,
     assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
 
 
+def _group_table(g: torch.Generator, groups: int, src_words: int, size: int):
+    """A block table of ``groups`` quads (``size`` 4) or pairs (2): expert 0's source byte of each output byte.
+    Group q reads ``size`` random words of [0, src_words) (no word read twice) and writes ``size`` output words
+    at random places; a quad's output word j has byte j of source word b as its byte b, a pair's output word j has bytes
+    2j, 2j + 1 of source word c as its bytes 2c, 2c + 1."""
+    qsrc = torch.randperm(src_words, generator=g)[:size * groups].view(groups, size)
+    qdst = torch.randperm(size * groups, generator=g).view(groups, size)
+    inner = torch.empty(size * groups, 4, dtype=torch.int64)
+    for j in range(size):
+        if size == 4:
+            inner[qdst[:, j]] = 4 * qsrc + j
+        else:
+            inner[qdst[:, j]] = (4 * qsrc + 2 * j).repeat_interleave(2, dim=1) + torch.tensor([0, 1, 0, 1])
+    return inner.reshape(-1).to(torch.int32)
+
+
+@given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), groups=st.sampled_from([4, 8]),
+       size=st.sampled_from([2, 4]), blocks=st.integers(1, 3), experts=st.integers(1, 2), convert=st.booleans(),
+       split=st.sampled_from([1, 1 << 16]))
+@settings(max_examples=16, deadline=None)
+def test_word_groups_equal_the_per_byte_kernel_and_the_reference(native_ns, seed, table, groups, size, blocks, experts,
+                                                                 convert, split):
+    """A block table of quads or pairs takes their kernel, found in the table's data; its words equal the
+    per-byte kernel's (the plan without its groups) and the element gather's."""
+    native_ns["_NB_MIN_SPLIT"] = split
+    g = torch.Generator().manual_seed(seed)
+    src_per = 4 * 80  # bytes an expert
+    inner = _group_table(g, groups, 64, size)
+    outer = (4 * torch.randint(0, 8, (blocks,), generator=g)).to(torch.int32)  # whole words
+    ps = (inner.numel() - 1).bit_length()
+    found = native_ns["_nb_word_quads"](inner)
+    assert found is not None and found[0].shape == (groups, size)
+    plan = ("native", inner, outer, ps if blocks > 1 else 62, experts, src_per, found)
+    x = torch.randint(0, 256, (experts * src_per,), generator=g).to(torch.uint8)
+    conv = _bytewise_xor if convert else None
+    shape = (experts, blocks * groups * size)
+    table = tuple(table)
+    got = native_ns["_nb_words"](x, plan, shape, table, conv)
+    assert native_ns["_nb"]()["wquads" if size == 4 else "wpairs"].signatures
+    per_byte = native_ns["_nb_words"](x, plan[:6], shape, table, conv)
+    index0 = (inner.unsqueeze(0) + outer.unsqueeze(1)).reshape(-1)
+    whole = torch.cat([index0 + e * src_per for e in range(experts)])
+    w = _element_gather(x, whole, 0).view(torch.int32)
+    w = conv(w) if conv is not None else w
+    want = _per_bit(w, table).view(shape)
+    assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
+    assert torch.equal(per_byte, got)
+    # what is neither stays on the per-byte kernel: a byte of another place, a padding byte
+    other = inner.clone()
+    other[0] = other[0] // 4 * 4 + (other[0] + 1) % 4
+    assert native_ns["_nb_word_quads"](other) is None
+    assert native_ns["_nb_word_quads"](torch.where(torch.arange(inner.numel()) == 5, -1, inner)) is None
+    # blocks or experts moved by other than whole words, a source at an odd address: the per-byte kernel, same bits
+    for moved, step, at in ((outer + 2, src_per, 0), (outer, src_per + 2, 0), (outer, src_per, 1)):
+        y = torch.randint(0, 256, (experts * (src_per + 2) + 8,), generator=g).to(torch.uint8)[at:]
+        index2 = (inner.unsqueeze(0) + moved.unsqueeze(1)).reshape(-1)
+        w2 = _element_gather(y, torch.cat([index2 + e * step for e in range(experts)]), 0).view(torch.int32)
+        w2 = conv(w2) if conv is not None else w2
+        got2 = native_ns["_nb_words"](y, ("native", inner, moved, plan[3], experts, step, found), shape, table, conv)
+        assert torch.equal(got2.to(torch.int64) & 0xFFFFFFFF, _per_bit(w2, table).view(shape))
+
+
+def test_shipped_marlin_hopper_and_w4a8_tables_are_quads_or_pairs(native_ns):
+    """The words plans of Marlin's and triton_kernels hopper's weights are quads, CUTLASS W4A8's pairs."""
+    for name, size in (("marlin_gptq_int4", 4), ("triton_kernels_mxfp4_hopper", 4), ("vllm_cutlass_w4a8", 2)):
+        spec = _spec(name)
+        x = synthetic_inputs(spec, {"E": 2, "I": 256, "H": 256}, seed=3)
+        spec.module._RUN_PLANS.clear()
+        spec.convert(x, lowering="gather")
+        plans = [v for v in spec.module._RUN_PLANS.values() if v is not None and v[0] == "native"]
+        assert plans and all(p[6] is not None and p[6][0].shape[1] == size for p in plans), name
+
+
 def _bytewise_xor(w):  # a conversion of each byte on its own (for the words kernel's byte tables)
     return w ^ 0x5A5A5A5A
 
@@ -178,6 +251,13 @@ def test_a_table_that_reads_past_its_input_raises_and_reads_nothing(native_ns):
     with pytest.raises(IndexError, match="outside its input"):
         native_ns["_nb_quads"](flat.view(torch.int32), torch.tensor([[0, 1, 2, 4]]), 1, 0, None, tuple(range(32)),
                                (4,))
+    quads = torch.tensor([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15], dtype=torch.int32)  # words 0-3
+    found = native_ns["_nb_word_quads"](quads)
+    plan = ("native", quads, torch.zeros(1, dtype=torch.int32), 62, 1, 0, found)
+    assert native_ns["_nb_words"](flat, plan, (4,), tuple(range(32))).view(torch.uint8).tolist() == \
+        flat.view(4, 4).t().reshape(-1).tolist()
+    with pytest.raises(IndexError, match="outside its input"):  # expert 1: its words 4-7 are past 16 bytes
+        native_ns["_nb_words"](flat, plan[:4] + (2, 16) + plan[6:], (8,), tuple(range(32)))
 
 
 def test_value_conversions_of_bytes_by_a_lookup(native_ns):
@@ -236,7 +316,8 @@ def test_generated_text_does_not_depend_on_numba(tmp_path):
 @pytest.mark.parametrize("name, dims", [("flashinfer_cutlass_mxfp4_padded", {"E": 2, "I": 96, "H": 160}),
                                         ("flashinfer_cutlass_bf16", {"E": 2, "I": 128, "H": 256}),
                                         ("marlin_nvfp4", {"E": 2, "I": 256, "H": 512}),
-                                        ("triton_kernels_mxfp4_hopper", {"E": 1, "I": 96, "H": 160})])
+                                        ("triton_kernels_mxfp4_hopper", {"E": 1, "I": 96, "H": 160}),
+                                        ("vllm_cutlass_w4a8", {"E": 2, "I": 256, "H": 256})])
 def test_shipped_specs_take_the_native_kernels_and_equal_eager(name, dims, monkeypatch):
     spec = _spec(name)
     x = synthetic_inputs(spec, dims, seed=11)
