@@ -62,10 +62,17 @@ def test_a_file_changed_after_hashing_is_hashed_again(tmp_path):
 
 
 def test_stop_drops_the_shard_under_way(tmp_path):
-    paths = _files(tmp_path / "in", 2, 40 << 20)
-    early = shardio.EarlyDigests(paths)
-    found = early.stop()  # at once: nothing, or only whole files
+    import threading
+
+    paths = _files(tmp_path / "in", 2, (3 << 24) + 7)  # three leaves and a bit
     pool = shardio.hash_pool(1)
+    whole = shardio.file_digest(paths[0], pool)
+    assert shardio.file_digest(paths[0], pool, stop=threading.Event()) == whole  # not stopped: the digest
+    stopped = threading.Event()
+    stopped.set()
+    assert shardio.file_digest(paths[0], pool, stop=stopped) is None  # stopped: no digest of part of a file
+    early = shardio.EarlyDigests(paths)
+    found = early.stop()  # at once: whatever it returns is whole files' digests
     for k, (_, digest) in found.items():
         assert digest == shardio.file_digest(k, pool)
     pool.shutdown()
