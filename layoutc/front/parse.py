@@ -187,10 +187,10 @@ class _ToAst(Transformer):
                 return ast.Assume(value, multiple, _pos(meta))
         return ast.SizeAssume(terms, _pos(meta), self._expr_text(meta).removeprefix("assume").strip())
 
-    def _compare(self, lhs, op, rhs) -> ast.Compare:
-        op = str(op)
+    def _compare(self, lhs, token, rhs) -> ast.Compare:
+        op = str(token)
         if op == "~=":
-            raise _Fail("'~=' compares versions; assume uses == != < <= > >=", _pos(op))
+            raise _Fail("'~=' compares versions; assume uses == != < <= > >=", _pos(token))
         for side in (lhs, rhs):
             if not isinstance(side, ast.ExprValue):
                 raise _Fail(f"{side.text} is not a number or size expression", side.pos)
@@ -202,10 +202,11 @@ class _ToAst(Transformer):
 
     def assume_chain(self, meta, children):
         a, op1, b, op2, c = children
+        compares = (self._compare(a, op1, b), self._compare(b, op2, c))  # a '~=' is named before the direction
         ops = {str(op1), str(op2)}
         if not (ops <= {"<", "<="} or ops <= {">", ">="}):
             raise _Fail("a range compares in one direction: assume 1 <= N <= 65536", _pos(meta))
-        return (self._compare(a, op1, b), self._compare(b, op2, c))
+        return compares
 
     def assume_range(self, meta, children):
         value, low, high = children

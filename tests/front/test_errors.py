@@ -57,6 +57,11 @@ CASES = [
     # -- operations and arguments --
     ("unknown_op", BASE + "swap_halve(w)\n" + OUT, "swap_halve(", ["unknown operation 'swap_halve'"],
      "did you mean 'swap_halves'?"),
+    # '~=' is a version comparison; in a size assumption it once crashed the parser (found by test-slow's fuzz)
+    ("version_compare_in_assume", "assume 0 ~= 0\n" + BASE + OUT, "~=", ["'~=' compares versions"], None),
+    ("version_compare_in_range", BASE + "assume 1 <= E ~= 8\n" + OUT, "~=", ["'~=' compares versions"], None),
+    ("version_compare_in_condition", BASE + "if E ~= 8 { swap_halves(w) }\n" + OUT, "~=",
+     ["'~=' compares versions"], None),
     ("unknown_op_far", BASE + "frobnicate(w)\n" + OUT, "frobnicate", ["unknown operation 'frobnicate'"], "swap_halves"),
     ("too_many_args", BASE + "swap_halves(w, 1, 2)\n" + OUT, "swap_halves", ["swap_halves() takes 1 argument(s)",
      "2 were given"], "swap_halves(tensor, dim=1)"),
