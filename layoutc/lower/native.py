@@ -22,7 +22,10 @@ plans' data (no code per spec):
   byte ``j`` of each source word.
 
 Each kernel releases the GIL (``nogil``) and a call runs it on ``torch.get_num_threads()`` Python threads
-over parts of the output (a parallel numba loop took longer to compile). Every address a kernel reads is
+(a parallel numba loop took longer to compile), which take parts of the output from a shared counter
+rather than one fixed share each: after a parallel torch op, torch's OpenMP threads spin for a few
+milliseconds before they sleep and take a core from any other thread, and a fixed half on that core
+finished at half speed, the call waiting on it (SM90 quads: 2x the time of a quiet process). Every address a kernel reads is
 checked against its source's length: a table or index that would read outside it makes the call raise
 (never a read outside the tensor). Plain run tables (no bit permutation) stay torch's ``index_select``:
 a numba loop of one-byte lookups was no faster than it on the CPU machine (BENCHMARKS.md).
@@ -44,6 +47,7 @@ import torch
 
 _NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "pool": worker threads
 _NB_MIN_SPLIT = 1 << 16  # words of output under which a call runs on the calling thread alone
+_NB_PARTS_PER_THREAD = 8  # parts a thread takes in turn (a slowed thread takes fewer)
 # numba.uint64 once numba is imported (_nb): the kernels' indices, each known to be >= 0 (checked against the
 # source, or built so), as unsigned, which numba indexes without its test for a negative index (Python's
 # wraparound): about 25-30% less time a call (BENCHMARKS.md)
@@ -130,33 +134,54 @@ def _nb_wpairs_k(src, qsrc, qdst, span, outer, shift, copies, luts, out, lo, hi)
 
 def _nb_quads_k(src, rows, quads, step, unread, luts, out, lo, hi):
     # Rows [lo, hi): row r's quad q reads source words rows[r, b] + q * step (b = 0..3; 0 where unread[r, b]),
-    # and its output word j (at (r * quads + q) * 4 + j) is OR_b luts[b, byte j of source word b].
+    # and its output word j (at (r * quads + q) * 4 + j) is OR_b luts[b, byte j of source word b]. A row's reads
+    # are checked once, at its first and last quad: the loop over its quads has no branch (25% less time).
     n = src.shape[0]
     masked = unread.shape[0] > 0
+    last = (quads - 1) * step
     for r in range(lo, hi):
+        a0 = rows[r, 0]
+        a1 = rows[r, 1]
+        a2 = rows[r, 2]
+        a3 = rows[r, 3]
+        if masked and (unread[r, 0] or unread[r, 1] or unread[r, 2] or unread[r, 3]):
+            for q in range(quads):  # padding: each quad's words one by one, an unread one 0
+                s0 = s1 = s2 = s3 = 0
+                o = q * step
+                if unread[r, 0] == 0:
+                    if a0 + o < 0 or a0 + o >= n:
+                        return 1
+                    s0 = src[_nb_u(a0 + o)]
+                if unread[r, 1] == 0:
+                    if a1 + o < 0 or a1 + o >= n:
+                        return 1
+                    s1 = src[_nb_u(a1 + o)]
+                if unread[r, 2] == 0:
+                    if a2 + o < 0 or a2 + o >= n:
+                        return 1
+                    s2 = src[_nb_u(a2 + o)]
+                if unread[r, 3] == 0:
+                    if a3 + o < 0 or a3 + o >= n:
+                        return 1
+                    s3 = src[_nb_u(a3 + o)]
+                d = (r * quads + q) * 4
+                for j in range(4):
+                    sh = 8 * j
+                    out[_nb_u(d + j)] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255]
+                                         | luts[2, (s2 >> sh) & 255] | luts[3, (s3 >> sh) & 255])
+            continue
+        if quads == 0:
+            continue
+        if min(a0, a1, a2, a3) < 0 or max(a0, a1, a2, a3) + last >= n or min(a0, a1, a2, a3) + last < 0:
+            return 1
+        d0 = r * quads * 4
         for q in range(quads):
-            s0 = s1 = s2 = s3 = 0
-            a0 = rows[r, 0] + q * step
-            a1 = rows[r, 1] + q * step
-            a2 = rows[r, 2] + q * step
-            a3 = rows[r, 3] + q * step
-            if not masked or unread[r, 0] == 0:
-                if a0 < 0 or a0 >= n:
-                    return 1
-                s0 = src[_nb_u(a0)]
-            if not masked or unread[r, 1] == 0:
-                if a1 < 0 or a1 >= n:
-                    return 1
-                s1 = src[_nb_u(a1)]
-            if not masked or unread[r, 2] == 0:
-                if a2 < 0 or a2 >= n:
-                    return 1
-                s2 = src[_nb_u(a2)]
-            if not masked or unread[r, 3] == 0:
-                if a3 < 0 or a3 >= n:
-                    return 1
-                s3 = src[_nb_u(a3)]
-            d = (r * quads + q) * 4
+            o = q * step
+            s0 = src[_nb_u(a0 + o)]
+            s1 = src[_nb_u(a1 + o)]
+            s2 = src[_nb_u(a2 + o)]
+            s3 = src[_nb_u(a3 + o)]
+            d = d0 + 4 * q
             for j in range(4):
                 sh = 8 * j
                 out[_nb_u(d + j)] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255]
@@ -241,17 +266,29 @@ def _nb_run(name, args, total, weight):
         kernel = kernels[name] = _nb_jit(kernels["numba"], kernel.py_func, False)
         kernel(*args, 0, 0)
     threads = max(1, min(torch.get_num_threads(), total, total * weight // _NB_MIN_SPLIT))
-    cut = [total * k // threads for k in range(threads)] + [total]
     if threads == 1:
         bad = [kernel(*args, 0, total)]
     else:
+        import itertools
+
+        parts = min(total, threads * _NB_PARTS_PER_THREAD)
+        cut = [total * k // parts for k in range(parts)] + [total]
+        turns = itertools.count()  # next() of a count is atomic under the GIL: each part is taken once
+
+        def take():
+            failed = 0
+            for k in iter(turns.__next__, None):
+                if k >= parts:
+                    return failed
+                failed |= kernel(*args, cut[k], cut[k + 1])
+
         pool = _NB_STATE.get("pool")
         if pool is None or pool._max_workers < threads - 1:
             import concurrent.futures
 
             pool = _NB_STATE["pool"] = concurrent.futures.ThreadPoolExecutor(threads - 1)
-        futures = [pool.submit(kernel, *args, cut[k], cut[k + 1]) for k in range(1, threads)]
-        bad = [kernel(*args, cut[0], cut[1])] + [f.result() for f in futures]
+        futures = [pool.submit(take) for _ in range(1, threads)]
+        bad = [take()] + [f.result() for f in futures]
     if any(bad):
         raise IndexError("a run table reads outside its input (the converter's plan does not fit this tensor)")
 

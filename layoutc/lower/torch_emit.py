@@ -90,6 +90,9 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
         if p.quads.row_stride is None:  # the per-quad index: evaluated once per shape (layoutc.lower.runs)
             part += ["", "", f"def {name}_quad_index({args}, start, stop):",
                      *_named(lambda t: quad_index_body(p, t), dims, own)]
+        else:  # the per-row table, the same way
+            part += ["", "", f"def {name}_quad_rows({args}, start, stop):",
+                     *_named(lambda t: quad_rows_body(p, t), dims, own)]
     elif isinstance(p, Gather) and bitwise and p.coarse > 1 and rank >= 2:
         r = p.coarse
         choose = [f"    whole = x.shape[-1] % {r} == 0 and ({sizes[-1]}) % {r} == 0  # the shapes _coarsen checked",
@@ -319,6 +322,20 @@ def quad_index_body(p: Words, t=ex.to_torch) -> list[str]:
     return lines
 
 
+def quad_rows_body(p: Words, t=ex.to_torch) -> list[str]:
+    """The body of ``name_quad_rows(x, dims..., start, stop)`` (a quads plan with a row stride): per row, the
+    index of each source word of its first quad (int32 where it fits), as a 1-tuple."""
+    q = p.quads
+    qshape = [ex.to_python(s) for s in p.word_shape[:-1]] + [ex.to_python(ex.div(p.word_shape[-1], 4))]
+    rank = len(qshape)
+    lines = ["    _dev = x.device"] + _coordinates(qshape)
+    lines[-3] = f"    o{rank - 1} = torch.zeros(1, dtype=torch.int64, device=_dev).view({', '.join(['1'] * rank)})"
+    lines[-2] = "    zero = " + " + ".join(f"o{k} * 0" for k in range(rank - 1)) + f" + o{rank - 1}  # one quad per row"
+    lines.append("    rows = torch.stack([" + ", ".join(f"(({t(base)}) + zero) // 4" for base in q.bases) + "], dim=-1)")
+    lines.append("    return (rows.to(torch.int32) if rows.numel() and int(rows.max()) < 2**31 else rows,)")
+    return lines
+
+
 def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> list[str]:
     """The body of ``name(x, dims..., start, stop)``: the words of a quads plan (as int32) by whole-word moves.
 
@@ -345,8 +362,13 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
         lines[-3] = f"    o{rank - 1} = torch.zeros(1, dtype=torch.int64, device=_dev).view({', '.join(['1'] * rank)})"
         lines[-2] = ("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank - 1))
                      + f" + o{rank - 1}  # one quad per row")
-        lines.append("    rows = torch.stack([" + ", ".join(f"(({t(base)}) + zero) // 4" for base in q.bases)
-                     + "], dim=-1)  # row, source word b: the first quad's word")
+        if name:  # the row table once per shape (layoutc.lower.runs): its arithmetic was a third of a CPU call
+            del lines[-(rank + 2):-1]  # no coordinates: the cached table holds them
+            lines.append(f"    (rows,) = _run_cached(({name + '/rows'!r}, {', '.join(dims)}, start, stop, str(_dev)), "
+                         f"{name}_quad_rows, (x, {', '.join(dims)}, start, stop))")
+        else:  # (t() names the terms it is given: only here)
+            lines.append("    rows = torch.stack([" + ", ".join(f"(({t(base)}) + zero) // 4" for base in q.bases)
+                         + "], dim=-1)  # row, source word b: the first quad's word")
         lines.append(f"    step = ({ex.to_python(q.row_stride)}) // 4  # words between a row's neighbouring quads")
         lines.append("    if _nb_on(_dev):  # numba (layoutc.lower.native): gathered, transposed and permuted in one kernel")
         lines.append(f"        return _nb_quads(src_words, rows, {qshape[-1]}, step, None, {tuple(p.table)!r}, "
