@@ -1,6 +1,7 @@
 """Every shipped spec on the CPU: a warm call and the first call of a fresh process against a clone (issue 25).
 
     python benchmarks/cpu_speed.py [--old DIR] [--specs a,b] [--shape E=8,I=1024,H=2048] [--reps 15] [--json F]
+                                   [--kept-heap]
 
 For each spec (``specs/*.lyt``, the flashinfer_* first) and each tree (``--old DIR``: another
 checkout's root, e.g. ``git archive 0d8fa64 layoutc | tar -x -C DIR``; then this checkout), in
@@ -24,6 +25,13 @@ alternation so both see the same load:
 The first call's process loads the module from its file without an entry in ``sys.modules``, so numba
 cannot use its disk cache there (it reloads a kernel by importing its module by name): the figure includes
 importing numba and compiling the kernels the spec uses, every time (the cold case).
+
+``--kept-heap``: each timing process first sets glibc's malloc to keep freed memory (``M_MMAP_MAX`` 0,
+``M_TRIM_THRESHOLD`` at its largest, set here with ctypes, as ``layoutc convert`` sets it for its own process):
+without it, a clone or an output of 27 MB sometimes comes from new pages and sometimes from the heap (malloc's
+adaptive threshold and heap trimming), and on this VM, whose free memory goes back to its host, a new page costs
+about as much again as its copy: a clone of the same bytes moved 1.2 -> 5.5 ms between rows of one run. With it,
+clone and conversions both reuse their previous call's pages: the warm case the ratio is meant to compare.
 
 Each (tree, spec) runs in its own process. Not a test: timings depend on the machine and on what
 else runs on it (say which, with the load average).
@@ -90,8 +98,20 @@ def _digest(out: dict) -> str:
     return h.hexdigest()[:16]
 
 
-def worker(tree: str, spec_path: str, shape: dict, reps: int) -> dict:
+def _keep_heap() -> None:
+    """glibc's malloc keeps freed memory in this process (``--kept-heap``); raises where it cannot."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    if libc.mallopt(-4, 0) != 1 or libc.mallopt(-1, 2**31 - 1) != 1:  # M_MMAP_MAX, M_TRIM_THRESHOLD
+        raise RuntimeError("mallopt refused")
+
+
+def worker(tree: str, spec_path: str, shape: dict, reps: int, kept_heap: bool = False) -> dict:
     """One spec under one tree's layoutc, in this (fresh) process."""
+    if kept_heap:
+        _keep_heap()
     sys.path.insert(0, tree)
     import torch
     import layoutc
@@ -134,23 +154,25 @@ def main() -> None:
     ap.add_argument("--shape", default="E=8,I=1024,H=2048")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", help="write the rows here too")
+    ap.add_argument("--kept-heap", action="store_true", help="malloc keeps freed memory in the timing processes")
     ap.add_argument("--worker", nargs=2, metavar=("TREE", "SPEC"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     shape = {k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(","))}
     if args.worker:
-        print(json.dumps(worker(args.worker[0], args.worker[1], shape, args.reps)))
+        print(json.dumps(worker(args.worker[0], args.worker[1], shape, args.reps, args.kept_heap)))
         return
     trees = ([("old", str(Path(args.old).resolve()))] if args.old else []) + [("new", str(ROOT))]
     print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; "
           f"machine: {platform.machine()}, {os.cpu_count()} cpus; load average at start: {os.getloadavg()}")
-    print(f"shape: {shape}; trees: {trees}")
+    print(f"shape: {shape}; trees: {trees}; kept heap: {args.kept_heap}")
     rows = []
     print(f"{'spec':34} {'tree':4} {'MB':>6} {'clone ms':>9} {'warm ms':>9} {'ratio':>7} {'no-fp ms':>9} "
           f"{'ratio':>7} {'first s':>8}  sha               path")
     for path in specs(args.specs):
         for label, tree in trees:
             run = subprocess.run([sys.executable, __file__, "--worker", tree, str(path), "--shape", args.shape,
-                                  "--reps", str(args.reps)], capture_output=True, text=True,
+                                  "--reps", str(args.reps)] + (["--kept-heap"] if args.kept_heap else []),
+                                 capture_output=True, text=True,
                                  env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
             if run.returncode:
                 print(f"{path.stem:34} {label:4} FAILED: {run.stderr.strip().splitlines()[-1:]}")
