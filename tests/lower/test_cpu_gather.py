@@ -22,7 +22,7 @@ from tests.helpers import assert_same_bits
 from tests.helpers import spec as _spec
 
 CASES = {  # spec: the fast parts its converter must contain
-    "flashinfer_cutlass_bf16": ("_quads(", "runs = src_words.as_strided", "_coarse("),
+    "flashinfer_cutlass_bf16": ("_quads(", "runs = src_words.as_strided", "_coarse(", "_quad_rows("),
     "flashinfer_cutlass_mxfp4_padded": ("_quads(", "index = torch.stack", "_coarse("),
     "flashinfer_cutlass_nvfp4": ("_coarse(",),
     "flashinfer_trtllm_fp8_block": ("_coarse(",),
@@ -52,6 +52,28 @@ def test_gather_equals_eager(name, e, i, h, seed):
     got = spec.convert(x, lowering="gather")
     for k in want:
         assert_same_bits(got[k], want[k], f"{name} {dims} {k}")
+
+
+@pytest.mark.parametrize("numba", ["1", "0"])
+def test_the_quads_row_table_is_made_once_per_shape(numba, monkeypatch):
+    # The strided quads part's row table (the first quad's source words of each row) depends on the dims and the
+    # experts asked for alone: evaluated on a shape's first call (a third of a warm CPU call when it was not).
+    monkeypatch.setenv("LAYOUTC_NUMBA", numba)
+    spec = _spec("flashinfer_cutlass_bf16")
+    m = spec.module
+    made = []
+    for name in [n for n in vars(m) if n.endswith("_quad_rows")]:
+        fn = getattr(m, name)
+        monkeypatch.setattr(m, name, lambda *a, _fn=fn, _name=name: made.append(_name) or _fn(*a))
+    m._RUN_PLANS.clear()
+    small, other = {"E": 2, "I": 128, "H": 256}, {"E": 1, "I": 256, "H": 128}
+    for dims in (small, small, other, other, small):
+        x = synthetic_inputs(spec, dims, seed=sum(dims.values()))
+        got = spec.convert(x, lowering="gather", fingerprint=False)
+        want = spec.convert(x, lowering="eager", fingerprint=False)
+        for k in want:
+            assert_same_bits(got[k], want[k], f"{dims} {k}")
+    assert made and len(made) == 2 * len(set(made)), made  # once per shape for each tensor's table
 
 
 def test_unaligned_inputs_take_the_word_paths_too():

@@ -233,6 +233,35 @@ def test_quads_equal_the_transpose_then_the_permutation(native_ns, seed, table, 
     assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
 
 
+@pytest.mark.parametrize("threads, total, bad", [(2, 1000, None), (3, 1000, None), (3, 5, None), (2, 1000, 999),
+                                                 (3, 1000, 0)])
+def test_parts_are_taken_once_each_and_a_failing_part_raises(native_ns, monkeypatch, threads, total, bad):
+    # _nb_run's threads take parts from one counter (a thread slowed by another process takes fewer): the parts
+    # cover [0, total) once each, whichever thread ran them, and a part whose kernel reports a bad read raises.
+    import threading
+
+    kernels = native_ns["_nb"]()
+    seen, lock = [], threading.Lock()
+
+    def kernel(lo, hi):
+        if hi > lo:
+            with lock:
+                seen.append((lo, hi, threading.get_ident()))
+        return int(bad is not None and lo <= bad < hi)
+
+    monkeypatch.setitem(kernels, "fake", kernel)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    if bad is not None:
+        with pytest.raises(IndexError, match="outside its input"):
+            native_ns["_nb_run"]("fake", (), total, native_ns["_NB_MIN_SPLIT"])
+        return
+    native_ns["_nb_run"]("fake", (), total, native_ns["_NB_MIN_SPLIT"])
+    parts = sorted((lo, hi) for lo, hi, _ in seen)
+    assert parts[0][0] == 0 and parts[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous, none twice
+    assert len(parts) == min(total, threads * native_ns["_NB_PARTS_PER_THREAD"])
+
+
 def test_a_table_that_reads_past_its_input_raises_and_reads_nothing(native_ns):
     flat = torch.arange(16, dtype=torch.uint8)
     inner, outer = torch.tensor([0, 7, -1, 14, 15, 3, 2, 1], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
@@ -251,6 +280,11 @@ def test_a_table_that_reads_past_its_input_raises_and_reads_nothing(native_ns):
     with pytest.raises(IndexError, match="outside its input"):
         native_ns["_nb_quads"](flat.view(torch.int32), torch.tensor([[0, 1, 2, 4]]), 1, 0, None, tuple(range(32)),
                                (4,))
+    words = flat.view(torch.int32)  # 4 words: a row of 2 quads at step 1 from word 2 reads word 3 (in), from 3: 4
+    assert native_ns["_nb_quads"](words, torch.tensor([[2, 2, 2, 2]]), 2, 1, None, tuple(range(32)), (8,)).numel() == 8
+    for rows, quads, step in (([[0, 0, 3, 0]], 2, 1), ([[0, 0, 0, 0]], 3, 2), ([[3, 3, 3, 3]], 2, -4)):
+        with pytest.raises(IndexError, match="outside its input"):  # the row's last quad (or a negative step)
+            native_ns["_nb_quads"](words, torch.tensor(rows), quads, step, None, tuple(range(32)), (4 * quads,))
     quads = torch.tensor([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15], dtype=torch.int32)  # words 0-3
     found = native_ns["_nb_word_quads"](quads)
     plan = ("native", quads, torch.zeros(1, dtype=torch.int32), 62, 1, 0, found)

@@ -55,10 +55,16 @@ def reference(t: torch.Tensor) -> str:
 SIZES = [1, 7, 4096, 32768 * 17, 32768 * 17 + 5, 32768 * 20 + 32767, 100003]
 
 
-@pytest.mark.parametrize("min_rows", [1, 17])  # 17: the staging CUDA needs (cuBLAS takes > 16 rows), run here
+# (fewest rows of a GEMM, fewest rows of a segment's own GEMM): (17, 17) the staging CUDA needs (cuBLAS takes
+# > 16 rows), run here; (1, 64) the CPU's (small segments staged together); (1, 1) nothing staged but rests
+ROWS = [(1, 1), (17, 17), (1, 64)]
+
+
+@pytest.mark.parametrize("min_rows, own_rows", ROWS)
 @pytest.mark.parametrize("split", [None, 1 << 20])  # 1 << 20: the K parts of the GEMMs CUDA takes, run here
-def test_the_fingerprint_is_its_definition(monkeypatch, min_rows, split):
+def test_the_fingerprint_is_its_definition(monkeypatch, min_rows, own_rows, split):
     monkeypatch.setitem(fp._FP_MIN_ROWS, "cpu", min_rows)
+    monkeypatch.setitem(fp._FP_OWN_ROWS, "cpu", own_rows)
     if split is not None:
         monkeypatch.setitem(fp._FP_SPLIT_ROWS, "cpu", split)
         monkeypatch.setitem(fp._FP_ROWS_MULTIPLE, "cpu", 256)
@@ -72,11 +78,12 @@ def test_the_fingerprint_is_its_definition(monkeypatch, min_rows, split):
     assert len(set(batch)) == len(batch)
 
 
-@pytest.mark.parametrize("min_rows", [1, 17])
+@pytest.mark.parametrize("min_rows, own_rows", ROWS)
 @pytest.mark.parametrize("split", [None, 1 << 20])
-def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows, split):
+def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows, own_rows, split):
     # 2 GiB segments cannot be tried here: the same code with 64-byte rows and 24-row segments
     monkeypatch.setitem(fp._FP_MIN_ROWS, "cpu", min_rows)
+    monkeypatch.setitem(fp._FP_OWN_ROWS, "cpu", min(own_rows, 20))  # 20: some segments of 24 rows go alone
     if split is not None:  # 64-byte rows: K cut in 2 (each part a multiple of 32 bytes), the second product in 8
         monkeypatch.setitem(fp._FP_SPLIT_ROWS, "cpu", split)
         monkeypatch.setitem(fp._FP_ROWS_MULTIPLE, "cpu", 256)
@@ -86,6 +93,19 @@ def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows, sp
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (5, 64 * 17, 64 * 24, 64 * 24 + 1,
                                                                                  64 * 60 + 9, 64 * 100)]
     assert fp._fingerprints(ts) == [reference(t) for t in ts]
+
+
+def test_small_tensors_share_one_gemm_on_the_cpu(monkeypatch):
+    # A layer's scales and biases (segments under _FP_OWN_ROWS rows) go through one staged GEMM, the large
+    # weight through its own, then the second product: three int8 GEMMs where each tensor once took its own.
+    calls = []
+    int_mm = torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b, **k: calls.append(a.shape[0]) or int_mm(a, b, **k))
+    g = torch.Generator().manual_seed(2)
+    row = fp._FP_ROW
+    ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (row * 70, row * 30, row * 2 + 9, 100)]
+    assert fp._fingerprints(ts) == [reference(t) for t in ts]
+    assert len(calls) == 3 and calls[0] == 70, calls
 
 
 @pytest.mark.parametrize("at", [0, 1, 32768 * 17 - 1, 32768 * 17, -1])
