@@ -9,6 +9,7 @@ over small dims each spec accepts, ``gather`` == ``eager``; the paths are in the
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
 import torch
@@ -164,3 +165,24 @@ def test_byte_value_lookups_only_where_a_conversion_changes_bits():
     x = synthetic_inputs(spec, {"E": 2, "I": 256, "H": 256}, seed=5)
     want = spec.convert(x, lowering="eager")
     assert_same_bits(spec.convert(x, lowering="gather"), want, "marlin_nvfp4 gather with the lookup")
+
+
+SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "specs").glob("*.lyt"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the torch gather on a CUDA device")
+@pytest.mark.parametrize("name", SHIPPED)
+def test_gather_equals_eager_on_cuda(name):
+    # The gather lowering's torch forms on the GPU (the quads parts' cached row tables and indices keyed by
+    # device), at two shapes each spec accepts, every shape twice (the second call reads the cached tables).
+    spec = _spec(name)
+    for dims in ({"E": 2, "I": 256, "H": 512}, {"E": 3, "I": 512, "H": 256}) * 2:
+        try:
+            x = {k: v.cuda() for k, v in synthetic_inputs(spec, dims, seed=3).items()}
+            want = spec.convert(x, lowering="eager", fingerprint=False)
+        except layoutc.LayoutError:
+            continue  # dims this spec refuses
+        got = spec.convert(x, lowering="gather", fingerprint=False)
+        for k in want:
+            assert got[k].is_cuda
+            assert_same_bits(got[k], want[k], f"{name} {dims} {k}")
