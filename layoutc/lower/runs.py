@@ -163,9 +163,11 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None, words=False
             # -1 - b: a fill run of byte b (maps whose fill varies); all -1: the caller's one fill value
             varied = -1 - starts[fill] if bool((starts[fill] != -1).any()) else None
             if copies > 1:  # expert e: expert 0's table plus e strides (fill runs read 0), its fill runs moved
-                ahead = torch.arange(copies, dtype=dtype) * ((shift // g if aligned else shift) if read else 0)
+                # (on the tables' device: a CUDA gather's tables are CUDA tensors)
+                on = starts.device
+                ahead = torch.arange(copies, dtype=dtype, device=on) * ((shift // g if aligned else shift) if read else 0)
                 table = (table.unsqueeze(0) + ahead.unsqueeze(1)).masked_fill_(bad0, 0).reshape(-1)
-                fill = (fill.unsqueeze(0) + torch.arange(copies).unsqueeze(1) * starts.numel()).reshape(-1)
+                fill = (fill.unsqueeze(0) + torch.arange(copies, device=on).unsqueeze(1) * starts.numel()).reshape(-1)
                 varied = None if varied is None else varied.repeat(copies)
             plan = ("table", g, table, fill if fill.numel() else None, aligned, varied)
     kept = ([] if plan is None or plan[0] == "view" else [*plan[1:3], *(plan[6] or ())[:2]] if plan[0] == "native"
