@@ -25,10 +25,11 @@ Each kernel releases the GIL (``nogil``) and a call runs it on ``torch.get_num_t
 (a parallel numba loop took longer to compile), which take parts of the output from a shared counter
 rather than one fixed share each: after a parallel torch op, torch's OpenMP threads spin for a few
 milliseconds before they sleep and take a core from any other thread, and a fixed half on that core
-finished at half speed, the call waiting on it (SM90 quads: 2x the time of a quiet process). Every address a kernel reads is
-checked against its source's length: a table or index that would read outside it makes the call raise
-(never a read outside the tensor). Plain run tables (no bit permutation) stay torch's ``index_select``:
-a numba loop of one-byte lookups was no faster than it on the CPU machine (BENCHMARKS.md).
+finished at half speed, the call waiting on it (SM90 quads: 2x the time of a quiet process). Every
+address a kernel reads is checked against its source's length: a table or index that would read outside
+it makes the call raise (never a read outside the tensor). Plain run tables (no bit permutation) stay
+torch's ``index_select``: a numba loop of one-byte lookups was no faster than it on the CPU machine
+(BENCHMARKS.md).
 
 Used where ``import numba`` succeeds and ``LAYOUTC_NUMBA`` is not ``0``, on CPU tensors only; else
 ``_nb()`` is None and the torch forms run, unchanged. ``_nb_values`` (pure torch, used on every CPU path

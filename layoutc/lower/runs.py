@@ -165,7 +165,8 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None, words=False
             if copies > 1:  # expert e: expert 0's table plus e strides (fill runs read 0), its fill runs moved
                 # (on the tables' device: a CUDA gather's tables are CUDA tensors)
                 on = starts.device
-                ahead = torch.arange(copies, dtype=dtype, device=on) * ((shift // g if aligned else shift) if read else 0)
+                moved = (shift // g if aligned else shift) if read else 0  # table entries an expert moves
+                ahead = torch.arange(copies, dtype=dtype, device=on) * moved
                 table = (table.unsqueeze(0) + ahead.unsqueeze(1)).masked_fill_(bad0, 0).reshape(-1)
                 fill = (fill.unsqueeze(0) + torch.arange(copies, device=on).unsqueeze(1) * starts.numel()).reshape(-1)
                 varied = None if varied is None else varied.repeat(copies)

@@ -331,7 +331,8 @@ def quad_rows_body(p: Words, t=ex.to_torch) -> list[str]:
     lines = ["    _dev = x.device"] + _coordinates(qshape)
     lines[-3] = f"    o{rank - 1} = torch.zeros(1, dtype=torch.int64, device=_dev).view({', '.join(['1'] * rank)})"
     lines[-2] = "    zero = " + " + ".join(f"o{k} * 0" for k in range(rank - 1)) + f" + o{rank - 1}  # one quad per row"
-    lines.append("    rows = torch.stack([" + ", ".join(f"(({t(base)}) + zero) // 4" for base in q.bases) + "], dim=-1)")
+    lines.append("    rows = torch.stack([" + ", ".join(f"(({t(base)}) + zero) // 4" for base in q.bases)
+                 + "], dim=-1)")
     lines.append("    return (rows.to(torch.int32) if rows.numel() and int(rows.max()) < 2**31 else rows,)")
     return lines
 
