@@ -86,7 +86,7 @@ def gather_function(p: Plan, name: str, dims: Sequence[str], terms: Sequence[tup
                   f"    part = {name}_quads if whole else {name}_part"]
         eager_part = "part"
         part += ["", "", f"def {name}_quads({args}, start, stop):",
-                 *_named(lambda t: quads_part(p, dims, t, name), dims, own)]
+                 *_named(lambda t: quads_part(p, dims, name), dims, own)]
         if p.quads.row_stride is None:  # the per-quad index: evaluated once per shape (layoutc.lower.runs)
             part += ["", "", f"def {name}_quad_index({args}, start, stop):",
                      *_named(lambda t: quad_index_body(p, t), dims, own)]
@@ -337,7 +337,7 @@ def quad_rows_body(p: Words, t=ex.to_torch) -> list[str]:
     return lines
 
 
-def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> list[str]:
+def quads_part(p: Words, dims: Sequence[str], name: str) -> list[str]:
     """The body of ``name(x, dims..., start, stop)``: the words of a quads plan (as int32) by whole-word moves.
 
     The per-byte part reads each byte through an int64 index and permutes bits with seventeen
@@ -352,24 +352,15 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
     the serial lookups for one parallel copy less.)"""
     q = p.quads
     qshape = [ex.to_python(s) for s in p.word_shape[:-1]] + [ex.to_python(ex.div(p.word_shape[-1], 4))]
-    rank = len(qshape)
     lines = ["    _dev = x.device"]
     lines.append("    flat = x.contiguous().view(torch.uint8).reshape(-1)")
     lines.append("    if flat.numel() % 4 or flat.data_ptr() % 4:  # int32 words need whole, aligned words")
     lines.append("        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % 4)])")
     lines.append("    src_words = flat.view(torch.int32)")
-    lines += _coordinates(qshape)
+    # the tables of source words, once per shape (layoutc.lower.runs): their arithmetic was a third of a CPU call
+    shape_key, args = f"{', '.join(dims)}, start, stop, str(_dev)", f"(x, {', '.join(dims)}, start, stop)"
     if q.row_stride is not None:  # runs: one index per row and source word, not per quad
-        lines[-3] = f"    o{rank - 1} = torch.zeros(1, dtype=torch.int64, device=_dev).view({', '.join(['1'] * rank)})"
-        lines[-2] = ("    zero = " + " + ".join(f"o{k} * 0" for k in range(rank - 1))
-                     + f" + o{rank - 1}  # one quad per row")
-        if name:  # the row table once per shape (layoutc.lower.runs): its arithmetic was a third of a CPU call
-            del lines[-(rank + 2):-1]  # no coordinates: the cached table holds them
-            lines.append(f"    (rows,) = _run_cached(({name + '/rows'!r}, {', '.join(dims)}, start, stop, str(_dev)), "
-                         f"{name}_quad_rows, (x, {', '.join(dims)}, start, stop))")
-        else:  # (t() names the terms it is given: only here)
-            lines.append("    rows = torch.stack([" + ", ".join(f"(({t(base)}) + zero) // 4" for base in q.bases)
-                         + "], dim=-1)  # row, source word b: the first quad's word")
+        lines.append(f"    (rows,) = _run_cached(({name + '/rows'!r}, {shape_key}), {name}_quad_rows, {args})")
         lines.append(f"    step = ({ex.to_python(q.row_stride)}) // 4  # words between a row's neighbouring quads")
         lines.append("    if _nb_on(_dev):  # numba (layoutc.lower.native): gathered, transposed and permuted in one kernel")
         lines.append(f"        return _nb_quads(src_words, rows, {qshape[-1]}, step, None, {tuple(p.table)!r}, "
@@ -378,31 +369,14 @@ def quads_part(p: Words, dims: Sequence[str], t=ex.to_torch, name: str = "") -> 
         lines.append(f"    s = runs[rows.reshape(-1)].view(rows.shape[:-2] + (4, {qshape[-1]}))  # row, b, quad")
         lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
         lines.append("    w = s.view(torch.uint8).unflatten(-1, (-1, 4)).movedim(-3, -1).contiguous()")
-    elif name:  # the index of every quad's source words, once per shape: one gather of words per call
-        lines.append(f"    index, unread = _run_cached(({name!r}, {', '.join(dims)}, start, stop, str(_dev)), "
-                     f"{name}_quad_index, (x, {', '.join(dims)}, start, stop))")
-        del lines[-(rank + 2):-1]  # no coordinates: the cached index holds them
+    else:  # the index of every quad's source words: one gather of words per call
+        lines.append(f"    index, unread = _run_cached(({name!r}, {shape_key}), {name}_quad_index, {args})")
         lines.append("    if _nb_on(_dev):  # numba (layoutc.lower.native): gathered, transposed and permuted in one kernel")
         lines.append(f"        return _nb_quads(src_words, index, 1, 0, unread, {tuple(p.table)!r}, ({_quads_out(qshape)},))")
         lines.append("    s = src_words.index_select(0, index.reshape(-1)).view(index.shape)")
         if any(valid != ex.TRUE for valid in q.valid):
             lines.append("    if unread is not None:")
             lines.append("        s.masked_fill_(unread, 0)")
-        lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
-        lines.append("    w = s.view(torch.uint8).unflatten(-1, (4, 4)).transpose(-1, -2).contiguous()")
-    else:
-        index = []
-        for b, (base, valid) in enumerate(zip(q.bases, q.valid)):
-            if valid == ex.TRUE:
-                index.append(f"(({t(base)}) + zero) // 4")
-            else:  # padding: read word 0 there, zeroed below (its address may be past the input)
-                lines.append(f"    ok{b} = ({t(valid)}) & (zero == 0)")
-                index.append(f"torch.where(ok{b}, ({t(base)}) + zero, 0) // 4")
-        lines.append("    index = torch.stack([" + ", ".join(index) + "], dim=-1)  # quad, source word b")
-        lines.append("    s = src_words[index]")
-        for b, valid in enumerate(q.valid):
-            if valid != ex.TRUE:
-                lines.append(f"    s[..., {b}] = torch.where(ok{b}, s[..., {b}], 0)")
         lines.append("    # byte j of source word b is byte b of output word j: the transpose, as one copy")
         lines.append("    w = s.view(torch.uint8).unflatten(-1, (4, 4)).transpose(-1, -2).contiguous()")
     lines.append(f"    low, high = _bit_tables({tuple(p.table)!r}, _dev)")
