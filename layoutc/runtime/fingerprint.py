@@ -33,6 +33,8 @@ rewrite the manifest beside a checkpoint.
 
 import ctypes
 import hashlib
+import linecache
+import os
 
 import torch
 
@@ -62,6 +64,41 @@ _FP_ROWS_MULTIPLE = {"cuda": 256}
 _FP_MATRICES = {}
 _FP_BLOCKS = {}
 _FP_ZEROS = {}
+
+#: On CUDA, the first product of every segment by one Triton kernel (_fp_rows_triton) where Triton imports, unless
+#: LAYOUTC_FP_TRITON=0 (read at import): cuBLAS's int8 GEMM of 16 columns streamed a 277 MB output at ~2.4 TB/s and
+#: took ~70 us for each small one, and the rests of rows went through a staging copy.
+_FP_TRITON = os.environ.get("LAYOUTC_FP_TRITON", "1") != "0"
+_FP_TRITON_DEVICES = {"cuda"}  # device types it runs on (tests add "cpu": Triton's interpreter, the same kernel)
+_FP_TRITON_STATE = {}  # "kernel": the compiled Triton function (None: no Triton); (constexprs, device): a launch
+_FP_TRITON_FILE = "<layoutc fingerprint kernel>"
+_FP_TRITON_SOURCE = '''
+@triton.jit
+def _fp_rows_kernel(x_ptr, r_ptr, y_ptr, nbytes, ROW: tl.constexpr, COLS: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_K: tl.constexpr, PART: tl.constexpr):
+    # Y[m] += X[m, k0:k0 + PART] @ R[k0:k0 + PART] for the BLOCK_M rows m of this program, k0 = PART * its
+    # second index: X the segment's bytes in rows of ROW (int8; bytes at or past nbytes read as 0, the
+    # definition's padding of the last row), R column-major (R[k, n] at n * ROW + k). int8 products summed
+    # in int32, added to Y atomically: exact in any order. Rows past the segment's last are not written.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    k0 = tl.program_id(1) * PART
+    cols = tl.arange(0, COLS)
+    acc = tl.zeros((BLOCK_M, COLS), dtype=tl.int32)
+    for k in range(k0, k0 + PART, BLOCK_K):
+        ks = k + tl.arange(0, BLOCK_K)
+        at = rows[:, None].to(tl.int64) * ROW + ks[None, :]
+        a = tl.load(x_ptr + at, mask=at < nbytes, other=0)
+        b = tl.load(r_ptr + cols[None, :] * ROW + ks[:, None])
+        acc += tl.dot(a, b, out_dtype=tl.int32)
+    inside = rows[:, None].to(tl.int64) * ROW < nbytes
+    tl.atomic_add(y_ptr + rows[:, None] * COLS + cols[None, :], acc, mask=inside)
+'''
+#: Rows of Y per program of _fp_rows_kernel, bytes of a row per step, and the fewest programs a segment's product
+#: is cut into along K for (parts of at least _FP_TRITON_LEAST_PART bytes).
+_FP_TRITON_BLOCK_M = 64
+_FP_TRITON_BLOCK_K = 128
+_FP_TRITON_PROGRAMS = 1024
+_FP_TRITON_LEAST_PART = 1024
 
 
 def _fp_matrix(which, rows, device, split=1):
@@ -160,49 +197,13 @@ def _fingerprint_start(tensors):
 
 
 def _fp_start_group(xs, idx):
-    # One batch of flat int8 byte views (_fp_bytes_of, one device): the bulk of every segment straight from
-    # the tensor (one int8 GEMM per segment), the rest (a last partial row, or every row of a small segment)
-    # through one staging buffer, then one GEMM with R2 laid out per segment in column blocks.
+    # One batch of flat int8 byte views (_fp_bytes_of, one device): the first product Y of every segment
+    # (_fp_first_triton on CUDA where it runs, else _fp_first_torch), then one GEMM with R2 laid out per segment
+    # in column blocks.
     with torch.no_grad():
         device = xs[0].device
-        # The same integers whichever rows are staged: a row's place in R2 is its place in the tensor.
-        min_rows = _FP_MIN_ROWS.get(device.type, 1)
-        own_rows = _FP_OWN_ROWS.get(device.type, min_rows)
-        seg_bytes = _FP_SEGMENT_ROWS * _FP_ROW
-        segs = []  # (tensor index, flat bytes of the segment, bulk rows, staged rows)
-        for j, x in enumerate(xs):
-            for s in range(0, x.numel(), seg_bytes):
-                part = x[s: s + seg_bytes]
-                full = part.numel() // _FP_ROW
-                bulk = full if full >= own_rows else 0
-                segs.append((j, part, bulk, -(-(part.numel() - bulk * _FP_ROW) // _FP_ROW)))
-        bulk_rows = sum(b for _, _, b, _ in segs)
-        staged = sum(st for _, _, _, st in segs)
-        pad = 0 if staged == 0 else max(min_rows, staged)
-        # the second product needs a multiple of 8 rows; on CUDA of 256, so that _fp_mm can cut its K (these rows)
-        # in 8 (zero rows of X and of R2's blocks add nothing)
-        pad += (-(bulk_rows + pad)) % _FP_ROWS_MULTIPLE.get(device.type, 8)
-        rows = bulk_rows + pad
-        y = torch.empty((rows, _FP_COLS), dtype=torch.int32, device=device)
-        at = 0
-        for _, part, bulk, _ in segs:
-            if bulk:
-                _fp_mm(part[: bulk * _FP_ROW].view(bulk, _FP_ROW), lambda c: _fp_matrix(b"R", _FP_ROW, device, c),
-                       y[at: at + bulk])
-                at += bulk
-        if staged:
-            # The rests one after the other, each from a row's start, zeros between and after: one copy (torch.cat
-            # of the rests and views of a zero buffer) instead of a zeroed buffer and a copy per rest.
-            pieces = []
-            for _, part, bulk, st in segs:
-                if st:
-                    rest = part[bulk * _FP_ROW:]
-                    pieces += [rest, _fp_zeros(st * _FP_ROW - rest.numel(), device)]
-            pieces.append(_fp_zeros((pad - staged) * _FP_ROW, device))
-            buf = torch.cat([p for p in pieces if p.numel()]).view(pad, _FP_ROW)
-            _fp_mm(buf, lambda c: _fp_matrix(b"R", _FP_ROW, device, c), y[bulk_rows:])
-        elif pad:
-            y[bulk_rows:].zero_()
+        first = _fp_first_triton(xs, device) if device.type in _FP_TRITON_DEVICES else None
+        segs, y, rows, bulk_rows = first if first is not None else _fp_first_torch(xs, device)
         layout = tuple((bulk, st) for _, _, bulk, st in segs)
         z = _fp_mm(y.view(torch.int8).t().contiguous(), lambda c: _fp_blocks(layout, rows, bulk_rows, device, c))
         event = None
@@ -221,6 +222,101 @@ def _fp_start_group(xs, idx):
     for k, (j, _, _, _) in enumerate(segs):
         cols[j].append(k)
     return idx, (z, event), cols, [x.numel() for x in xs]
+
+
+def _fp_segments(xs):
+    # (tensor index, flat bytes) of every segment of the batch, in order.
+    seg_bytes = _FP_SEGMENT_ROWS * _FP_ROW
+    return [(j, x[s: s + seg_bytes]) for j, x in enumerate(xs) for s in range(0, x.numel(), seg_bytes)]
+
+
+def _fp_first_torch(xs, device):
+    # The first products by int8 GEMMs (torch._int_mm): the bulk of every segment straight from the tensor (one
+    # GEMM per segment), the rest (a last partial row, or every row of a small segment) through one staging
+    # buffer. Returns (segments as (tensor index, bytes, bulk rows, staged rows), Y, Y's rows, bulk rows):
+    # Y holds the bulk rows of every segment in order, then the staged rows in order, then zero rows.
+    # The same integers whichever rows are staged: a row's place in R2 is its place in the tensor.
+    min_rows = _FP_MIN_ROWS.get(device.type, 1)
+    own_rows = _FP_OWN_ROWS.get(device.type, min_rows)
+    segs = []
+    for j, part in _fp_segments(xs):
+        full = part.numel() // _FP_ROW
+        bulk = full if full >= own_rows else 0
+        segs.append((j, part, bulk, -(-(part.numel() - bulk * _FP_ROW) // _FP_ROW)))
+    bulk_rows = sum(b for _, _, b, _ in segs)
+    staged = sum(st for _, _, _, st in segs)
+    pad = 0 if staged == 0 else max(min_rows, staged)
+    # the second product needs a multiple of 8 rows; on CUDA of 256, so that _fp_mm can cut its K (these rows)
+    # in 8 (zero rows of X and of R2's blocks add nothing)
+    pad += (-(bulk_rows + pad)) % _FP_ROWS_MULTIPLE.get(device.type, 8)
+    rows = bulk_rows + pad
+    y = torch.empty((rows, _FP_COLS), dtype=torch.int32, device=device)
+    at = 0
+    for _, part, bulk, _ in segs:
+        if bulk:
+            _fp_mm(part[: bulk * _FP_ROW].view(bulk, _FP_ROW), lambda c: _fp_matrix(b"R", _FP_ROW, device, c),
+                   y[at: at + bulk])
+            at += bulk
+    if staged:
+        # The rests one after the other, each from a row's start, zeros between and after: one copy (torch.cat
+        # of the rests and views of a zero buffer) instead of a zeroed buffer and a copy per rest.
+        pieces = []
+        for _, part, bulk, st in segs:
+            if st:
+                rest = part[bulk * _FP_ROW:]
+                pieces += [rest, _fp_zeros(st * _FP_ROW - rest.numel(), device)]
+        pieces.append(_fp_zeros((pad - staged) * _FP_ROW, device))
+        buf = torch.cat([p for p in pieces if p.numel()]).view(pad, _FP_ROW)
+        _fp_mm(buf, lambda c: _fp_matrix(b"R", _FP_ROW, device, c), y[bulk_rows:])
+    elif pad:
+        y[bulk_rows:].zero_()
+    return segs, y, rows, bulk_rows
+
+
+def _fp_triton():
+    # The compiled _fp_rows_kernel, or None (no Triton, or LAYOUTC_FP_TRITON=0).
+    if "kernel" not in _FP_TRITON_STATE:
+        kernel = None
+        if _FP_TRITON:
+            try:
+                import triton
+                import triton.language as tl
+            except ImportError:
+                triton = None
+            if triton is not None:
+                namespace = {"triton": triton, "tl": tl, "__name__": _FP_TRITON_FILE}
+                source = _FP_TRITON_SOURCE
+                linecache.cache[_FP_TRITON_FILE] = (len(source), None, source.splitlines(True), _FP_TRITON_FILE)
+                exec(compile(source, _FP_TRITON_FILE, "exec"), namespace)
+                kernel = namespace["_fp_rows_kernel"]
+        _FP_TRITON_STATE["kernel"] = kernel
+    return _FP_TRITON_STATE["kernel"]
+
+
+def _fp_first_triton(xs, device):
+    # The first products by _fp_rows_kernel, one launch per segment, every row of a segment (its last one padded
+    # with zeros by the kernel's mask) in order: Y as _fp_first_torch's with no staged rows. None where the kernel
+    # does not run here (the torch form then).
+    kernel = _fp_triton()
+    if kernel is None or _FP_ROW % _FP_TRITON_BLOCK_K:
+        return None
+    segs = [(j, part, -(-part.numel() // _FP_ROW), 0) for j, part in _fp_segments(xs)]
+    bulk_rows = sum(b for _, _, b, _ in segs)
+    rows = bulk_rows + (-bulk_rows) % _FP_ROWS_MULTIPLE.get(device.type, 8)
+    y = torch.zeros((rows, _FP_COLS), dtype=torch.int32, device=device)
+    r = _fp_matrix(b"R", _FP_ROW, device)
+    at = 0
+    for _, part, n, _ in segs:
+        tiles = -(-n // _FP_TRITON_BLOCK_M)
+        split = 1  # K cut in parts until the segment has enough programs (parts of at least the least part)
+        while tiles * split < _FP_TRITON_PROGRAMS and _FP_ROW // (2 * split) >= max(_FP_TRITON_LEAST_PART,
+                                                                                   _FP_TRITON_BLOCK_K):
+            split *= 2
+        kernel[(tiles, split)](part, r, y[at: at + n], part.numel(), ROW=_FP_ROW, COLS=_FP_COLS,
+                               BLOCK_M=_FP_TRITON_BLOCK_M, BLOCK_K=_FP_TRITON_BLOCK_K, PART=_FP_ROW // split,
+                               num_warps=4)
+        at += n
+    return segs, y, rows, bulk_rows
 
 
 def _fp_blocks(layout, rows, bulk_rows, device, split=1):
