@@ -53,9 +53,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None, help="a JSON line per spec and layer")
     ap.add_argument("--profile", action="store_true", help="cProfile of 200 fingerprint starts of each form instead")
+    ap.add_argument("--sweep", action="store_true", help="the Triton form's block sizes and warps instead")
     args = ap.parse_args()
     if args.profile:
         return _profile(args)
+    if args.sweep:
+        return _sweep(args)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     sink = open(args.out, "a") if args.out else None
     for dims_text in args.dims.split(";"):
@@ -112,6 +115,33 @@ def main() -> int:
                 sink.flush()
             x = ys = flat = buf = None
             torch.cuda.empty_cache()
+    return 0
+
+
+def _sweep(args) -> int:
+    # The fingerprint's device time (10 back to back) per (rows a program, bytes a step, warps, programs wanted)
+    # of _fp_rows_kernel, for the first spec at each layer; the same fingerprints each time.
+    for dims_text in args.dims.split(";"):
+        dims = {k: int(v) for k, v in (p.split("=") for p in dims_text.split(","))}
+        name, _, p = args.specs.split(",")[0].partition(":")
+        spec = layoutc.compile_file(ROOT / "specs" / f"{name}.lyt", PARAMS.get(p, {}))
+        m = spec.module
+        x = synthetic_inputs(spec, dims, 1, "cuda")
+        ys = list(m.convert(x, fingerprint=False).values())
+        want = m._fingerprints(ys)
+        shipped = (m._FP_TRITON_BLOCK_M, m._FP_TRITON_BLOCK_K, m._FP_TRITON_WARPS, m._FP_TRITON_PROGRAMS)
+        for bm, bk, warps, programs in [(64, 128, 4, 1024), (64, 256, 4, 1024), (128, 128, 4, 1024),
+                                        (128, 128, 8, 1024), (64, 128, 4, 512), (64, 128, 4, 2048),
+                                        (32, 256, 4, 1024), (128, 256, 8, 1024), (64, 512, 8, 1024)]:
+            m._FP_TRITON_BLOCK_M, m._FP_TRITON_BLOCK_K, m._FP_TRITON_WARPS, m._FP_TRITON_PROGRAMS = (
+                bm, bk, warps, programs)
+            same = m._fingerprints(ys) == want
+            t = timeit(lambda: m._fingerprint_start(ys), "cuda", reps=5, calls=10)
+            print(f"{name} {dims}: BLOCK_M {bm} BLOCK_K {bk} warps {warps} programs {programs}: "
+                  f"{t * 1e3:.3f} ms b2b, same {same}", flush=True)
+        m._FP_TRITON_BLOCK_M, m._FP_TRITON_BLOCK_K, m._FP_TRITON_WARPS, m._FP_TRITON_PROGRAMS = shipped
+        x = ys = None
+        torch.cuda.empty_cache()
     return 0
 
 

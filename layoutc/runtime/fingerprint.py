@@ -20,6 +20,9 @@ no rounding anywhere, so the CPU and the GPU compute the same integers. The only
 reading back Z (4 KiB per 2 GiB segment) and one sha256 of it, once. On CUDA a product's K axis is
 cut into parts summed afterwards (:func:`_fp_mm`: more thread blocks for cuBLAS, the same integers),
 and Z is copied to pinned host memory in the stream's order, so reading it back waits on nothing else.
+On CUDA, where Triton imports, the two products run as two Triton kernels instead (``_fp_rows_kernel``, one launch
+per segment, its last row's padding a load mask; ``_fp_z_kernel``, one launch for every segment): the same exact
+int32 sums, with no staging copy, no transposed copy of Y and no cuBLAS call per segment.
 
 Strength: for two different byte strings of one length, over the choice of R and R2, the chance of
 equal fingerprints is at most 2 * 256^-16 = 2^-127 (a row differs, so some product column differs
@@ -70,7 +73,7 @@ _FP_ZEROS = {}
 #: took ~70 us for each small one, and the rests of rows went through a staging copy.
 _FP_TRITON = os.environ.get("LAYOUTC_FP_TRITON", "1") != "0"
 _FP_TRITON_DEVICES = {"cuda"}  # device types it runs on (tests add "cpu": Triton's interpreter, the same kernel)
-_FP_TRITON_STATE = {}  # "kernel": the compiled Triton function (None: no Triton); (constexprs, device): a launch
+_FP_TRITON_STATE = {}  # "kernel": the Triton functions (None: no Triton); launches and segment tables by key
 _FP_TRITON_FILE = "<layoutc fingerprint kernel>"
 _FP_TRITON_SOURCE = '''
 @triton.jit
@@ -84,14 +87,34 @@ def _fp_rows_kernel(x_ptr, r_ptr, y_ptr, nbytes, ROW: tl.constexpr, COLS: tl.con
     k0 = tl.program_id(1) * PART
     cols = tl.arange(0, COLS)
     acc = tl.zeros((BLOCK_M, COLS), dtype=tl.int32)
-    for k in range(k0, k0 + PART, BLOCK_K):
-        ks = k + tl.arange(0, BLOCK_K)
+    for k in range(0, PART, BLOCK_K):
+        ks = k0 + k + tl.arange(0, BLOCK_K)
         at = rows[:, None].to(tl.int64) * ROW + ks[None, :]
         a = tl.load(x_ptr + at, mask=at < nbytes, other=0)
         b = tl.load(r_ptr + cols[None, :] * ROW + ks[:, None])
         acc += tl.dot(a, b, out_dtype=tl.int32)
     inside = rows[:, None].to(tl.int64) * ROW < nbytes
     tl.atomic_add(y_ptr + rows[:, None] * COLS + cols[None, :], acc, mask=inside)
+
+
+@triton.jit
+def _fp_z_kernel(yb_ptr, r2_ptr, z_ptr, seg_ptr, nseg, R2_ROWS: tl.constexpr, COLS: tl.constexpr,
+                 BLOCK_R: tl.constexpr):
+    # Z_s += bytes(Y[at_s + i])^T @ R2[i] for the BLOCK_R rows i of this program's chunk of segment s (its second
+    # index; (at_s, n_s) in the table at seg_ptr, rows i >= n_s read as 0): yb the int8 view of Y, 4 * COLS
+    # bytes a row; R2 column-major (R2[i, c] at c * R2_ROWS + i); Z [4 * COLS, COLS * nseg], segment s's block
+    # at its columns COLS * s. Exact int32 sums, added atomically.
+    s = tl.program_id(1)
+    at = tl.load(seg_ptr + 2 * s)
+    n = tl.load(seg_ptr + 2 * s + 1)
+    i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    b = tl.arange(0, 4 * COLS)
+    c = tl.arange(0, COLS)
+    live = i < n
+    yb = tl.load(yb_ptr + (at + i)[:, None] * (4 * COLS) + b[None, :], mask=live[:, None], other=0)
+    r2 = tl.load(r2_ptr + c[None, :] * R2_ROWS + i[:, None], mask=live[:, None], other=0)
+    acc = tl.dot(tl.trans(yb), r2, out_dtype=tl.int32)
+    tl.atomic_add(z_ptr + b[:, None] * (COLS * nseg) + COLS * s + c[None, :], acc)
 '''
 #: Rows of Y per program of _fp_rows_kernel, bytes of a row per step, and the fewest programs a segment's product
 #: is cut into along K for (parts of at least _FP_TRITON_LEAST_PART bytes).
@@ -99,6 +122,9 @@ _FP_TRITON_BLOCK_M = 64
 _FP_TRITON_BLOCK_K = 128
 _FP_TRITON_PROGRAMS = 1024
 _FP_TRITON_LEAST_PART = 1024
+#: Rows of Y per program of _fp_z_kernel; warps per program of both.
+_FP_TRITON_BLOCK_R = 256
+_FP_TRITON_WARPS = 4
 
 
 def _fp_matrix(which, rows, device, split=1):
@@ -197,15 +223,12 @@ def _fingerprint_start(tensors):
 
 
 def _fp_start_group(xs, idx):
-    # One batch of flat int8 byte views (_fp_bytes_of, one device): the first product Y of every segment
-    # (_fp_first_triton on CUDA where it runs, else _fp_first_torch), then one GEMM with R2 laid out per segment
-    # in column blocks.
+    # One batch of flat int8 byte views (_fp_bytes_of, one device): the products of every segment, Z of segment k
+    # in column block k of one matrix (_fp_products_triton on CUDA where it runs, else _fp_products_torch).
     with torch.no_grad():
         device = xs[0].device
-        first = _fp_first_triton(xs, device) if device.type in _FP_TRITON_DEVICES else None
-        segs, y, rows, bulk_rows = first if first is not None else _fp_first_torch(xs, device)
-        layout = tuple((bulk, st) for _, _, bulk, st in segs)
-        z = _fp_mm(y.view(torch.int8).t().contiguous(), lambda c: _fp_blocks(layout, rows, bulk_rows, device, c))
+        done = _fp_products_triton(xs, device) if device.type in _FP_TRITON_DEVICES else None
+        segs, z = done if done is not None else _fp_products_torch(xs, device)
         event = None
         if device.type == "cuda":
             # Z (4 KiB per segment) goes to pinned host memory in the stream's order, and the event marks that
@@ -230,12 +253,13 @@ def _fp_segments(xs):
     return [(j, x[s: s + seg_bytes]) for j, x in enumerate(xs) for s in range(0, x.numel(), seg_bytes)]
 
 
-def _fp_first_torch(xs, device):
-    # The first products by int8 GEMMs (torch._int_mm): the bulk of every segment straight from the tensor (one
+def _fp_products_torch(xs, device):
+    # The products by int8 GEMMs (torch._int_mm): the bulk of every segment straight from the tensor (one
     # GEMM per segment), the rest (a last partial row, or every row of a small segment) through one staging
-    # buffer. Returns (segments as (tensor index, bytes, bulk rows, staged rows), Y, Y's rows, bulk rows):
-    # Y holds the bulk rows of every segment in order, then the staged rows in order, then zero rows.
-    # The same integers whichever rows are staged: a row's place in R2 is its place in the tensor.
+    # buffer, then one GEMM of Y with R2 laid out per segment in column blocks (_fp_blocks). Y holds the bulk
+    # rows of every segment in order, then the staged rows in order, then zero rows: the same integers whichever
+    # rows are staged, a row's place in R2 being its place in the tensor. Returns (segments as (tensor index,
+    # bytes, bulk rows, staged rows), Z).
     min_rows = _FP_MIN_ROWS.get(device.type, 1)
     own_rows = _FP_OWN_ROWS.get(device.type, min_rows)
     segs = []
@@ -270,11 +294,12 @@ def _fp_first_torch(xs, device):
         _fp_mm(buf, lambda c: _fp_matrix(b"R", _FP_ROW, device, c), y[bulk_rows:])
     elif pad:
         y[bulk_rows:].zero_()
-    return segs, y, rows, bulk_rows
+    layout = tuple((bulk, st) for _, _, bulk, st in segs)
+    return segs, _fp_mm(y.view(torch.int8).t().contiguous(), lambda c: _fp_blocks(layout, rows, bulk_rows, device, c))
 
 
 def _fp_triton():
-    # The compiled _fp_rows_kernel, or None (no Triton, or LAYOUTC_FP_TRITON=0).
+    # The Triton functions (_fp_rows_kernel, _fp_z_kernel), or None (no Triton, or LAYOUTC_FP_TRITON=0).
     if "kernel" not in _FP_TRITON_STATE:
         kernel = None
         if _FP_TRITON:
@@ -288,21 +313,20 @@ def _fp_triton():
                 source = _FP_TRITON_SOURCE
                 linecache.cache[_FP_TRITON_FILE] = (len(source), None, source.splitlines(True), _FP_TRITON_FILE)
                 exec(compile(source, _FP_TRITON_FILE, "exec"), namespace)
-                kernel = namespace["_fp_rows_kernel"]
+                kernel = (namespace["_fp_rows_kernel"], namespace["_fp_z_kernel"])
         _FP_TRITON_STATE["kernel"] = kernel
     return _FP_TRITON_STATE["kernel"]
 
 
-def _fp_first_triton(xs, device):
-    # The first products by _fp_rows_kernel, one launch per segment, every row of a segment (its last one padded
-    # with zeros by the kernel's mask) in order: Y as _fp_first_torch's with no staged rows. None where the kernel
-    # does not run here (the torch form then).
-    kernel = _fp_triton()
-    if kernel is None or _FP_ROW % _FP_TRITON_BLOCK_K:
+def _fp_products_triton(xs, device):
+    # The products by the Triton kernels: Y by _fp_rows_kernel, one launch per segment, every row of a segment
+    # (its last one padded with zeros by the kernel's mask) in order; then Z of every segment by one launch of
+    # _fp_z_kernel. Returns _fp_products_torch's (segments, Z), or None where the kernels do not run here.
+    kernels = _fp_triton()
+    if kernels is None or _FP_ROW % _FP_TRITON_BLOCK_K or _FP_COLS * 4 % 16:
         return None
     segs = [(j, part, -(-part.numel() // _FP_ROW), 0) for j, part in _fp_segments(xs)]
-    bulk_rows = sum(b for _, _, b, _ in segs)
-    rows = bulk_rows + (-bulk_rows) % _FP_ROWS_MULTIPLE.get(device.type, 8)
+    rows = sum(n for _, _, n, _ in segs)
     y = torch.zeros((rows, _FP_COLS), dtype=torch.int32, device=device)
     r = _fp_matrix(b"R", _FP_ROW, device)
     at = 0
@@ -312,11 +336,55 @@ def _fp_first_triton(xs, device):
         while tiles * split < _FP_TRITON_PROGRAMS and _FP_ROW // (2 * split) >= max(_FP_TRITON_LEAST_PART,
                                                                                    _FP_TRITON_BLOCK_K):
             split *= 2
-        kernel[(tiles, split)](part, r, y[at: at + n], part.numel(), ROW=_FP_ROW, COLS=_FP_COLS,
-                               BLOCK_M=_FP_TRITON_BLOCK_M, BLOCK_K=_FP_TRITON_BLOCK_K, PART=_FP_ROW // split,
-                               num_warps=4)
+        _fp_launch(kernels[0], (tiles, split), (part, r, y[at: at + n], part.numel()),
+                   (_FP_ROW, _FP_COLS, _FP_TRITON_BLOCK_M, _FP_TRITON_BLOCK_K, _FP_ROW // split))
         at += n
-    return segs, y, rows, bulk_rows
+    counts = tuple(n for _, _, n, _ in segs)
+    table = _fp_segment_table(counts, device)
+    z = torch.zeros((4 * _FP_COLS, _FP_COLS * len(segs)), dtype=torch.int32, device=device)
+    r2 = _fp_matrix(b"R2", _FP_SEGMENT_ROWS, device)
+    _fp_launch(kernels[1], (-(-max(counts) // _FP_TRITON_BLOCK_R), len(segs)),
+               (y.view(torch.int8), r2, z, table, len(segs)), (_FP_SEGMENT_ROWS, _FP_COLS, _FP_TRITON_BLOCK_R))
+    return segs, z
+
+
+def _fp_segment_table(counts, device):
+    # (first row in Y, rows) of every segment, int64 on the device: one per layout of a batch, kept (a copy to the
+    # device per call would cost more than the kernel that reads it).
+    key = ("segments", counts, str(device))
+    table = _FP_TRITON_STATE.get(key)
+    if table is None:
+        starts = [sum(counts[:k]) for k in range(len(counts))]
+        table = torch.tensor([v for pair in zip(starts, counts) for v in pair], dtype=torch.int64).to(device)
+        _fp_keep(key, table)
+    return table
+
+
+def _fp_keep(key, value):
+    # _FP_TRITON_STATE[key] = value, at most 64 entries besides the kernels
+    if len(_FP_TRITON_STATE) >= 64:
+        kernels = _FP_TRITON_STATE["kernel"]
+        _FP_TRITON_STATE.clear()
+        _FP_TRITON_STATE["kernel"] = kernels
+    _FP_TRITON_STATE[key] = value
+
+
+def _fp_launch(kernel, grid, args, consts):
+    # `kernel` on `grid` with its arguments and constexprs (in order). Triton's own launch binds and specialises
+    # every argument on each call (~20-30 us of host time, seven launches a layer); the compiled kernel it returns
+    # is kept per what Triton specialises on here (the kernel, the device, the constexprs, each pointer's 16-byte
+    # alignment and each integer's, an integer of 1) and called directly after (its runner still calls Triton's
+    # launch hooks).
+    spec = tuple(a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else (a % 16 == 0, a == 1) for a in args)
+    key = ("launch", id(kernel), str(args[0].device), spec, consts, _FP_TRITON_WARPS)
+    hit = _FP_TRITON_STATE.get(key)  # (kernel, compiled): the id is compared with the kernel kept
+    if hit is not None and hit[0] is kernel:
+        hit[1][(grid[0], grid[1], 1)](*args, *consts)
+        return
+    names = list(kernel.arg_names)[len(args):]
+    compiled = kernel[grid](*args, **dict(zip(names, consts)), num_warps=_FP_TRITON_WARPS)
+    if args[0].is_cuda and hasattr(compiled, "__getitem__") and getattr(compiled, "function", None):
+        _fp_keep(key, (kernel, compiled))
 
 
 def _fp_blocks(layout, rows, bulk_rows, device, split=1):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel is built: run Triton on CPU tensors
+# before any kernel is built: run Triton on CPU tensors (the suite's way; on a GPU machine, run the CUDA test of
+# test_guard_copies.py in a process of its own to check the compiled kernels)
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -22,7 +24,10 @@ pytest.importorskip("triton")
 
 @pytest.fixture
 def on_cpu(monkeypatch):
-    # the kernel's path for CPU tensors, few programs (the interpreter runs them one by one)
+    # the kernels' path for CPU tensors (their own state for this test), few programs (the interpreter runs them
+    # one by one)
+    monkeypatch.setattr(fp, "_FP_TRITON_STATE", {})
+    assert fp._fp_triton() is not None
     monkeypatch.setattr(fp, "_FP_TRITON_DEVICES", {"cuda", "cpu"})
     monkeypatch.setattr(fp, "_FP_TRITON_PROGRAMS", 4)
     monkeypatch.setattr(fp, "_FP_TRITON_LEAST_PART", 128)
@@ -36,7 +41,7 @@ def test_the_kernels_fingerprint_is_its_definition(on_cpu, monkeypatch, programs
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (1, 7, 32768 * 2, 32768 * 2 + 5)]
     ts.append(torch.randn(3, 5, generator=g).to(torch.bfloat16))
     ts.append(torch.empty(0))
-    assert fp._fp_first_triton([fp._fp_bytes_of(t) for t in ts[:4]], torch.device("cpu")) is not None
+    assert fp._fp_products_triton([fp._fp_bytes_of(t) for t in ts[:4]], torch.device("cpu")) is not None
     assert fp._fingerprints(ts) == [reference(t) for t in ts]
 
 
@@ -54,7 +59,7 @@ def test_segments_and_rows_past_the_end_with_small_constants(on_cpu, monkeypatch
 def test_without_triton_the_torch_form_runs(on_cpu, monkeypatch):
     monkeypatch.setitem(fp._FP_TRITON_STATE, "kernel", None)
     called = []
-    first = fp._fp_first_torch
-    monkeypatch.setattr(fp, "_fp_first_torch", lambda xs, d: called.append(1) or first(xs, d))
+    first = fp._fp_products_torch
+    monkeypatch.setattr(fp, "_fp_products_torch", lambda xs, d: called.append(1) or first(xs, d))
     t = torch.arange(100, dtype=torch.uint8)
     assert fp._fingerprints([t]) == [reference(t)] and called
