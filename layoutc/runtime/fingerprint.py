@@ -325,6 +325,9 @@ def _fp_products_triton(xs, device):
     kernels = _fp_triton()
     if kernels is None or _FP_ROW % _FP_TRITON_BLOCK_K or _FP_COLS * 4 % 16:
         return None
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):  # Triton launches on the current device (and its current stream)
+            return _fp_products_triton(xs, device)
     segs = [(j, part, -(-part.numel() // _FP_ROW), 0) for j, part in _fp_segments(xs)]
     rows = sum(n for _, _, n, _ in segs)
     y = torch.zeros((rows, _FP_COLS), dtype=torch.int32, device=device)
@@ -373,9 +376,10 @@ def _fp_launch(kernel, grid, args, consts):
     # `kernel` on `grid` with its arguments and constexprs (in order). Triton's own launch binds and specialises
     # every argument on each call (~20-30 us of host time, seven launches a layer); the compiled kernel it returns
     # is kept per what Triton specialises on here (the kernel, the device, the constexprs, each pointer's 16-byte
-    # alignment and each integer's, an integer of 1) and called directly after (its runner still calls Triton's
-    # launch hooks).
-    spec = tuple(a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else (a % 16 == 0, a == 1) for a in args)
+    # alignment, each integer's, an integer of 1 and its width: a 2 GiB segment's byte count is past int32) and
+    # called directly after (its runner still calls Triton's launch hooks).
+    spec = tuple(a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else (a % 16 == 0, a == 1, a < 2**31)
+                 for a in args)
     key = ("launch", id(kernel), str(args[0].device), spec, consts, _FP_TRITON_WARPS)
     hit = _FP_TRITON_STATE.get(key)  # (kernel, compiled): the id is compared with the kernel kept
     if hit is not None and hit[0] is kernel:

@@ -406,3 +406,20 @@ def test_cuda_fingerprints_are_read_back_from_pinned_host_memory():
         z, event = part[1]
         assert z.device.type == "cpu" and z.is_pinned() and event is not None
     assert fp._fingerprint_finish(handle, len(cuda)) == [reference(t) for t in ts + [ts[1][1:]]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_triton_and_cublas_forms_agree_across_segments(monkeypatch):
+    # The fingerprint's two CUDA forms (Triton kernels, cuBLAS GEMMs; the latter held to the definition above)
+    # on a tensor of two 2 GiB segments and a partial row, and on a layer's mix of sizes: the same strings.
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1" or fp._fp_triton() is None:
+        pytest.skip("the compiled Triton kernels are not what this process runs")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    big = torch.randint(0, 256, ((1 << 31) + 32768 + 5,), dtype=torch.uint8, generator=g, device="cuda")
+    small = [big[: n] for n in (1, 7, 32768 * 17 + 3)] + [big[3: 3 + 100003].clone()]
+    triton_form = fp._fingerprints([big, *small])
+    assert triton_form[1:] == [reference(t.cpu()) for t in small]
+    monkeypatch.setitem(fp._FP_TRITON_STATE, "kernel", None)
+    assert fp._fingerprints([big, *small]) == triton_form
