@@ -14,7 +14,6 @@ on the machine.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import layoutc  # noqa: E402
-from layoutc.cli.bench import timeit  # noqa: E402
+from layoutc.cli.bench import host_time, timeit  # noqa: E402
 from layoutc.convert.synthckpt import synthetic_inputs  # noqa: E402
 
 SPECS = "aiter_mxfp4,triton_kernels_mxfp4_blackwell,marlin_nvfp4,marlin_mxfp4,flashinfer_trtllm_mxfp4:pad,"\
@@ -34,18 +33,6 @@ SPECS = "aiter_mxfp4,triton_kernels_mxfp4_blackwell,marlin_nvfp4,marlin_mxfp4,fl
 PARAMS = {"pad": {"pad_to": 128, "pad_hidden": 128}, "relu2": {"activation": "relu2"},
           "gpt_oss": {"checkpoint": "gpt_oss"}, "silu": {"activation": "silu"}}
 
-
-def _host_us(fn, reps: int = 200) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    return statistics.median(times) * 1e6
 
 
 def _cut_views(shapes, device):
@@ -115,7 +102,7 @@ def main() -> int:
             "  alloc: one buffer, as_strided per dtype": lambda: _strided(total, plan, "cuda"),
         }
         for what, fn in steps.items():
-            print(f"  host {what:52s} {_host_us(fn):8.1f} us", flush=True)
+            print(f"  host {what:52s} {host_time(fn) * 1e6:8.1f} us", flush=True)
         nbytes = sum(t.numel() * t.element_size() for t in out.values())
         flat = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         buf = torch.empty_like(flat)

@@ -25,25 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import layoutc  # noqa: E402
-from layoutc.cli.bench import timeit  # noqa: E402
+from layoutc.cli.bench import host_time, timeit  # noqa: E402
 from layoutc.convert.synthckpt import synthetic_inputs  # noqa: E402
 
 SPECS = "flashinfer_cutlass_bf16,flashinfer_trtllm_mxfp4,flashinfer_cutedsl_nvfp4:relu2,marlin_mxfp4,aiter_mxfp4,"\
     "triton_kernels_mxfp4_blackwell,flashinfer_trtllm_bf16:silu,deepgemm_fp8_block"
 PARAMS = {"relu2": {"activation": "relu2"}, "silu": {"activation": "silu"}}
 
-
-def _host_us(fn, reps: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    return statistics.median(times) * 1e6
 
 
 def main() -> int:
@@ -93,7 +81,7 @@ def main() -> int:
                     for what, fn in (("fp", fp), ("default", call), ("conversion", alone)):
                         r.setdefault(what, []).append(timeit(fn, "cuda"))
                         r.setdefault(what + "_b2b", []).append(timeit(fn, "cuda", reps=5, calls=10))
-                    r.setdefault("fp_host_us", []).append(_host_us(fp))
+                    r.setdefault("fp_host_us", []).append(host_time(fp) * 1e6)
             m._FP_TRITON_STATE["kernel"] = kernel
             c1 = statistics.median(c for c, _ in copy)
             c10 = statistics.median(c for _, c in copy)

@@ -14,7 +14,6 @@ launch overlaps the kernel unless it is longer.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,24 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import layoutc  # noqa: E402
-from layoutc.cli.bench import timeit  # noqa: E402
+from layoutc.cli.bench import host_time, timeit  # noqa: E402
 from layoutc.convert.synthckpt import synthetic_inputs  # noqa: E402
 
 SPECS = [("flashinfer_cutlass_bf16", {}), ("flashinfer_trtllm_mxfp4", {}),
          ("flashinfer_cutedsl_nvfp4", {"activation": "relu2"}), ("marlin_mxfp4", {})]
 
-
-def _host_us(fn, reps: int = 100) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    return statistics.median(times) * 1e6
 
 
 def main() -> int:
@@ -87,7 +74,7 @@ def main() -> int:
         print(f"{name} {params or ''}: outputs {[tuple(t.shape) for t in ys]}, warm hit {hit is not None}, "
               f"prepared launch {fast is not None}", flush=True)
         for what, fn in steps.items():
-            print(f"  host {what:56s} {_host_us(fn):8.1f} us", flush=True)
+            print(f"  host {what:56s} {host_time(fn) * 1e6:8.1f} us", flush=True)
         nbytes = sum(t.numel() * t.element_size() for t in ys)
         flat = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         buf = torch.empty_like(flat)

@@ -61,6 +61,21 @@ def timeit(fn: Callable[[], Any], device: str, warmup: int = 3, reps: int = 20, 
 BACK_TO_BACK = 10
 
 
+def host_time(fn: Callable[[], Any], reps: int = 100, warmup: int = 5) -> float:
+    """Median seconds until ``fn`` returns, the CUDA device idle at each start: the host's share of a call
+    (what it launches is not waited for; :func:`timeit` gives the device's)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def peak_extra(fn: Callable[[], Any], device: str) -> int | None:
     if not device.startswith("cuda"):
         return None
