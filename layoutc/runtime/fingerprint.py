@@ -68,7 +68,7 @@ _FP_MATRICES = {}
 _FP_BLOCKS = {}
 _FP_ZEROS = {}
 
-#: On CUDA, the first product of every segment by one Triton kernel (_fp_rows_triton) where Triton imports, unless
+#: On CUDA, both products by Triton kernels (_fp_products_triton) where Triton imports, unless
 #: LAYOUTC_FP_TRITON=0 (read at import): cuBLAS's int8 GEMM of 16 columns streamed a 277 MB output at ~2.4 TB/s and
 #: took ~70 us for each small one, and the rests of rows went through a staging copy.
 _FP_TRITON = os.environ.get("LAYOUTC_FP_TRITON", "1") != "0"
