@@ -21,11 +21,15 @@ plans' data (no code per spec):
   index with unread words; the 4x4 byte transpose; the permutation): the same four tables, indexed by
   byte ``j`` of each source word.
 
-Each kernel releases the GIL (``nogil``) and a call runs it on ``torch.get_num_threads()`` Python threads
-(a parallel numba loop took longer to compile), which take parts of the output from a shared counter
-rather than one fixed share each: after a parallel torch op, torch's OpenMP threads spin for a few
-milliseconds before they sleep and take a core from any other thread, and a fixed half on that core
-finished at half speed, the call waiting on it (SM90 quads: 2x the time of a quiet process). Every
+A call runs its kernel in parts on ``torch.get_num_threads()`` threads, each taking parts of the output from a
+shared counter rather than one fixed share. Where torch runs its ops on OpenMP (``GOMP_parallel`` in the
+process: torch's own runtime), the threads are torch's: one OpenMP parallel region (``_nb_omp_run``) whose
+body, a numba ``cfunc`` per kernel and argument types, takes parts by an atomic counter. After a parallel
+torch op (a clone, a fingerprint's GEMM, the previous tensor's lookups), torch's OpenMP threads spin for a
+few milliseconds before they sleep; Python threads of our own then shared the two cores with a spinning
+thread, and the kernels took 1.5-2x their time in a quiet process (BENCHMARKS.md), where torch's threads take
+the work at once. Elsewhere (no OpenMP, ``LAYOUTC_NUMBA_OMP=0``) the calling thread and worker Python threads
+take the parts (each kernel releases the GIL, ``nogil``; a parallel numba loop took longer to compile). Every
 address a kernel reads is checked against its source's length: a table or index that would read outside
 it makes the call raise (never a read outside the tensor). Plain run tables (no bit permutation) stay
 torch's ``index_select``: a numba loop of one-byte lookups was no faster than it on the CPU machine
@@ -46,7 +50,9 @@ first use only); ``tests/lower/test_native.py`` holds each kernel to the torch f
 
 import torch
 
-_NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "pool": worker threads
+_NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "pool": worker threads, "gomp"
+#: int64 slots of an OpenMP call's job before its arguments' (3 each): the parts' counter, failures, parts, total
+_NB_JOB_HEAD = 4
 _NB_MIN_SPLIT = 1 << 16  # words of output under which a call runs on the calling thread alone
 _NB_PARTS_PER_THREAD = 8  # parts a thread takes in turn (a slowed thread takes fewer)
 # numba.uint64 once numba is imported (_nb): the kernels' indices, each known to be >= 0 (checked against the
@@ -266,8 +272,11 @@ def _nb_run(name, args, total, weight):
         kernel = kernels[name] = _nb_jit(kernels["numba"], kernel.py_func, False)
         kernel(*args, 0, 0)
     threads = max(1, min(torch.get_num_threads(), total, total * weight // _NB_MIN_SPLIT))
+    gomp = _nb_gomp() if threads > 1 else None
     if threads == 1:
         bad = [kernel(*args, 0, total)]
+    elif gomp is not None:
+        bad = [_nb_omp_run(gomp, kernels, name, kernel, args, total, threads)]
     else:
         import itertools
 
@@ -291,6 +300,137 @@ def _nb_run(name, args, total, weight):
         bad = [take()] + [f.result() for f in futures]
     if any(bad):
         raise IndexError("a run table reads outside its input (the converter's plan does not fit this tensor)")
+
+
+def _nb_gomp():
+    """``GOMP_parallel`` of the OpenMP runtime torch runs its CPU ops on (a ctypes function), or None: torch's
+    parallel backend is not OpenMP, the process has no such symbol (not Linux or macOS), or
+    ``LAYOUTC_NUMBA_OMP=0``. Looked up once per process."""
+    got = _NB_STATE.get("gomp", False)
+    if got is not False:
+        return got
+    import os
+
+    got = None
+    if os.environ.get("LAYOUTC_NUMBA_OMP", "1").strip() != "0" and \
+            "parallel backend: OpenMP" in torch.__config__.parallel_info():
+        import ctypes
+
+        try:  # the runtime torch loaded (its libgomp's symbols are global in the process)
+            got = ctypes.CDLL(None).GOMP_parallel
+        except (OSError, AttributeError, TypeError):
+            got = None
+        try:  # the body's intrinsics are LLVM IR (llvmlite: numba's own dependency)
+            from llvmlite import ir
+            from numba.core.extending import intrinsic
+        except ImportError:
+            got = None
+        if got is not None:
+            got.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
+            got.restype = None
+            _NB_STATE["llvm"] = (ir, intrinsic)
+    _NB_STATE["gomp"] = got
+    return got
+
+
+def _nb_omp_tools(numba, ir, intrinsic):
+    # numba intrinsics of the OpenMP body: an address as an int64, an int64 as a pointer to one element type (by
+    # numpy's dtype string), and an atomic add to the int64 at an address (returning its old value)
+    types = numba.types
+
+    @intrinsic
+    def address(typingctx, p):
+        def codegen(context, builder, signature, args):
+            return builder.ptrtoint(args[0], ir.IntType(64))
+        return types.int64(types.voidptr), codegen
+
+    def pointer_to(element):
+        @intrinsic
+        def pointer(typingctx, at):
+            def codegen(context, builder, signature, args):
+                return builder.inttoptr(args[0], context.get_value_type(types.CPointer(element)))
+            return types.CPointer(element)(types.int64), codegen
+        return pointer
+
+    @intrinsic
+    def atomic_add(typingctx, at, value):
+        def codegen(context, builder, signature, args):
+            return builder.atomic_rmw("add", builder.inttoptr(args[0], ir.IntType(64).as_pointer()), args[1],
+                                      "monotonic")
+        return types.int64(types.int64, types.int64), codegen
+
+    pointers = {"<i4": pointer_to(types.int32), "<i8": pointer_to(types.int64), "|u1": pointer_to(types.uint8)}
+    return {"address": address, "pointers": pointers, "atomic_add": atomic_add, "carray": numba.carray}
+
+
+def _nb_omp_body(kernels, name, kernel, args):
+    """The ``cfunc`` (``void(void*)``) that runs ``kernel``'s parts in an OpenMP region: its argument is a job
+    (int64 slots, :func:`_nb_omp_run`), from which it views each array argument by its address and shape (the
+    element type and number of dimensions are the function's own: one per kernel and argument types), takes
+    parts ``k`` from the job's counter until none is left, and counts parts whose kernel reported a read outside
+    its source. Compiled once per process for each (its source is this text, with the arguments' places)."""
+    shapes = tuple((a.dtype.str, a.ndim) if _nb_is_array(a) else None for a in args)
+    key = ("omp", name, id(kernel), shapes)
+    got = kernels.get(key)
+    if got is not None:
+        return got
+    numba = kernels["numba"]
+    tools = kernels.get("omp tools")
+    if tools is None:
+        tools = kernels["omp tools"] = _nb_omp_tools(numba, *_NB_STATE["llvm"])
+    space = {"carray": tools["carray"], "address": tools["address"], "atomic_add": tools["atomic_add"],
+             "kernel": kernel, "job_at": tools["pointers"]["<i8"]}
+    lines = ["def body(data):", f"    job = carray(job_at(address(data)), {_NB_JOB_HEAD + 3 * len(args)})"]
+    for i, shape in enumerate(shapes):
+        at = _NB_JOB_HEAD + 3 * i  # value or address, then the two first dimensions
+        if shape is None:
+            lines.append(f"    a{i} = job[{at}]")
+            continue
+        if shape[0] not in tools["pointers"] or shape[1] not in (1, 2):
+            raise TypeError(f"native kernel {name!r}: no OpenMP view of a {shape[1]}-d {shape[0]} array")
+        space[f"p{i}"] = tools["pointers"][shape[0]]
+        dims = f"job[{at + 1}]" if shape[1] == 1 else f"(job[{at + 1}], job[{at + 2}])"
+        lines.append(f"    a{i} = carray(p{i}(job[{at}]), {dims})")
+    names = "".join(f"a{i}, " for i in range(len(args)))
+    lines += ["    parts = job[2]",
+              "    total = job[3]",
+              "    counter = address(data)",
+              "    while True:",
+              "        k = atomic_add(counter, 1)",
+              "        if k >= parts:",
+              "            return",
+              f"        if kernel({names}total * k // parts, total * (k + 1) // parts):",
+              "            atomic_add(counter + 8, 1)"]
+    exec(compile("\n".join(lines) + "\n", f"<layoutc native OpenMP body {name}>", "exec"), space)
+    got = kernels[key] = numba.cfunc(numba.types.void(numba.types.voidptr))(space["body"])
+    return got
+
+
+def _nb_is_array(a):
+    # a numpy array argument of a kernel (else an integer)
+    return hasattr(a, "__array_interface__")
+
+
+def _nb_omp_run(gomp, kernels, name, kernel, args, total, threads):
+    """``kernel(*args, lo, hi)`` over [0, total) in parts on ``threads`` OpenMP threads (torch's runtime, so the
+    threads of its last parallel op, spinning, take the parts at once): one ``GOMP_parallel`` call of the
+    kernel's body (:func:`_nb_omp_body`; ctypes releases the GIL for it). Returns 1 where a part read outside
+    its source, else 0."""
+    import operator
+
+    body = _nb_omp_body(kernels, name, kernel, args)
+    parts = min(total, threads * _NB_PARTS_PER_THREAD)
+    slots = [0, 0, parts, total]
+    for a in args:
+        if not _nb_is_array(a):
+            slots += [operator.index(a), 0, 0]  # an integer (the kernels take no other scalar)
+        else:  # the kernels' arrays are contiguous numpy views (_nb_array, .numpy() of contiguous tensors)
+            if not a.flags.c_contiguous:
+                raise AssertionError("a native kernel's array argument is not contiguous")
+            slots += [a.ctypes.data, a.shape[0], a.shape[1] if a.ndim > 1 else 0]
+    job = torch.tensor(slots, dtype=torch.int64)  # alive, with every argument, until the region ends
+    gomp(body.address, job.data_ptr(), threads, 0)
+    return int(job[1] != 0)
 
 
 def _nb_luts(table, conv=None):

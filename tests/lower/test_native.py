@@ -251,6 +251,7 @@ def test_parts_are_taken_once_each_and_a_failing_part_raises(native_ns, monkeypa
 
     monkeypatch.setitem(kernels, "fake", kernel)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setitem(native_ns, "_nb_gomp", lambda: None)  # Python threads (the OpenMP form: the next test)
     if bad is not None:
         with pytest.raises(IndexError, match="outside its input"):
             native_ns["_nb_run"]("fake", (), total, native_ns["_NB_MIN_SPLIT"])
@@ -260,6 +261,74 @@ def test_parts_are_taken_once_each_and_a_failing_part_raises(native_ns, monkeypa
     assert parts[0][0] == 0 and parts[-1][1] == total
     assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous, none twice
     assert len(parts) == min(total, threads * native_ns["_NB_PARTS_PER_THREAD"])
+
+
+@pytest.mark.parametrize("threads, total, bad", [(2, 1000, None), (3, 1000, None), (3, 5, None), (2, 1000, 999),
+                                                 (3, 1000, 0), (2, 1, None)])
+def test_openmp_threads_take_every_part_once_and_a_failing_part_raises(native_ns, monkeypatch, threads, total, bad):
+    # Where torch runs on OpenMP, _nb_run runs a kernel's parts in one OpenMP region of torch's runtime (a numba
+    # cfunc taking parts by an atomic counter): every index of [0, total) is written once, whichever thread took
+    # its part, and a part whose kernel reports a bad read raises. The fake kernel is compiled as the real ones.
+    gomp = native_ns["_nb_gomp"]()
+    if gomp is None:
+        pytest.skip("torch's CPU ops do not run on OpenMP here")
+    kernels = native_ns["_nb"]()
+
+    def fake(seen, bad, lo, hi):
+        failed = 0
+        for i in range(lo, hi):
+            seen[i] += 1
+            if i == bad:
+                failed = 1
+        return failed
+
+    monkeypatch.setitem(kernels, "fake", numba.njit(nogil=True)(fake))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    regions, run = [], native_ns["_nb_omp_run"]
+    monkeypatch.setitem(native_ns, "_nb_omp_run", lambda *a: regions.append(a[-1]) or run(*a))
+    seen = torch.zeros(total, dtype=torch.int64)
+    args = (seen.numpy(), -1 if bad is None else bad)
+    if bad is not None:
+        with pytest.raises(IndexError, match="outside its input"):
+            native_ns["_nb_run"]("fake", args, total, native_ns["_NB_MIN_SPLIT"])
+        assert int(seen.sum()) == total  # the other parts still ran, each once
+        return
+    native_ns["_nb_run"]("fake", args, total, native_ns["_NB_MIN_SPLIT"])
+    assert seen.tolist() == [1] * total
+    assert regions == ([threads] if total > 1 else [])  # one region of all threads; one part: the caller alone
+
+
+def test_the_openmp_switch_leaves_python_threads(native_ns, monkeypatch):
+    # LAYOUTC_NUMBA_OMP=0 (read on the first look-up in a process): the kernels' parts on Python threads.
+    monkeypatch.delitem(native_ns["_NB_STATE"], "gomp", raising=False)
+    monkeypatch.setenv("LAYOUTC_NUMBA_OMP", "0")
+    assert native_ns["_nb_gomp"]() is None
+    monkeypatch.delitem(native_ns["_NB_STATE"], "gomp")
+    monkeypatch.delenv("LAYOUTC_NUMBA_OMP")
+    on_openmp = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+    assert (native_ns["_nb_gomp"]() is not None) == (on_openmp and sys.platform.startswith("linux"))
+
+
+def test_openmp_and_python_threads_give_the_same_words(native_ns, monkeypatch):
+    # The three grouped kernels of the shipped specs through both thread forms: the same bits.
+    spec = _spec("vllm_cutlass_w4a8")
+    x = synthetic_inputs(spec, {"E": 2, "I": 256, "H": 512}, seed=3)
+    if native_ns["_nb_gomp"]() is None:
+        pytest.skip("torch's CPU ops do not run on OpenMP here")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    flat = x["w13_weight_packed"].reshape(-1).view(torch.uint8)
+    table = tuple(reversed(range(32)))
+    for inner in (torch.arange(1 << 12, dtype=torch.int32).view(-1, 4, 4).transpose(1, 2).reshape(-1),
+                  torch.arange(1 << 12, dtype=torch.int32).view(-1, 2, 2, 2).transpose(1, 2).reshape(-1)):
+        found = native_ns["_nb_word_quads"](inner)
+        assert found is not None
+        plan = ("native", inner, torch.arange(0, flat.numel() // 2, 1 << 12, dtype=torch.int32), 12, 2,
+                flat.numel() // 2, found)
+        omp = native_ns["_nb_words"](flat, plan, (flat.numel() // 4,), table)
+        with monkeypatch.context() as m:
+            m.setitem(native_ns, "_nb_gomp", lambda: None)
+            pool = native_ns["_nb_words"](flat, plan, (flat.numel() // 4,), table)
+        assert torch.equal(omp, pool)
 
 
 def test_a_table_that_reads_past_its_input_raises_and_reads_nothing(native_ns):
