@@ -559,8 +559,13 @@ def _nb_words(x, plan, shape, table, conv=None):
 def _nb_quads(src_words, rows, quads, step, unread, table, shape):
     """The int32 words of ``shape`` of a quads plan: row r's quad q reads source words
     ``rows[r, b] + q * step`` (b = 0..3; none where ``unread[r, b]``), output word j of the quad byte j of
-    each, the bits permuted by ``table``."""
+    each, the bits permuted by ``table``. A per-quad index (``quads`` 1) whose data is rows of quads at one step
+    runs as those rows (:func:`_nb_quad_rows`)."""
     luts = _nb_luts(table)
+    if quads == 1 and step == 0 and len(shape) > 0 and shape[-1] % 4 == 0:
+        found = _nb_quad_rows(rows, unread, shape[-1] // 4)
+        if found is not None:
+            rows, quads, step, unread = found
     rows = rows.reshape(-1, 4)
     rows = rows.to(torch.int32) if rows.dtype != torch.int32 and rows.numel() and int(rows.max()) < 2**31 else rows
     mask = (torch.empty((0, 4), dtype=torch.uint8) if unread is None
@@ -571,6 +576,40 @@ def _nb_quads(src_words, rows, quads, step, unread, table, shape):
     _nb_run("quads", (_nb_array(src_words, torch.int32), rows.contiguous().numpy(), quads, step,
                              mask.numpy(), luts.numpy(), _nb_array(out, torch.int32)), rows.shape[0], 4 * quads)
     return out
+
+
+def _nb_quad_rows(index, unread, per_row):
+    """A per-quad index of source words (``[..., 4]``, one row of 4 a quad; ``unread`` None or the words not read)
+    as rows of ``per_row`` quads where its data has them: ``(rows, per_row, step, unread)``, row r's quad q
+    reading words ``rows[r, b] + q * step`` and ``unread`` ``[rows, 4]``, where every source word b of every row
+    is either read by all the row's quads at that one step or by none of them (padding rows); else None. The
+    SM90 quads with padding in the spec take the per-quad index (its map has no row stride), whose 16 bytes a
+    quad the kernel read besides the source; at sizes that need no padding the index is such rows
+    (BENCHMARKS.md). Found once per index tensor (kept by a weak reference: a new table of the run cache is
+    looked at again)."""
+    import weakref
+
+    seen = _NB_STATE.setdefault("quad rows", {})
+    key = (id(index), id(unread), per_row)
+    got = seen.get(key)
+    if got is not None and got[0]() is index and (unread is None or got[1]() is unread):
+        return got[2]
+    found = None
+    count = index.numel() // 4 if index.dim() and index.shape[-1] == 4 else 0
+    if per_row > 1 and count and count % per_row == 0:
+        idx = index.reshape(-1, per_row, 4).to(torch.int64)
+        gone = None if unread is None else unread.reshape(-1, per_row, 4)
+        if gone is None or bool((gone == gone[:, :1]).all()):
+            live = torch.ones_like(idx[:, 0], dtype=torch.bool) if gone is None else ~gone[:, 0]
+            steps = (idx[:, 1:] - idx[:, :-1])[live.unsqueeze(1).expand(-1, per_row - 1, -1)]
+            if steps.numel() == 0 or bool((steps == steps[0]).all()):
+                rows = torch.where(live, idx[:, 0], 0).to(index.dtype).contiguous()
+                found = (rows, per_row, int(steps[0]) if steps.numel() else 0,
+                         None if gone is None else gone[:, 0].contiguous())
+    if len(seen) >= 64:
+        seen.clear()
+    seen[key] = (weakref.ref(index), None if unread is None else weakref.ref(unread), found)
+    return found
 
 
 def _nb_values(y, convert):

@@ -233,6 +233,47 @@ def test_quads_equal_the_transpose_then_the_permutation(native_ns, seed, table, 
     assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
 
 
+@given(seed=st.integers(0, 2**16), rows=st.integers(1, 6), per_row=st.integers(1, 6), step=st.integers(-2, 3),
+       padding=st.booleans(), break_at=st.one_of(st.none(), st.integers(0, 10**6)))
+@settings(max_examples=40, deadline=None)
+def test_a_per_quad_index_of_rows_at_a_step_runs_as_those_rows(native_ns, seed, rows, per_row, step, padding,
+                                                               break_at):
+    # _nb_quads given a per-quad index (quads 1) whose data is rows of quads at one step (padding rows: every quad of
+    # the row leaves the same words unread) runs it as those rows: the same words as the per-quad kernel; an index
+    # that is not such rows (a read entry moved off the step, or one quad's word unread alone) is left as it is.
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(-2**31, 2**31, (256,), dtype=torch.int64, generator=g).to(torch.int32)
+    lo = max(0, -step * (per_row - 1))
+    first = torch.randint(lo, 256 - max(0, step * (per_row - 1)), (rows, 1, 4), generator=g)
+    index = (first + step * torch.arange(per_row).view(1, -1, 1)).to(torch.int32)  # [row, quad, b]
+    unread = None
+    if padding:
+        unread = (torch.rand(rows, 1, 4, generator=g) < 0.4).expand(-1, per_row, -1).contiguous()
+        index = torch.where(unread, 0, index)
+    broken = False
+    if break_at is not None:
+        at = break_at % index.numel()
+        if unread is not None and break_at % 2:
+            unread.view(-1)[at] = ~unread.view(-1)[at]  # one word unread (or read) alone in its row
+            broken = True
+        else:
+            index.view(-1)[at] += 1  # off the step (with padding, the moved word may be unread, or the row's only
+            broken = unread is None  # word read, whose rows are still at one step: the words above decide)
+    table = tuple(torch.randperm(32, generator=g).tolist())
+    shape = (rows, 4 * per_row)
+    got = native_ns["_nb_quads"](src, index, 1, 0, unread, table, shape)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(native_ns, "_nb_quad_rows", lambda *a: None)
+        want = native_ns["_nb_quads"](src, index, 1, 0, unread, table, shape)
+    assert torch.equal(got, want)
+    found = native_ns["_nb_quad_rows"](index, unread, per_row)
+    if per_row == 1 or broken:
+        assert found is None
+    elif break_at is None:
+        assert found is not None and found[1] == per_row
+        assert found[2] == step or (unread is not None and bool(unread.all()))  # no word read: any step
+
+
 @pytest.mark.parametrize("threads, total, bad", [(2, 1000, None), (3, 1000, None), (3, 5, None), (2, 1000, 999),
                                                  (3, 1000, 0)])
 def test_parts_are_taken_once_each_and_a_failing_part_raises(native_ns, monkeypatch, threads, total, bad):
@@ -296,6 +337,33 @@ def test_openmp_threads_take_every_part_once_and_a_failing_part_raises(native_ns
     native_ns["_nb_run"]("fake", args, total, native_ns["_NB_MIN_SPLIT"])
     assert seen.tolist() == [1] * total
     assert regions == ([threads] if total > 1 else [])  # one region of all threads; one part: the caller alone
+
+
+def test_calls_from_several_python_threads_at_once_give_the_eager_bits():
+    # Converters called from four Python threads at once (each call an OpenMP region of its own thread's team, or
+    # the Python worker threads): every output equals the eager lowering's, on every kernel kind.
+    import threading
+
+    jobs = []
+    for name in ("vllm_cutlass_w4a8", "flashinfer_cutlass_bf16", "marlin_nvfp4", "flashinfer_cutlass_mxfp4_padded"):
+        s = _spec(name)
+        x = synthetic_inputs(s, {"E": 2, "I": 256, "H": 512}, seed=5)
+        jobs.append((s, x, s.convert(x, lowering="eager", fingerprint=False)))
+    wrong = []
+
+    def work(i):
+        for r in range(4):
+            s, x, want = jobs[(i + r) % len(jobs)]
+            got = s.convert(x, fingerprint=False)
+            wrong.extend((s.name, k) for k in want if not torch.equal(got[k].view(torch.uint8),
+                                                                       want[k].view(torch.uint8)))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
 
 
 def test_the_openmp_switch_leaves_python_threads(native_ns, monkeypatch):
