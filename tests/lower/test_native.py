@@ -242,7 +242,7 @@ def test_a_per_quad_index_of_rows_at_a_step_runs_as_those_rows(native_ns, seed, 
     # the row leaves the same words unread) runs it as those rows: the same words as the per-quad kernel; an index
     # that is not such rows (a read entry moved off the step, or one quad's word unread alone) is left as it is.
     g = torch.Generator().manual_seed(seed)
-    src = torch.randint(-2**31, 2**31, (256,), dtype=torch.int64, generator=g).to(torch.int32)
+    src = torch.randint(-2**31, 2**31, (257,), dtype=torch.int64, generator=g).to(torch.int32)  # one past a move
     lo = max(0, -step * (per_row - 1))
     first = torch.randint(lo, 256 - max(0, step * (per_row - 1)), (rows, 1, 4), generator=g)
     index = (first + step * torch.arange(per_row).view(1, -1, 1)).to(torch.int32)  # [row, quad, b]
