@@ -596,16 +596,23 @@ def _nb_quad_rows(index, unread, per_row):
         return got[2]
     found = None
     count = index.numel() // 4 if index.dim() and index.shape[-1] == 4 else 0
-    if per_row > 1 and count and count % per_row == 0:
-        idx = index.reshape(-1, per_row, 4).to(torch.int64)
+    if per_row > 1 and count and count % per_row == 0 and index.dtype in (torch.int32, torch.int64):
+        # entries are word indices >= 0 (int32 where they fit), so differences fit the index's own type
+        idx = index.reshape(-1, per_row, 4)
         gone = None if unread is None else unread.reshape(-1, per_row, 4)
         if gone is None or bool((gone == gone[:, :1]).all()):
-            live = torch.ones_like(idx[:, 0], dtype=torch.bool) if gone is None else ~gone[:, 0]
-            steps = (idx[:, 1:] - idx[:, :-1])[live.unsqueeze(1).expand(-1, per_row - 1, -1)]
-            if steps.numel() == 0 or bool((steps == steps[0]).all()):
-                rows = torch.where(live, idx[:, 0], 0).to(index.dtype).contiguous()
-                found = (rows, per_row, int(steps[0]) if steps.numel() else 0,
-                         None if gone is None else gone[:, 0].contiguous())
+            steps = idx[:, 1:] - idx[:, :-1]
+            if gone is None:
+                step = int(steps.view(-1)[0])
+                regular = bool((steps == step).all())
+            else:  # the step of the read words; the unread ones' entries (0) are not looked at
+                live = ~gone[:, :1].expand(-1, per_row - 1, -1)
+                read = steps[live]
+                step = int(read[0]) if read.numel() else 0
+                regular = bool((read == step).all())
+            if regular:
+                rows = idx[:, 0] if gone is None else torch.where(gone[:, 0], 0, idx[:, 0])
+                found = (rows.contiguous(), per_row, step, None if gone is None else gone[:, 0].contiguous())
     if len(seen) >= 64:
         seen.clear()
     seen[key] = (weakref.ref(index), None if unread is None else weakref.ref(unread), found)
