@@ -339,7 +339,7 @@ def test_openmp_threads_take_every_part_once_and_a_failing_part_raises(native_ns
     assert regions == ([threads] if total > 1 else [])  # one region of all threads; one part: the caller alone
 
 
-def test_calls_from_several_python_threads_at_once_give_the_eager_bits():
+def test_calls_from_several_python_threads_at_once_give_the_eager_bits(monkeypatch):
     # Converters called from four Python threads at once (each call an OpenMP region of its own thread's team, or
     # the Python worker threads): every output equals the eager lowering's, on every kernel kind.
     import threading
@@ -347,8 +347,12 @@ def test_calls_from_several_python_threads_at_once_give_the_eager_bits():
     jobs = []
     for name in ("vllm_cutlass_w4a8", "flashinfer_cutlass_bf16", "marlin_nvfp4", "flashinfer_cutlass_mxfp4_padded"):
         s = _spec(name)
-        x = synthetic_inputs(s, {"E": 2, "I": 256, "H": 512}, seed=5)
+        x = synthetic_inputs(s, {"E": 2, "I": 512, "H": 1024}, seed=5)  # large enough for parts on 2 threads
         jobs.append((s, x, s.convert(x, lowering="eager", fingerprint=False)))
+    regions = []
+    for s, _, _ in jobs:  # count the OpenMP regions (where torch runs on OpenMP), each module's own function
+        run = s.module._nb_omp_run
+        monkeypatch.setattr(s.module, "_nb_omp_run", lambda *a, run=run: regions.append(a[2]) or run(*a))
     wrong = []
 
     def work(i):
@@ -364,6 +368,8 @@ def test_calls_from_several_python_threads_at_once_give_the_eager_bits():
     for t in threads:
         t.join()
     assert wrong == []
+    if jobs[0][0].module._nb_gomp() is not None and torch.get_num_threads() > 1:
+        assert {"wpairs", "wquads", "quads"} <= set(regions)
 
 
 def test_the_openmp_switch_leaves_python_threads(native_ns, monkeypatch):
@@ -384,6 +390,9 @@ def test_openmp_and_python_threads_give_the_same_words(native_ns, monkeypatch):
     if native_ns["_nb_gomp"]() is None:
         pytest.skip("torch's CPU ops do not run on OpenMP here")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setitem(native_ns, "_NB_MIN_SPLIT", 1)  # these small calls in parts too
+    regions, run = [], native_ns["_nb_omp_run"]
+    monkeypatch.setitem(native_ns, "_nb_omp_run", lambda *a: regions.append(a[2]) or run(*a))
     flat = x["w13_weight_packed"].reshape(-1).view(torch.uint8)
     table = tuple(reversed(range(32)))
     for inner in (torch.arange(1 << 12, dtype=torch.int32).view(-1, 4, 4).transpose(1, 2).reshape(-1),
@@ -397,6 +406,7 @@ def test_openmp_and_python_threads_give_the_same_words(native_ns, monkeypatch):
             m.setitem(native_ns, "_nb_gomp", lambda: None)
             pool = native_ns["_nb_words"](flat, plan, (flat.numel() // 4,), table)
         assert torch.equal(omp, pool)
+    assert regions == ["wquads", "wpairs"]  # each through one OpenMP region (the pool's: none)
 
 
 def test_a_table_that_reads_past_its_input_raises_and_reads_nothing(native_ns):
