@@ -5,7 +5,8 @@
 ``--old DIR``: another checkout's root (e.g. ``git archive 07682de layoutc | tar -x -C DIR``). Each tree
 writes the spec's converter module (a subprocess with that tree's ``layoutc``); both modules are loaded
 here under their own names, so their numba kernels are compiled apart, and called on the same inputs.
-Per round: a clone of every input, the old module's ``convert(x, fingerprint=False)``, the new one's; the
+Per round: a clone of every input, the old module's ``convert(x, fingerprint=False)`` (``--fingerprint``: the
+default call, the outputs fingerprinted), the new one's; the
 medians of ``--reps`` rounds (one untimed round first) and their ratios. ``same``: every output of the two
 modules has the same bytes. ``first``: each module's first call in this process (numba's compile of the
 kernels it is the first to use is in it; numba itself is already imported). ``kernels``: the native kernels
@@ -49,6 +50,7 @@ def main() -> None:
     ap.add_argument("--shape", default="E=8,I=1024,H=2048")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--fingerprint", action="store_true", help="default calls (the outputs' fingerprint on)")
     args = ap.parse_args()
     import torch
 
@@ -58,7 +60,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     shape = {k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(","))}
     print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
-          f"{os.cpu_count()} cpus; threads {torch.get_num_threads()}; load average {os.getloadavg()}; shape {shape}")
+          f"{os.cpu_count()} cpus; threads {torch.get_num_threads()}; load average {os.getloadavg()}; shape {shape}; "
+          f"fingerprint {args.fingerprint}")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.specs.split(","):
@@ -74,14 +77,14 @@ def main() -> None:
             first = {}
             for label, m in mods.items():
                 t0 = time.perf_counter()
-                m.convert(x, fingerprint=False)
+                m.convert(x, fingerprint=args.fingerprint)
                 first[label] = time.perf_counter() - t0
-            a, b = (mods[k].convert(x, fingerprint=False) for k in ("old", "new"))
+            a, b = (mods[k].convert(x, fingerprint=args.fingerprint) for k in ("old", "new"))
             same = a.keys() == b.keys() and all(
                 torch.equal(a[k].contiguous().view(torch.uint8), b[k].contiguous().view(torch.uint8)) for k in a)
             fns = [lambda x=x: {k: v.clone() for k, v in x.items()},
-                   lambda x=x, m=mods["old"]: m.convert(x, fingerprint=False),
-                   lambda x=x, m=mods["new"]: m.convert(x, fingerprint=False)]
+                   lambda x=x, m=mods["old"]: m.convert(x, fingerprint=args.fingerprint),
+                   lambda x=x, m=mods["new"]: m.convert(x, fingerprint=args.fingerprint)]
             times = [[] for _ in fns]
             for fn in fns:
                 fn()

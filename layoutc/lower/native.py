@@ -48,6 +48,9 @@ The functions here are copied whole into generated converters (torch and builtin
 first use only); ``tests/lower/test_native.py`` holds each kernel to the torch forms bit for bit.
 """
 
+# not copied into converters (torch_emit.native_source copies what follows `import torch`): they carry
+# layoutc.runtime.fingerprint whole
+from ..runtime.fingerprint import _fp_gomp
 import torch
 
 _NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "pool": worker threads, "gomp"
@@ -312,22 +315,14 @@ def _nb_gomp():
     import os
 
     got = None
-    if os.environ.get("LAYOUTC_NUMBA_OMP", "1").strip() != "0" and \
-            "parallel backend: OpenMP" in torch.__config__.parallel_info():
-        import ctypes
-
-        try:  # the runtime torch loaded (its libgomp's symbols are global in the process)
-            got = ctypes.CDLL(None).GOMP_parallel
-        except (OSError, AttributeError, TypeError):
-            got = None
+    if os.environ.get("LAYOUTC_NUMBA_OMP", "1").strip() != "0":
+        got = _fp_gomp()  # torch's runtime's GOMP_parallel (layoutc.runtime.fingerprint: its CPU kernel's too)
         try:  # the body's intrinsics are LLVM IR (llvmlite: numba's own dependency)
             from llvmlite import ir
             from numba.core.extending import intrinsic
         except ImportError:
             got = None
         if got is not None:
-            got.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
-            got.restype = None
             _NB_STATE["llvm"] = (ir, intrinsic)
     _NB_STATE["gomp"] = got
     return got

@@ -127,6 +127,185 @@ _FP_TRITON_BLOCK_R = 256
 _FP_TRITON_WARPS = 4
 
 
+#: On the CPU, the first product by a kernel of our own (_fp_native_ir, compiled by llvmlite's LLVM for the host) where
+#: the host is x86-64 with AVX-512 VNNI and llvmlite imports, unless LAYOUTC_FP_NATIVE=0 (read at import): oneDNN's
+#: int8 GEMM of 16 columns (torch._int_mm) took 1.7-2.0 ms for a 27 MB layer on the 2-core CPU machine, the kernel
+#: 0.9-1.0 ms (one VPDPBUSD, 64 byte products, for 4 bytes of X and the 16 columns; BENCHMARKS.md).
+_FP_NATIVE = os.environ.get("LAYOUTC_FP_NATIVE", "1") != "0"
+#: Rows of X one step of the kernel reads together (each 4 bytes of R's 16 columns, loaded once, serve all of
+#: them); 16 row streams at the rows' 32 KiB stride took twice the time (one L1 set for all of them).
+_FP_NATIVE_GROUP = 8
+_FP_NATIVE_STEPS = 2
+_FP_NATIVE_STATE = {}  # (row, cols, group): the kernel (or None: it does not run here); "gomp", "pool"
+
+
+def _fp_native_ir(row, group, steps):
+    # LLVM IR (x86-64, AVX-512 VNNI) of Y = X @ R for X's rows of `row` bytes (a multiple of 256 and of 4 * steps),
+    # made from the three integers only. VPDPBUSD multiplies unsigned bytes by signed ones, 4 products summed into
+    # each int32 lane: for 4 bytes x[k..k+3] of a row, broadcast to 16 lanes, and R's rows k..k+3 packed as lane
+    # c's 4 bytes (R'[k / 4, c, i] = R[k + i, c] + 128, unsigned), the lanes gain sum_i x[k + i] * (R[k + i, c] +
+    # 128). So a row's lanes end as Y[m, c] + 128 * sum(x[m]), and the row sum (VPDPBUSD of the bytes against
+    # bytes of 1) is taken away: exact int32 arithmetic (|lane| <= row * 255 * 128 = 2^30 at the shipped row).
+    # fp_group(x, r, y, g, n): rows g .. g + group - 1 of the n rows (one past the last reads and writes the last
+    # row again: the same values), `steps` 4-byte steps of each a loop turn, each step's sums apart (group *
+    # steps chains of VPDPBUSD: one chain waits its latency); fp_sum(p): a row's byte sum (4 chains);
+    # fp_body(job): groups from an atomic counter until none is left (job: counter, groups, then the addresses of
+    # X, R' and Y and n as int64).
+    v, dot = "<16 x i32>", "@llvm.x86.avx512.vpdpbusd.512"
+    ones = "<" + ", ".join(["i32 16843009"] * 16) + ">"  # 0x01010101: four unsigned bytes of 1 a lane
+    lines = [f"declare {v} {dot}({v}, {v}, {v})", f"declare i32 @llvm.vector.reduce.add.v16i32({v})", "",
+             "define i32 @fp_sum(i8* %p) {", "entry:", "  br label %loop", "loop:",
+             "  %t = phi i64 [0, %entry], [%t1, %loop]"]
+    lines += [f"  %s{h} = phi {v} [zeroinitializer, %entry], [%n{h}, %loop]" for h in range(4)]
+    for h in range(4):
+        lines += [f"  %o{h} = add i64 %t, {64 * h}", f"  %at{h} = getelementptr i8, i8* %p, i64 %o{h}",
+                  f"  %vp{h} = bitcast i8* %at{h} to {v}*", f"  %x{h} = load {v}, {v}* %vp{h}, align 1",
+                  f"  %n{h} = call {v} {dot}({v} %s{h}, {v} {ones}, {v} %x{h})"]
+    lines += ["  %t1 = add i64 %t, 256", f"  %end = icmp eq i64 %t1, {row}", "  br i1 %end, label %done, label %loop",
+              "done:", f"  %m0 = add {v} %n0, %n1", f"  %m1 = add {v} %n2, %n3", f"  %m2 = add {v} %m0, %m1",
+              f"  %sum = call i32 @llvm.vector.reduce.add.v16i32({v} %m2)", "  ret i32 %sum", "}", "",
+              "define void @fp_group(i8* %x, i8* %r, i32* %y, i64 %g, i64 %n) {", "entry:", "  %last = sub i64 %n, 1"]
+    rows, turn = range(group), range(steps)
+    for j in rows:
+        lines += [f"  %i{j} = add i64 %g, {j}", f"  %in{j} = icmp slt i64 %i{j}, %n",
+                  f"  %m{j} = select i1 %in{j}, i64 %i{j}, i64 %last", f"  %o{j} = mul i64 %m{j}, {row}",
+                  f"  %p{j} = getelementptr i8, i8* %x, i64 %o{j}"]
+    lines += ["  br label %loop", "loop:", "  %k = phi i64 [0, %entry], [%k1, %loop]"]
+    lines += [f"  %a{j}.{h} = phi {v} [zeroinitializer, %entry], [%b{j}.{h}, %loop]" for j in rows for h in turn]
+    for h in turn:
+        lines += [f"  %k.{h} = add i64 %k, {4 * h}", f"  %ro.{h} = mul i64 %k.{h}, 16",
+                  f"  %rp.{h} = getelementptr i8, i8* %r, i64 %ro.{h}", f"  %rq.{h} = bitcast i8* %rp.{h} to {v}*",
+                  f"  %rv.{h} = load {v}, {v}* %rq.{h}, align 64"]
+        for j in rows:
+            lines += [f"  %q{j}.{h} = getelementptr i8, i8* %p{j}, i64 %k.{h}",
+                      f"  %w{j}.{h} = bitcast i8* %q{j}.{h} to i32*", f"  %e{j}.{h} = load i32, i32* %w{j}.{h}, align 1",
+                      f"  %f{j}.{h} = insertelement {v} undef, i32 %e{j}.{h}, i32 0",
+                      f"  %x{j}.{h} = shufflevector {v} %f{j}.{h}, {v} undef, {v} zeroinitializer",
+                      f"  %b{j}.{h} = call {v} {dot}({v} %a{j}.{h}, {v} %rv.{h}, {v} %x{j}.{h})"]
+    lines += [f"  %k1 = add i64 %k, {4 * steps}", f"  %end = icmp eq i64 %k1, {row}",
+              "  br i1 %end, label %rest, label %loop", "rest:"]
+    for j in rows:
+        lines += [f"  %t{j}.0 = add {v} %b{j}.0, zeroinitializer"]
+        lines += [f"  %t{j}.{h} = add {v} %t{j}.{h - 1}, %b{j}.{h}" for h in turn if h]
+        lines += [f"  %s{j} = call i32 @fp_sum(i8* %p{j})", f"  %c{j} = mul i32 %s{j}, 128",
+                  f"  %d{j} = insertelement {v} undef, i32 %c{j}, i32 0",
+                  f"  %u{j} = shufflevector {v} %d{j}, {v} undef, {v} zeroinitializer",
+                  f"  %z{j} = sub {v} %t{j}.{steps - 1}, %u{j}",
+                  f"  %yo{j} = mul i64 %m{j}, 16", f"  %yi{j} = getelementptr i32, i32* %y, i64 %yo{j}",
+                  f"  %yp{j} = bitcast i32* %yi{j} to {v}*", f"  store {v} %z{j}, {v}* %yp{j}, align 4"]
+    lines += ["  ret void", "}", "", "define void @fp_body(i64* %job) {", "entry:"]
+    for i, name in enumerate(("groups", "x", "r", "y", "n"), 1):
+        lines += [f"  %{name}.at = getelementptr i64, i64* %job, i64 {i}", f"  %{name}.v = load i64, i64* %{name}.at"]
+    lines += ["  %x = inttoptr i64 %x.v to i8*", "  %r = inttoptr i64 %r.v to i8*", "  %y = inttoptr i64 %y.v to i32*",
+              "  br label %take", "take:", "  %k = atomicrmw add i64* %job, i64 1 monotonic",
+              "  %more = icmp slt i64 %k, %groups.v", "  br i1 %more, label %run, label %out", "run:",
+              f"  %g = mul i64 %k, {group}", "  call void @fp_group(i8* %x, i8* %r, i32* %y, i64 %g, i64 %n.v)",
+              "  br label %take", "out:", "  ret void", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _fp_native():
+    # (engine, fp_body's address, a ctypes function of it, R' on the CPU) for the current _FP_ROW, or None where
+    # the kernel does not run here (LAYOUTC_FP_NATIVE=0, no llvmlite, not x86-64 with AVX-512 VNNI, a row that
+    # is not a multiple of 64, other than 16 columns). Built once per process (a race builds it twice: the same).
+    key = (_FP_ROW, _FP_COLS, _FP_NATIVE_GROUP, _FP_NATIVE_STEPS)
+    if key in _FP_NATIVE_STATE:
+        return _FP_NATIVE_STATE[key]
+    got = None
+    if _FP_NATIVE and _FP_ROW % 256 == 0 and _FP_ROW % (4 * _FP_NATIVE_STEPS) == 0 and _FP_COLS == 16:
+        try:
+            import llvmlite.binding as llvm
+        except ImportError:
+            llvm = None
+        if llvm is not None and llvm.get_process_triple().split("-")[0] in ("x86_64", "amd64"):
+            features = llvm.get_host_cpu_features()  # what the CPU and the OS (its saved registers) support
+            if all(features.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni")):
+                got = _fp_native_build(llvm, features)
+    _FP_NATIVE_STATE[key] = got
+    return got
+
+
+def _fp_native_build(llvm, features):
+    # _fp_native's kernel, compiled for the host CPU (MCJIT; the engine owns the machine code and is kept)
+    try:
+        llvm.initialize()  # llvmlite < 0.45 needs it; later ones initialise themselves and raise here
+    except RuntimeError:
+        pass
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    machine = llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=3)
+    module = llvm.parse_assembly(_fp_native_ir(_FP_ROW, _FP_NATIVE_GROUP, _FP_NATIVE_STEPS))
+    module.verify()
+    engine = llvm.create_mcjit_compiler(module, machine)
+    engine.finalize_object()
+    body = engine.get_function_address("fp_body")
+    r = _fp_matrix(b"R", _FP_ROW, torch.device("cpu")).contiguous()
+    packed = (r.to(torch.int16).view(_FP_ROW // 4, 4, _FP_COLS).permute(0, 2, 1) + 128).to(torch.uint8).contiguous()
+    return engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body), packed
+
+
+def _fp_gomp():
+    """``GOMP_parallel`` of the OpenMP runtime torch runs its CPU ops on (a ctypes function), or None: torch's
+    parallel backend is not OpenMP, or the process has no such symbol (not Linux or macOS). Looked up once."""
+    got = _FP_NATIVE_STATE.get("gomp", False)
+    if got is False:
+        got = None
+        if "parallel backend: OpenMP" in torch.__config__.parallel_info():
+            try:  # the runtime torch loaded (its libgomp's symbols are global in the process)
+                got = ctypes.CDLL(None).GOMP_parallel
+                got.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
+                got.restype = None
+            except (OSError, AttributeError, TypeError):
+                got = None
+        _FP_NATIVE_STATE["gomp"] = got
+    return got
+
+
+def _fp_rows_native(a, y, native):
+    # y = a @ R by the native kernel: a [rows, _FP_ROW] int8 and y [rows, _FP_COLS] int32, contiguous CPU tensors
+    # (the kernel reads and writes exactly those bytes). Groups of rows in parts on torch's threads: one OpenMP
+    # region of torch's runtime where it has one (its threads, spinning after a parallel op, take the parts at
+    # once), else the calling thread and Python threads (the ctypes call releases the GIL).
+    rows = a.shape[0]
+    if not (a.device.type == y.device.type == "cpu" and a.dtype == torch.int8 and y.dtype == torch.int32
+            and a.is_contiguous() and y.is_contiguous() and tuple(a.shape) == (rows, _FP_ROW)
+            and tuple(y.shape) == (rows, _FP_COLS)):
+        raise ValueError(f"fingerprint kernel: {tuple(a.shape)} {a.dtype} @ R into {tuple(y.shape)} {y.dtype}")
+    if not rows:
+        return
+    _, body, call, packed = native
+    groups = -(-rows // _FP_NATIVE_GROUP)
+    job = (ctypes.c_int64 * 6)(0, groups, a.data_ptr(), packed.data_ptr(), y.data_ptr(), rows)
+    at = ctypes.addressof(job)
+    threads = max(1, min(torch.get_num_threads(), groups))
+    gomp = _fp_gomp() if threads > 1 else None
+    if threads == 1:
+        call(at)
+    elif gomp is not None:
+        gomp(body, at, threads, 0)
+    else:
+        pool = _FP_NATIVE_STATE.get("pool")
+        if pool is None or pool._max_workers < threads - 1:
+            import concurrent.futures
+
+            pool = _FP_NATIVE_STATE["pool"] = concurrent.futures.ThreadPoolExecutor(threads - 1)
+        futures = [pool.submit(call, at) for _ in range(threads - 1)]
+        call(at)
+        for f in futures:
+            f.result()
+
+
+def _fp_first(a, y):
+    # y = a @ R (the first product) for a [rows, _FP_ROW] int8 and y [rows, _FP_COLS] int32: the native kernel on
+    # the CPU where it runs, else an int8 GEMM (_fp_mm)
+    native = _fp_native() if a.device.type == "cpu" else None
+    if native is not None:
+        _fp_rows_native(a, y, native)
+    else:
+        _fp_mm(a, lambda c: _fp_matrix(b"R", _FP_ROW, a.device, c), y)
+
+
 def _fp_matrix(which, rows, device, split=1):
     # R (b"R") or R2 (b"R2"), SHAKE-256 of the seed: a prefix of the stream for fewer rows. split > 1: R in
     # _fp_mm's split form.
@@ -278,8 +457,7 @@ def _fp_products_torch(xs, device):
     at = 0
     for _, part, bulk, _ in segs:
         if bulk:
-            _fp_mm(part[: bulk * _FP_ROW].view(bulk, _FP_ROW), lambda c: _fp_matrix(b"R", _FP_ROW, device, c),
-                   y[at: at + bulk])
+            _fp_first(part[: bulk * _FP_ROW].view(bulk, _FP_ROW), y[at: at + bulk])
             at += bulk
     if staged:
         # The rests one after the other, each from a row's start, zeros between and after: one copy (torch.cat
@@ -291,7 +469,7 @@ def _fp_products_torch(xs, device):
                 pieces += [rest, _fp_zeros(st * _FP_ROW - rest.numel(), device)]
         pieces.append(_fp_zeros((pad - staged) * _FP_ROW, device))
         buf = torch.cat([p for p in pieces if p.numel()]).view(pad, _FP_ROW)
-        _fp_mm(buf, lambda c: _fp_matrix(b"R", _FP_ROW, device, c), y[bulk_rows:])
+        _fp_first(buf, y[bulk_rows:])
     elif pad:
         y[bulk_rows:].zero_()
     layout = tuple((bulk, st) for _, _, bulk, st in segs)

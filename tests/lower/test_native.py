@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layoutc.convert.synthckpt import synthetic_inputs
-from layoutc.lower import native, torch_emit
+from layoutc.lower import codegen, native, torch_emit
+from layoutc.runtime import fingerprint
 from tests.helpers import assert_same_bits
 from tests.helpers import spec as _spec
 
@@ -30,6 +31,8 @@ numba = pytest.importorskip("numba")
 
 def _namespace(on: bool) -> dict:
     namespace = {"torch": torch, "__name__": "native_test_namespace"}
+    # the fingerprint's run time, which every converter carries (the native code takes its GOMP_parallel look-up)
+    exec("import ctypes, hashlib, linecache, os\n" + codegen.module_text(fingerprint), namespace)
     exec(torch_emit.runs_source(), namespace)  # the text generated converters carry
     exec(torch_emit.native_source(), namespace)
     exec(torch_emit.bit_tables_source(), namespace)

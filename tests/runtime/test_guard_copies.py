@@ -96,16 +96,19 @@ def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows, ow
 
 
 def test_small_tensors_share_one_gemm_on_the_cpu(monkeypatch):
-    # A layer's scales and biases (segments under _FP_OWN_ROWS rows) go through one staged GEMM, the large
-    # weight through its own, then the second product: three int8 GEMMs where each tensor once took its own.
-    calls = []
-    int_mm = torch._int_mm
-    monkeypatch.setattr(torch, "_int_mm", lambda a, b, **k: calls.append(a.shape[0]) or int_mm(a, b, **k))
+    # A layer's scales and biases (segments under _FP_OWN_ROWS rows) go through one staged first product (an int8
+    # GEMM, or the native kernel), the large weight through its own, then the second product (a GEMM): three
+    # products where each tensor once took its own.
+    firsts, gemms = [], []
+    first, int_mm = fp._fp_first, torch._int_mm
+    monkeypatch.setattr(fp, "_fp_first", lambda a, y: firsts.append(a.shape[0]) or first(a, y))
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b, **k: gemms.append(a.shape[0]) or int_mm(a, b, **k))
     g = torch.Generator().manual_seed(2)
     row = fp._FP_ROW
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (row * 70, row * 30, row * 2 + 9, 100)]
     assert fp._fingerprints(ts) == [reference(t) for t in ts]
-    assert len(calls) == 3 and calls[0] == 70, calls
+    assert firsts == [70, 34], firsts  # 30 + 3 + 1 staged rows (104 rows of Y in all: a multiple of 8)
+    assert gemms[-1] == 4 * fp._FP_COLS and len(gemms) == (1 if fp._fp_native() is not None else 3), gemms
 
 
 @pytest.mark.parametrize("at", [0, 1, 32768 * 17 - 1, 32768 * 17, -1])

@@ -1,0 +1,155 @@
+"""The fingerprint's first product by its native CPU kernel (LLVM IR for AVX-512 VNNI) gives the definition's integers.
+
+The kernel runs where the host is x86-64 with AVX-512 VNNI and llvmlite imports (the CPU machine and CI do): there
+these tests fail if it does not run, so a broken look-up cannot pass as a skip. Each is held to torch's int8 GEMM
+and to the definition computed in int64 (``reference``), through the OpenMP region and through Python threads.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from layoutc.runtime import fingerprint as fp
+from tests.runtime.test_guard_copies import reference
+
+
+def _host_has_vnni() -> bool:
+    # independent of llvmlite: the kernel's instructions as the Linux kernel lists them
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return {"avx512f", "avx512bw", "avx512_vnni"} <= set(flags)
+
+
+def _native():
+    try:
+        import llvmlite.binding  # noqa: F401
+    except ImportError:
+        pytest.skip("llvmlite is not installed (the kernel's compiler)")
+    if not _host_has_vnni():
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    got = fp._fp_native()
+    assert got is not None, "x86-64 with AVX-512 VNNI and llvmlite, but the native kernel was not built"
+    return got
+
+
+@pytest.fixture
+def native():
+    return _native()
+
+
+def _rows(n, seed, fill=None):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(-128, 128, (n, fp._FP_ROW), dtype=torch.int8, generator=g)
+    return a.fill_(fill) if fill is not None else a
+
+
+def _int_mm(a):
+    return torch._int_mm(a, fp._fp_matrix(b"R", fp._FP_ROW, torch.device("cpu")))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 16, 17, 70])
+def test_the_kernels_rows_are_int8_gemms(native, n):
+    # groups of 8 rows with a short last one (rows past the last read and write the last row again)
+    a = _rows(n, n)
+    y = torch.full((n, fp._FP_COLS), -1, dtype=torch.int32)
+    fp._fp_rows_native(a, y, native)
+    assert torch.equal(y, _int_mm(a))
+
+
+@pytest.mark.parametrize("fill", [-128, 127, 0, -1])
+def test_extreme_bytes(native, fill):
+    # all -128: the largest row sums the kernel takes away (128 * 32768 * -128); all 127 the largest products
+    a = _rows(9, 0, fill)
+    y = torch.empty((9, fp._FP_COLS), dtype=torch.int32)
+    fp._fp_rows_native(a, y, native)
+    assert torch.equal(y, _int_mm(a))
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 24), seed=st.integers(0, 2**31 - 1), threads=st.sampled_from([1, 2, 3]))
+def test_any_rows_on_any_threads(n, seed, threads):
+    native = _native()
+    a = _rows(n, seed)
+    y = torch.empty((n, fp._FP_COLS), dtype=torch.int32)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        fp._fp_rows_native(a, y, native)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(y, _int_mm(a))
+
+
+def test_fingerprints_through_the_kernel_are_the_definition(native, monkeypatch):
+    g = torch.Generator().manual_seed(5)
+    ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+          for n in (1, 7, 32768, 32768 * 9 + 3, 32768 * 64, 32768 * 70 + 5)]
+    ts += [torch.randn(3, 5, generator=g).to(torch.bfloat16), torch.empty(0)]
+    calls, run = [], fp._fp_rows_native
+    monkeypatch.setattr(fp, "_fp_rows_native", lambda a, y, n: calls.append(a.shape[0]) or run(a, y, n))
+    assert fp._fingerprints(ts) == [reference(t) for t in ts]
+    assert 64 in calls and 70 in calls  # the bulk of the two large ones (the rest staged: one more call)
+
+
+def test_segments_and_small_rows_through_the_kernel(monkeypatch):
+    # 256-byte rows (a kernel of its own), 24-row segments: every segment's rows, in order
+    monkeypatch.setattr(fp, "_FP_ROW", 256)
+    monkeypatch.setattr(fp, "_FP_SEGMENT_ROWS", 24)
+    monkeypatch.setitem(fp._FP_OWN_ROWS, "cpu", 1)
+    if fp._fp_native() is None:
+        pytest.skip("no native kernel here")
+    g = torch.Generator().manual_seed(6)
+    ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (5, 256 * 24, 256 * 24 + 1,
+                                                                                256 * 60 + 9)]
+    assert fp._fingerprints(ts) == [reference(t) for t in ts]
+
+
+def test_the_openmp_region_and_python_threads_give_the_same(native, monkeypatch):
+    a = _rows(40, 9)
+    want = _int_mm(a)
+    gomp = fp._fp_gomp()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    if gomp is not None:  # torch on OpenMP (Linux): one region of its runtime
+        regions = []
+        monkeypatch.setitem(fp._FP_NATIVE_STATE, "gomp", lambda *args: regions.append(args) or gomp(*args))
+        y = torch.empty_like(want)
+        fp._fp_rows_native(a, y, native)
+        assert torch.equal(y, want) and len(regions) == 1 and regions[0][2] == 2
+    monkeypatch.setitem(fp._FP_NATIVE_STATE, "gomp", None)  # Python threads
+    monkeypatch.delitem(fp._FP_NATIVE_STATE, "pool", raising=False)
+    y = torch.empty_like(want)
+    fp._fp_rows_native(a, y, native)
+    assert torch.equal(y, want) and fp._FP_NATIVE_STATE["pool"]._max_workers == 1
+
+
+def test_wrong_operands_raise(native):
+    a = _rows(4, 1)
+    y = torch.empty((4, fp._FP_COLS), dtype=torch.int32)
+    for bad_a, bad_y in [(a.t().contiguous().t(), y), (a[:, :64], y), (a, y[:3]), (a, y.to(torch.int64)),
+                         (a.view(torch.uint8), y), (a, torch.empty((fp._FP_COLS, 4), dtype=torch.int32).t())]:
+        with pytest.raises(ValueError, match="fingerprint kernel"):
+            fp._fp_rows_native(bad_a, bad_y, native)
+
+
+def test_the_switch_turns_the_kernel_off():
+    # LAYOUTC_FP_NATIVE=0 (read at import): torch's int8 GEMM, the same fingerprint
+    code = ("import torch; from layoutc.runtime import fingerprint as fp; "
+            "t = torch.arange(70000, dtype=torch.int32); print(fp._fp_native() is None, fp._fingerprints([t])[0])")
+    out = {}
+    for flag in ("0", "1"):
+        env = dict(os.environ, LAYOUTC_FP_NATIVE=flag)
+        out[flag] = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                   check=True).stdout.split()
+    assert out["0"][0] == "True" and out["0"][1] == out["1"][1]
+    if _host_has_vnni() and out["1"][0] == "True":
+        pytest.importorskip("llvmlite")
+        pytest.fail("the kernel runs here but was not built with LAYOUTC_FP_NATIVE=1")
