@@ -20,6 +20,9 @@ no rounding anywhere, so the CPU and the GPU compute the same integers. The only
 reading back Z (4 KiB per 2 GiB segment) and one sha256 of it, once. On CUDA a product's K axis is
 cut into parts summed afterwards (:func:`_fp_mm`: more thread blocks for cuBLAS, the same integers),
 and Z is copied to pinned host memory in the stream's order, so reading it back waits on nothing else.
+On the CPU, where llvmlite imports and the CPU is x86-64 with AVX-512 VNNI, the first product is a kernel of our
+own instead (``_fp_native_ir``: LLVM IR compiled in the process, no text from outside in it; ``LAYOUTC_FP_NATIVE=0``
+turns it off): the same exact int32 sums in half oneDNN's time, on torch's OpenMP threads.
 On CUDA, where Triton imports, the two products run as two Triton kernels instead (``_fp_rows_kernel``, one launch
 per segment, its last row's padding a load mask; ``_fp_z_kernel``, one launch for every segment): the same exact
 int32 sums, with no staging copy, no transposed copy of Y and no cuBLAS call per segment.
@@ -178,7 +181,8 @@ def _fp_native_ir(row, group, steps):
                   f"  %rv.{h} = load {v}, {v}* %rq.{h}, align 64"]
         for j in rows:
             lines += [f"  %q{j}.{h} = getelementptr i8, i8* %p{j}, i64 %k.{h}",
-                      f"  %w{j}.{h} = bitcast i8* %q{j}.{h} to i32*", f"  %e{j}.{h} = load i32, i32* %w{j}.{h}, align 1",
+                      f"  %w{j}.{h} = bitcast i8* %q{j}.{h} to i32*",
+                      f"  %e{j}.{h} = load i32, i32* %w{j}.{h}, align 1",
                       f"  %f{j}.{h} = insertelement {v} undef, i32 %e{j}.{h}, i32 0",
                       f"  %x{j}.{h} = shufflevector {v} %f{j}.{h}, {v} undef, {v} zeroinitializer",
                       f"  %b{j}.{h} = call {v} {dot}({v} %a{j}.{h}, {v} %rv.{h}, {v} %x{j}.{h})"]

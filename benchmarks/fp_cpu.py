@@ -1,0 +1,119 @@
+"""The guard fingerprint on the CPU: its native kernel against torch's int8 GEMM, in ONE process (issue 25).
+
+    python benchmarks/fp_cpu.py [--mb 27] [--reps 21] [--threads N]
+
+Per round, alternating: a clone of the bytes (the floor of a pass over them), ``_fingerprints`` with the native
+first product (``layoutc.runtime.fingerprint._fp_rows_native``: AVX-512 VNNI through llvmlite), the same with
+``torch._int_mm`` (the form that runs where the kernel does not), and the first product alone in each form. Then
+the instruction's own throughput on this machine in the same minute: a loop of VPDPBUSD on registers and
+broadcast loads from L1, 12 independent chains (``peak``), against which the kernel's rate is given (16 byte
+products a byte of input, 64 an instruction). Medians of ``--reps`` rounds. Not a test: timings depend on the
+machine and on what else runs on it (the load average is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _peak(llvm, seconds: float = 0.3) -> float:
+    # VPDPBUSD a second on one thread: 12 chains, operands a register and a 4-byte broadcast from L1
+    v, dot, chains = "<16 x i32>", "@llvm.x86.avx512.vpdpbusd.512", 12
+    lines = [f"declare {v} {dot}({v}, {v}, {v})", f"define void @f(i64 %n, {v}* %out, i8* %inp) {{", "entry:",
+             f"  %ap = bitcast i8* %inp to {v}*", f"  %a = load {v}, {v}* %ap, align 1", "  br label %loop", "loop:",
+             "  %i = phi i64 [0, %entry], [%i1, %loop]"]
+    lines += [f"  %c{j} = phi {v} [zeroinitializer, %entry], [%d{j}, %loop]" for j in range(chains)]
+    lines += ["  %io = and i64 %i, 1023", "  %o = mul i64 %io, 4"]
+    for j in range(chains):
+        lines += [f"  %o{j} = add i64 %o, {j * 4096}", f"  %q{j} = getelementptr i8, i8* %inp, i64 %o{j}",
+                  f"  %w{j} = bitcast i8* %q{j} to i32*", f"  %e{j} = load i32, i32* %w{j}, align 1",
+                  f"  %f{j} = insertelement {v} undef, i32 %e{j}, i32 0",
+                  f"  %h{j} = shufflevector {v} %f{j}, {v} undef, {v} zeroinitializer",
+                  f"  %d{j} = call {v} {dot}({v} %c{j}, {v} %a, {v} %h{j})"]
+    lines += ["  %i1 = add i64 %i, 1", "  %e = icmp eq i64 %i1, %n", "  br i1 %e, label %done, label %loop", "done:",
+              f"  %s0 = add {v} %d0, %d1"] + [f"  %s{j - 1} = add {v} %s{j - 2}, %d{j}" for j in range(2, chains)]
+    lines += [f"  store {v} %s{chains - 2}, {v}* %out, align 1", "  ret void", "}"]
+    machine = llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly("\n".join(lines)), machine)
+    engine.finalize_object()
+    f = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p)(engine.get_function_address("f"))
+    buf, out = (ctypes.c_int8 * (chains * 4096 + 8192))(), (ctypes.c_int8 * 64)()
+    n, rates = 1_000_000, []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        f(n, ctypes.addressof(out), ctypes.addressof(buf))
+        rates.append(n * chains / (time.perf_counter() - t0))
+    return max(rates)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=float, default=27.0, help="MiB of bytes to fingerprint (a layer at E=8, I=1024, H=2048)")
+    ap.add_argument("--reps", type=int, default=21)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    args = ap.parse_args()
+    import torch
+
+    from layoutc.runtime import fingerprint as fp
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    native = fp._fp_native()
+    if native is None:
+        sys.exit("the native fingerprint kernel does not run here (llvmlite, x86-64 with AVX-512 VNNI)")
+    import llvmlite.binding as llvm
+
+    x = torch.randint(-128, 128, (int(args.mb * 2**20),), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    rows = x.numel() // fp._FP_ROW
+    bulk, y = x[: rows * fp._FP_ROW].view(rows, fp._FP_ROW), torch.empty((rows, fp._FP_COLS), dtype=torch.int32)
+    r = fp._fp_matrix(b"R", fp._FP_ROW, x.device)
+    state = fp._FP_NATIVE_STATE
+
+    def fingerprint(on):
+        key = (fp._FP_ROW, fp._FP_COLS, fp._FP_NATIVE_GROUP, fp._FP_NATIVE_STEPS)
+        state[key] = native if on else None
+        try:
+            return fp._fingerprints([x])[0]
+        finally:
+            state[key] = native
+
+    assert fingerprint(True) == fingerprint(False)
+    fns = {"clone": lambda: x.clone(), "fingerprint native": lambda: fingerprint(True),
+           "fingerprint int8 GEMM": lambda: fingerprint(False),
+           "first product native": lambda: fp._fp_rows_native(bulk, y, native),
+           "first product int8 GEMM": lambda: torch._int_mm(bulk, r, out=y)}
+    print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()} "
+          f"{llvm.get_host_cpu_name()}, {os.cpu_count()} cpus; threads {torch.get_num_threads()}; torch "
+          f"{torch.__version__}; load average {os.getloadavg()}; {x.numel() / 2**20:.1f} MiB, {rows} rows")
+    times = {k: [] for k in fns}
+    for f in fns.values():
+        f()
+    for _ in range(args.reps):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    for k, ms in med.items():
+        print(f"{k:26} {ms:7.3f} ms  ({ms / med['clone']:4.1f}x the clone)")
+    peak = _peak(llvm)
+    threads = min(torch.get_num_threads(), -(-rows // fp._FP_NATIVE_GROUP))
+    rate = rows * fp._FP_ROW * fp._FP_COLS / 64 / (med["first product native"] / 1e3)
+    print(f"VPDPBUSD alone: {peak / 1e9:.2f} G/s on one thread; the kernel: {rate / 1e9:.2f} G/s on {threads} "
+          f"threads = {rate / threads / peak:.0%} of the instruction's rate a thread; load {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
