@@ -153,3 +153,16 @@ def test_the_switch_turns_the_kernel_off():
     if _host_has_vnni() and out["1"][0] == "True":
         pytest.importorskip("llvmlite")
         pytest.fail("the kernel runs here but was not built with LAYOUTC_FP_NATIVE=1")
+
+
+def test_threads_fingerprinting_at_once(native):
+    # `layoutc convert`'s pipeline and engines fingerprint from several Python threads: each call its own OpenMP
+    # region (or Python threads), the same values as one at a time
+    import concurrent.futures
+
+    g = torch.Generator().manual_seed(8)
+    ts = [torch.randint(0, 256, (32768 * n + n,), dtype=torch.uint8, generator=g) for n in (70, 9, 131, 64)]
+    want = [reference(t) for t in ts]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            assert list(pool.map(lambda t: fp._fingerprints([t])[0], ts)) == want
