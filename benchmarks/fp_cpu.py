@@ -82,7 +82,7 @@ def main() -> None:
     state = fp._FP_NATIVE_STATE
 
     def fingerprint(on):
-        key = (fp._FP_ROW, fp._FP_COLS, fp._FP_NATIVE_GROUP, fp._FP_NATIVE_STEPS)
+        key = (fp._FP_ROW, fp._FP_COLS, fp._FP_NATIVE_GROUP, fp._FP_NATIVE_CHAINS)
         state[key] = native if on else None
         try:
             return fp._fingerprints([x])[0]

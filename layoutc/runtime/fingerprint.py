@@ -138,63 +138,62 @@ _FP_NATIVE = os.environ.get("LAYOUTC_FP_NATIVE", "1") != "0"
 #: Rows of X one step of the kernel reads together (each 4 bytes of R's 16 columns, loaded once, serve all of
 #: them); 16 row streams at the rows' 32 KiB stride took twice the time (one L1 set for all of them).
 _FP_NATIVE_GROUP = 8
-_FP_NATIVE_STEPS = 2
-_FP_NATIVE_STATE = {}  # (row, cols, group): the kernel (or None: it does not run here); "gomp", "pool"
+_FP_NATIVE_CHAINS = 2  # accumulators a row (sums in flight: VPDPBUSD's latency)
+_FP_NATIVE_STATE = {}  # (row, cols, group, chains): the kernel (or None: it does not run here); "gomp", "pool"
 
 
-def _fp_native_ir(row, group, steps):
-    # LLVM IR (x86-64, AVX-512 VNNI) of Y = X @ R for X's rows of `row` bytes (a multiple of 256 and of 4 * steps),
-    # made from the three integers only. VPDPBUSD multiplies unsigned bytes by signed ones, 4 products summed into
-    # each int32 lane: for 4 bytes x[k..k+3] of a row, broadcast to 16 lanes, and R's rows k..k+3 packed as lane
-    # c's 4 bytes (R'[k / 4, c, i] = R[k + i, c] + 128, unsigned), the lanes gain sum_i x[k + i] * (R[k + i, c] +
-    # 128). So a row's lanes end as Y[m, c] + 128 * sum(x[m]), and the row sum (VPDPBUSD of the bytes against
-    # bytes of 1) is taken away: exact int32 arithmetic (|lane| <= row * 255 * 128 = 2^30 at the shipped row).
+def _fp_native_ir(row, group, chains):
+    # LLVM IR (x86-64, AVX-512 VNNI) of Y = X @ R for X's rows of `row` bytes (a multiple of 64), made from the three
+    # integers only. VPDPBUSD multiplies unsigned bytes by signed ones, 4 products summed into each int32 lane: for
+    # 4 bytes x[k..k+3] of a row, broadcast to 16 lanes, and R's rows k..k+3 packed as lane c's 4 bytes (R'[k / 4,
+    # c, i] = R[k + i, c] + 128, unsigned), the lanes gain sum_i x[k + i] * (R[k + i, c] + 128). So a row's lanes
+    # end as Y[m, c] + 128 * sum(x[m]); the row's byte sum (VPDPBUSD of its 64-byte vectors against bytes of 1,
+    # in the same loop) is taken away: exact int32 arithmetic (|lane| <= row * 255 * 128 = 2^30 at the shipped row).
     # fp_group(x, r, y, g, n): rows g .. g + group - 1 of the n rows (one past the last reads and writes the last
-    # row again: the same values), `steps` 4-byte steps of each a loop turn, each step's sums apart (group *
-    # steps chains of VPDPBUSD: one chain waits its latency); fp_sum(p): a row's byte sum (4 chains);
-    # fp_body(job): groups from an atomic counter until none is left (job: counter, groups, then the addresses of
-    # X, R' and Y and n as int64).
+    # row again: the same values); a loop turn takes 64 bytes of each row, its 16 quads of bytes summed into
+    # `chains` accumulators in turn (group * chains chains of VPDPBUSD in flight: one chain waits its latency).
+    # fp_body(job): groups from an atomic counter until none is left (job: counter, groups, then the addresses of X,
+    # R' and Y and n as int64).
     v, dot = "<16 x i32>", "@llvm.x86.avx512.vpdpbusd.512"
     ones = "<" + ", ".join(["i32 16843009"] * 16) + ">"  # 0x01010101: four unsigned bytes of 1 a lane
+    rows, sets = range(group), range(chains)
     lines = [f"declare {v} {dot}({v}, {v}, {v})", f"declare i32 @llvm.vector.reduce.add.v16i32({v})", "",
-             "define i32 @fp_sum(i8* %p) {", "entry:", "  br label %loop", "loop:",
-             "  %t = phi i64 [0, %entry], [%t1, %loop]"]
-    lines += [f"  %s{h} = phi {v} [zeroinitializer, %entry], [%n{h}, %loop]" for h in range(4)]
-    for h in range(4):
-        lines += [f"  %o{h} = add i64 %t, {64 * h}", f"  %at{h} = getelementptr i8, i8* %p, i64 %o{h}",
-                  f"  %vp{h} = bitcast i8* %at{h} to {v}*", f"  %x{h} = load {v}, {v}* %vp{h}, align 1",
-                  f"  %n{h} = call {v} {dot}({v} %s{h}, {v} {ones}, {v} %x{h})"]
-    lines += ["  %t1 = add i64 %t, 256", f"  %end = icmp eq i64 %t1, {row}", "  br i1 %end, label %done, label %loop",
-              "done:", f"  %m0 = add {v} %n0, %n1", f"  %m1 = add {v} %n2, %n3", f"  %m2 = add {v} %m0, %m1",
-              f"  %sum = call i32 @llvm.vector.reduce.add.v16i32({v} %m2)", "  ret i32 %sum", "}", "",
-              "define void @fp_group(i8* %x, i8* %r, i32* %y, i64 %g, i64 %n) {", "entry:", "  %last = sub i64 %n, 1"]
-    rows, turn = range(group), range(steps)
+             "define void @fp_group(i8* %x, i8* %r, i32* %y, i64 %g, i64 %n) {", "entry:", "  %last = sub i64 %n, 1"]
     for j in rows:
         lines += [f"  %i{j} = add i64 %g, {j}", f"  %in{j} = icmp slt i64 %i{j}, %n",
                   f"  %m{j} = select i1 %in{j}, i64 %i{j}, i64 %last", f"  %o{j} = mul i64 %m{j}, {row}",
                   f"  %p{j} = getelementptr i8, i8* %x, i64 %o{j}"]
     lines += ["  br label %loop", "loop:", "  %k = phi i64 [0, %entry], [%k1, %loop]"]
-    lines += [f"  %a{j}.{h} = phi {v} [zeroinitializer, %entry], [%b{j}.{h}, %loop]" for j in rows for h in turn]
-    for h in turn:
-        lines += [f"  %k.{h} = add i64 %k, {4 * h}", f"  %ro.{h} = mul i64 %k.{h}, 16",
-                  f"  %rp.{h} = getelementptr i8, i8* %r, i64 %ro.{h}", f"  %rq.{h} = bitcast i8* %rp.{h} to {v}*",
-                  f"  %rv.{h} = load {v}, {v}* %rq.{h}, align 64"]
+    lines += [f"  %a{j}.{h} = phi {v} [zeroinitializer, %entry], [%a{j}.{h}.e, %loop]" for j in rows for h in sets]
+    lines += [f"  %s{j} = phi {v} [zeroinitializer, %entry], [%s{j}.e, %loop]" for j in rows]
+    last = {(j, h): f"%a{j}.{h}" for j in rows for h in sets}  # each accumulator's latest value
+    for i in range(16):
+        h = i % chains
+        lines += [f"  %k.{i} = add i64 %k, {4 * i}", f"  %ro.{i} = mul i64 %k.{i}, 16",
+                  f"  %rp.{i} = getelementptr i8, i8* %r, i64 %ro.{i}", f"  %rq.{i} = bitcast i8* %rp.{i} to {v}*",
+                  f"  %rv.{i} = load {v}, {v}* %rq.{i}, align 64"]
         for j in rows:
-            lines += [f"  %q{j}.{h} = getelementptr i8, i8* %p{j}, i64 %k.{h}",
-                      f"  %w{j}.{h} = bitcast i8* %q{j}.{h} to i32*",
-                      f"  %e{j}.{h} = load i32, i32* %w{j}.{h}, align 1",
-                      f"  %f{j}.{h} = insertelement {v} undef, i32 %e{j}.{h}, i32 0",
-                      f"  %x{j}.{h} = shufflevector {v} %f{j}.{h}, {v} undef, {v} zeroinitializer",
-                      f"  %b{j}.{h} = call {v} {dot}({v} %a{j}.{h}, {v} %rv.{h}, {v} %x{j}.{h})"]
-    lines += [f"  %k1 = add i64 %k, {4 * steps}", f"  %end = icmp eq i64 %k1, {row}",
-              "  br i1 %end, label %rest, label %loop", "rest:"]
+            got = f"%a{j}.{h}.e" if i + chains >= 16 else f"%b{j}.{i}"  # the turn's last use of this accumulator
+            lines += [f"  %q{j}.{i} = getelementptr i8, i8* %p{j}, i64 %k.{i}",
+                      f"  %w{j}.{i} = bitcast i8* %q{j}.{i} to i32*",
+                      f"  %e{j}.{i} = load i32, i32* %w{j}.{i}, align 1",
+                      f"  %f{j}.{i} = insertelement {v} undef, i32 %e{j}.{i}, i32 0",
+                      f"  %x{j}.{i} = shufflevector {v} %f{j}.{i}, {v} undef, {v} zeroinitializer",
+                      f"  {got} = call {v} {dot}({v} {last[j, h]}, {v} %rv.{i}, {v} %x{j}.{i})"]
+            last[j, h] = got
     for j in rows:
-        lines += [f"  %t{j}.0 = add {v} %b{j}.0, zeroinitializer"]
-        lines += [f"  %t{j}.{h} = add {v} %t{j}.{h - 1}, %b{j}.{h}" for h in turn if h]
-        lines += [f"  %s{j} = call i32 @fp_sum(i8* %p{j})", f"  %c{j} = mul i32 %s{j}, 128",
+        lines += [f"  %sq{j} = getelementptr i8, i8* %p{j}, i64 %k", f"  %sp{j} = bitcast i8* %sq{j} to {v}*",
+                  f"  %sv{j} = load {v}, {v}* %sp{j}, align 1",
+                  f"  %s{j}.e = call {v} {dot}({v} %s{j}, {v} {ones}, {v} %sv{j})"]
+    lines += ["  %k1 = add i64 %k, 64", f"  %end = icmp eq i64 %k1, {row}", "  br i1 %end, label %rest, label %loop",
+              "rest:"]
+    for j in rows:
+        lines += [f"  %t{j}.0 = add {v} %a{j}.0.e, zeroinitializer"]
+        lines += [f"  %t{j}.{h} = add {v} %t{j}.{h - 1}, %a{j}.{h}.e" for h in sets if h]
+        lines += [f"  %S{j} = call i32 @llvm.vector.reduce.add.v16i32({v} %s{j}.e)", f"  %c{j} = mul i32 %S{j}, 128",
                   f"  %d{j} = insertelement {v} undef, i32 %c{j}, i32 0",
                   f"  %u{j} = shufflevector {v} %d{j}, {v} undef, {v} zeroinitializer",
-                  f"  %z{j} = sub {v} %t{j}.{steps - 1}, %u{j}",
+                  f"  %z{j} = sub {v} %t{j}.{chains - 1}, %u{j}",
                   f"  %yo{j} = mul i64 %m{j}, 16", f"  %yi{j} = getelementptr i32, i32* %y, i64 %yo{j}",
                   f"  %yp{j} = bitcast i32* %yi{j} to {v}*", f"  store {v} %z{j}, {v}* %yp{j}, align 4"]
     lines += ["  ret void", "}", "", "define void @fp_body(i64* %job) {", "entry:"]
@@ -212,11 +211,11 @@ def _fp_native():
     # (engine, fp_body's address, a ctypes function of it, R' on the CPU) for the current _FP_ROW, or None where
     # the kernel does not run here (LAYOUTC_FP_NATIVE=0, no llvmlite, not x86-64 with AVX-512 VNNI, a row that
     # is not a multiple of 64, other than 16 columns). Built once per process (a race builds it twice: the same).
-    key = (_FP_ROW, _FP_COLS, _FP_NATIVE_GROUP, _FP_NATIVE_STEPS)
+    key = (_FP_ROW, _FP_COLS, _FP_NATIVE_GROUP, _FP_NATIVE_CHAINS)
     if key in _FP_NATIVE_STATE:
         return _FP_NATIVE_STATE[key]
     got = None
-    if _FP_NATIVE and _FP_ROW % 256 == 0 and _FP_ROW % (4 * _FP_NATIVE_STEPS) == 0 and _FP_COLS == 16:
+    if _FP_NATIVE and _FP_ROW % 64 == 0 and 16 % _FP_NATIVE_CHAINS == 0 and _FP_COLS == 16:
         try:
             import llvmlite.binding as llvm
         except ImportError:
@@ -239,7 +238,7 @@ def _fp_native_build(llvm, features):
     llvm.initialize_native_asmprinter()
     machine = llvm.Target.from_default_triple().create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=3)
-    module = llvm.parse_assembly(_fp_native_ir(_FP_ROW, _FP_NATIVE_GROUP, _FP_NATIVE_STEPS))
+    module = llvm.parse_assembly(_fp_native_ir(_FP_ROW, _FP_NATIVE_GROUP, _FP_NATIVE_CHAINS))
     module.verify()
     engine = llvm.create_mcjit_compiler(module, machine)
     engine.finalize_object()
