@@ -36,9 +36,10 @@ torch's ``index_select``: a numba loop of one-byte lookups was no faster than it
 (BENCHMARKS.md).
 
 Used where ``import numba`` succeeds and ``LAYOUTC_NUMBA`` is not ``0``, on CPU tensors only; else
-``_nb()`` is None and the torch forms run, unchanged. ``_nb_values`` (pure torch, used on every CPU path
-with or without numba) makes value conversions of one-byte elements after a run table one lookup in a table
-of the conversions of all 256 values, where a conversion changes bits (a relabelling alone stays a view).
+``_nb()`` is None and the torch forms run, unchanged. ``_nb_values`` (used on every CPU path with or without
+numba) makes value conversions of one-byte elements after a run table one lookup in a table of the conversions
+of all 256 values, where a conversion changes bits (a relabelling alone stays a view): ``_nb_lut8_k`` where
+numba runs and the images are one byte each, else torch's ``index_select`` by an int32 copy of the bytes.
 The kernels compile on their first call in a process (once per process for every
 converter that carries them), cached on disk by numba (``cache=True``) where the converter is a module
 imported from a ``.py`` file under its own name (in ``__pycache__`` beside it, or numba's user cache
@@ -116,6 +117,15 @@ def _nb_wquads_k(src, qsrc, qdst, span, outer, shift, copies, luts, out, lo, hi)
                     sh = 8 * j
                     out[_nb_u(base + qdst[q, j])] = (luts[0, (s0 >> sh) & 255] | luts[1, (s1 >> sh) & 255]
                                                      | luts[2, (s2 >> sh) & 255] | luts[3, (s3 >> sh) & 255])
+    return 0
+
+
+def _nb_lut8_k(src, lut, out, lo, hi):
+    # out[i] = lut[src[i]] for i in [lo, hi): a one-byte element's value conversions by the table of the 256 values'
+    # images (lut has 256 entries, so every byte indexes inside it), where torch made an int32 index of every byte
+    # and gathered by it (10 bytes moved a byte for 2)
+    for i in range(lo, hi):
+        out[i] = lut[src[i]]
     return 0
 
 
@@ -216,7 +226,8 @@ def _nb():
     import sys
 
     cache = _nb_cacheable(globals(), sys.modules)
-    fns = (("words", _nb_words_k), ("wquads", _nb_wquads_k), ("wpairs", _nb_wpairs_k), ("quads", _nb_quads_k))
+    fns = (("words", _nb_words_k), ("wquads", _nb_wquads_k), ("wpairs", _nb_wpairs_k), ("quads", _nb_quads_k),
+           ("lut8", _nb_lut8_k))
     # one compile per process for every converter whose kernels are these (their code objects, compared whole):
     # a process that loads many converters (tests, a checkpoint of several specs) compiles them once
     shared = numba.__dict__.setdefault("_layoutc_native_kernels", {})
@@ -630,5 +641,11 @@ def _nb_values(y, convert):
         _NB_STATE[key] = lut
     if lut is False or y.element_size() != 1:
         return convert(y)
+    if lut.element_size() == 1 and lut.is_contiguous() and y.device.type == "cpu" and _nb() is not None:
+        x = y.contiguous()  # one byte in, one byte out: the native lookup (_nb_lut8_k), on torch's threads
+        out = torch.empty(y.shape, dtype=lut.dtype)
+        _nb_run("lut8", (_nb_array(x, torch.uint8), _nb_array(lut, torch.uint8), _nb_array(out, torch.uint8)),
+                x.numel(), 1)
+        return out
     index = y.contiguous().reshape(-1).view(torch.uint8).to(torch.int32)  # a byte's value: its entry
     return lut.index_select(0, index).view(y.shape)

@@ -461,6 +461,27 @@ def test_value_conversions_of_bytes_by_a_lookup(native_ns):
         native_ns["_nb_values"](y, refuses_nan)
 
 
+@pytest.mark.parametrize("size", [1000, 300_007])  # 300_007: in parts on two threads
+def test_one_byte_images_by_the_native_lookup(native_ns, monkeypatch, size):
+    # marlin_nvfp4's scales: fp8 in, one byte out (a cast and a bit field), by _nb_lut8_k; the torch lookup (no
+    # numba) and the conversion itself give the same bytes
+    g = torch.Generator().manual_seed(size)
+    y = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn)[1:].view(-1, 9)
+
+    def convert(v):  # the bits moved and flipped: any byte to one byte
+        b = v.view(torch.uint8)
+        return ((b << 3) | (b >> 5)).bitwise_xor(0x5A).view(torch.float8_e5m2)
+
+    runs, run = [], native_ns["_nb_run"]
+    monkeypatch.setitem(native_ns, "_nb_run", lambda name, *a: runs.append(name) or run(name, *a))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    got = native_ns["_nb_values"](y, convert)
+    assert runs == ["lut8"] and got.dtype == torch.float8_e5m2 and got.shape == y.shape
+    assert torch.equal(got.view(torch.uint8), convert(y).view(torch.uint8))
+    off = _namespace(False)
+    assert torch.equal(off["_nb_values"](y, convert).view(torch.uint8), got.view(torch.uint8))
+
+
 def test_the_switch_and_a_missing_numba_leave_the_torch_forms(monkeypatch):
     monkeypatch.setenv("LAYOUTC_NUMBA", "0")
     assert _namespace(True)["_nb"]() is None and not native._nb_on("cpu")
