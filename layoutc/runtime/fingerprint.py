@@ -132,8 +132,8 @@ _FP_TRITON_WARPS = 4
 
 #: On the CPU, the first product by a kernel of our own (_fp_native_ir, compiled by llvmlite's LLVM for the host) where
 #: the host is x86-64 with AVX-512 VNNI and llvmlite imports, unless LAYOUTC_FP_NATIVE=0 (read at import): oneDNN's
-#: int8 GEMM of 16 columns (torch._int_mm) took 1.7-2.0 ms for a 27 MB layer on the 2-core CPU machine, the kernel
-#: 0.9-1.0 ms (one VPDPBUSD, 64 byte products, for 4 bytes of X and the 16 columns; BENCHMARKS.md).
+#: int8 GEMM of 16 columns (torch._int_mm) took 1.3-1.4 ms for the first product of a 27 MiB layer on the 2-core CPU
+#: machine, the kernel 0.64-0.74 ms (one VPDPBUSD, 64 byte products, for 4 bytes of X and the 16 columns; BENCHMARKS.md).
 _FP_NATIVE = os.environ.get("LAYOUTC_FP_NATIVE", "1") != "0"
 #: Rows of X one step of the kernel reads together (each 4 bytes of R's 16 columns, loaded once, serve all of
 #: them); 16 row streams at the rows' 32 KiB stride took twice the time (one L1 set for all of them).
@@ -148,7 +148,8 @@ def _fp_native_ir(row, group, chains):
     # 4 bytes x[k..k+3] of a row, broadcast to 16 lanes, and R's rows k..k+3 packed as lane c's 4 bytes (R'[k / 4,
     # c, i] = R[k + i, c] + 128, unsigned), the lanes gain sum_i x[k + i] * (R[k + i, c] + 128). So a row's lanes
     # end as Y[m, c] + 128 * sum(x[m]); the row's byte sum (VPDPBUSD of its 64-byte vectors against bytes of 1,
-    # in the same loop) is taken away: exact int32 arithmetic (|lane| <= row * 255 * 128 = 2^30 at the shipped row).
+    # in the same loop) is taken away. Exact: the int32 lanes wrap modulo 2^32 (VPDPBUSD, not its saturating form)
+    # and Y fits in int32 (the definition's bound); at the shipped row no lane even wraps (<= row * 255 * 128).
     # fp_group(x, r, y, g, n): rows g .. g + group - 1 of the n rows (one past the last reads and writes the last
     # row again: the same values); a loop turn takes 64 bytes of each row, its 16 quads of bytes summed into
     # `chains` accumulators in turn (group * chains chains of VPDPBUSD in flight: one chain waits its latency).
