@@ -132,8 +132,9 @@ _FP_TRITON_WARPS = 4
 
 #: On the CPU, the first product by a kernel of our own (_fp_native_ir, compiled by llvmlite's LLVM for the host) where
 #: the host is x86-64 with AVX-512 VNNI and llvmlite imports, unless LAYOUTC_FP_NATIVE=0 (read at import): oneDNN's
-#: int8 GEMM of 16 columns (torch._int_mm) took 1.3-1.4 ms for the first product of a 27 MiB layer on the 2-core CPU
-#: machine, the kernel 0.64-0.74 ms (one VPDPBUSD, 64 byte products, for 4 bytes of X and the 16 columns; BENCHMARKS.md).
+#: int8 GEMM of 16 columns (torch._int_mm) took 1.3-1.4 ms for the first product of a 27 MiB layer on the 2-core
+#: CPU machine, the kernel 0.64-0.74 ms (one VPDPBUSD, 64 byte products, for 4 bytes of X and the 16 columns;
+#: BENCHMARKS.md).
 _FP_NATIVE = os.environ.get("LAYOUTC_FP_NATIVE", "1") != "0"
 #: Rows of X one step of the kernel reads together (each 4 bytes of R's 16 columns, loaded once, serve all of
 #: them); 16 row streams at the rows' 32 KiB stride took twice the time (one L1 set for all of them).
