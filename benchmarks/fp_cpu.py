@@ -60,7 +60,8 @@ def _peak(llvm, seconds: float = 0.3) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=float, default=27.0, help="MiB of bytes to fingerprint (a layer at E=8, I=1024, H=2048)")
+    ap.add_argument("--mb", type=float, default=27.0,
+                    help="MiB of bytes to fingerprint (a layer at E=8, I=1024, H=2048)")
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = ap.parse_args()
