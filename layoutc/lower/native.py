@@ -51,10 +51,10 @@ first use only); ``tests/lower/test_native.py`` holds each kernel to the torch f
 
 # not copied into converters (torch_emit.native_source copies what follows `import torch`): they carry
 # layoutc.runtime.fingerprint whole
-from ..runtime.fingerprint import _fp_gomp
+from ..runtime.fingerprint import _fp_gomp, _fp_on_threads
 import torch
 
-_NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "pool": worker threads, "gomp"
+_NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "gomp"
 #: int64 slots of an OpenMP call's job before its arguments' (3 each): the parts' counter, failures, parts, total
 _NB_JOB_HEAD = 4
 _NB_MIN_SPLIT = 1 << 16  # words of output under which a call runs on the calling thread alone
@@ -305,13 +305,7 @@ def _nb_run(name, args, total, weight):
                     return failed
                 failed |= kernel(*args, cut[k], cut[k + 1])
 
-        pool = _NB_STATE.get("pool")
-        if pool is None or pool._max_workers < threads - 1:
-            import concurrent.futures
-
-            pool = _NB_STATE["pool"] = concurrent.futures.ThreadPoolExecutor(threads - 1)
-        futures = [pool.submit(take) for _ in range(1, threads)]
-        bad = [take()] + [f.result() for f in futures]
+        bad = _fp_on_threads(take, threads)  # layoutc.runtime.fingerprint: its worker threads
     if any(bad):
         raise IndexError("a run table reads outside its input (the converter's plan does not fit this tensor)")
 

@@ -290,15 +290,20 @@ def _fp_rows_native(a, y, native):
     elif gomp is not None:
         gomp(body, at, threads, 0)
     else:
-        pool = _FP_NATIVE_STATE.get("pool")
-        if pool is None or pool._max_workers < threads - 1:
-            import concurrent.futures
+        _fp_on_threads(lambda: call(at), threads)
 
-            pool = _FP_NATIVE_STATE["pool"] = concurrent.futures.ThreadPoolExecutor(threads - 1)
-        futures = [pool.submit(call, at) for _ in range(threads - 1)]
-        call(at)
-        for f in futures:
-            f.result()
+
+def _fp_on_threads(fn, threads):
+    """``fn()`` at once on the calling thread and on ``threads - 1`` Python worker threads (one pool a process,
+    grown as needed; also the native conversion kernels' where they do not run on OpenMP): the results, the
+    calling thread's first. ``fn`` takes its share of the work itself (a shared counter)."""
+    pool = _FP_NATIVE_STATE.get("pool")
+    if pool is None or pool._max_workers < threads - 1:
+        import concurrent.futures
+
+        pool = _FP_NATIVE_STATE["pool"] = concurrent.futures.ThreadPoolExecutor(threads - 1)
+    futures = [pool.submit(fn) for _ in range(threads - 1)]
+    return [fn()] + [f.result() for f in futures]
 
 
 def _fp_first(a, y):
