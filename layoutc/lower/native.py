@@ -21,6 +21,10 @@ plans' data (no code per spec):
   index with unread words; the 4x4 byte transpose; the permutation): the same four tables, indexed by
   byte ``j`` of each source word.
 
+Where the host is x86-64 with AVX-512 VBMI and llvmlite imports, the words plans and the quads plans without unread
+words run first through :mod:`layoutc.lower.native_simd`'s kernel where their tables fit it (``LAYOUTC_SIMD=0``:
+never); the kernels here run the rest.
+
 A call runs its kernel in parts on ``torch.get_num_threads()`` threads, each taking parts of the output from a
 shared counter rather than one fixed share. Where torch runs its ops on OpenMP (``GOMP_parallel`` in the
 process: torch's own runtime), the threads are torch's: one OpenMP parallel region (``_nb_omp_run``) whose
@@ -52,6 +56,7 @@ first use only); ``tests/lower/test_native.py`` holds each kernel to the torch f
 # not copied into converters (torch_emit.native_source copies what follows `import torch`): they carry
 # layoutc.runtime.fingerprint whole
 from ..runtime.fingerprint import _fp_gomp, _fp_on_threads
+from .native_simd import _nx_chunks, _nx_kernel, _nx_memo, _nx_quads_table, _nx_run, _nx_tables
 import torch
 
 _NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "gomp"
@@ -541,7 +546,14 @@ def _nb_words(x, plan, shape, table, conv=None):
         raise AssertionError("a words plan's table does not cover its output")
     nbytes = x.numel() * x.element_size()
     aligned = nbytes % 4 == 0 and x.data_ptr() % 4 == 0 and x.storage_offset() * x.element_size() % 4 == 0
-    if groups and groups[0] is not None and aligned and shift % 4 == 0 and not bool((outer % 4).any()):
+    whole = aligned and shift % 4 == 0 and not bool((outer % 4).any())  # whole words: the source, every move
+    if whole and _nx_kernel(True) is not None:  # the SIMD kernel where the plan's chunks and tables allow
+        tabs = _nx_memo("nx tables", luts, None, lambda: _nx_tables(luts))
+        chunks = _nx_memo("nx chunks", inner, None, lambda: _nx_chunks(inner)) if tabs is not None else None
+        if chunks is not None and _nx_run(x.reshape(-1).view(torch.uint8).view(torch.int32), chunks, outer // 4,
+                                           shift // 4, copies, tabs, out, _nb_gomp()):
+            return out
+    if groups and groups[0] is not None and whole:
         qsrc, qdst, span = groups[0]  # the source as whole, aligned int32 words; blocks and experts: whole words
         quads = qsrc.shape[1] == 4
         _nb_run("wquads" if quads else "wpairs",
@@ -566,11 +578,20 @@ def _nb_quads(src_words, rows, quads, step, unread, table, shape):
         found = _nb_quad_rows(rows, unread, shape[-1] // 4)
         if found is not None:
             rows, quads, step, unread = found
-    rows = rows.reshape(-1, 4)
+    given, rows = rows, rows.reshape(-1, 4)  # `given`: the plan's own tensor (a reshape is a new one each call)
+    out = torch.empty(shape, dtype=torch.int32)
+    if unread is None and out.numel() == rows.shape[0] * quads * 4 and _nx_kernel(True) is not None:
+        found = _nx_memo("nx quads", given, (quads, step), lambda: _nx_quads_table(rows, quads, step))
+        chunks = _nx_memo("nx chunks", found[0], None, lambda: _nx_chunks(found[0])) if found else None
+        words = src_words.detach().contiguous().reshape(-1)
+        tabs = _nx_memo("nx tables", luts, None, lambda: _nx_tables(luts))
+        if (chunks is not None and tabs is not None and words.numel() * words.element_size() % 4 == 0
+                and _nx_run(words.view(torch.uint8).view(torch.int32), chunks, found[1], 0, 1, tabs, out,
+                            _nb_gomp())):
+            return out
     rows = rows.to(torch.int32) if rows.dtype != torch.int32 and rows.numel() and int(rows.max()) < 2**31 else rows
     mask = (torch.empty((0, 4), dtype=torch.uint8) if unread is None
             else unread.reshape(-1, 4).contiguous().view(torch.uint8))
-    out = torch.empty(shape, dtype=torch.int32)
     if out.numel() != rows.shape[0] * quads * 4:
         raise AssertionError("the quads' rows do not cover the output")
     _nb_run("quads", (_nb_array(src_words, torch.int32), rows.contiguous().numpy(), quads, step,

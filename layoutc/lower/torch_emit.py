@@ -21,7 +21,7 @@ from ..algebra import expr as ex
 from ..lang.ops.conversion import known
 from .plan import Affine, Copy, Gather, Plan, Rows, Words, affine_strides, linear, unknown
 from .terms import collect_and_name, is_size
-from . import native as native_module, runs as runs_module
+from . import native as native_module, native_simd as native_simd_module, runs as runs_module
 
 #: The line after the coordinates are bound: where the named terms of the coordinates go.
 TERMS = "#<terms>"
@@ -276,12 +276,14 @@ def runs_source() -> str:
 
 
 def native_source() -> str:
-    """Module-level helpers of the native CPU kernels: :mod:`layoutc.lower.native` without its docstring
-    and import."""
-    text = inspect.getsource(native_module)
+    """Module-level helpers of the native CPU kernels: :mod:`layoutc.lower.native_simd` and
+    :mod:`layoutc.lower.native` without their docstrings and imports."""
     head = "\nimport torch\n"
-    return "# native CPU kernels through numba, where it is installed: the code of layoutc.lower.native\n" + \
-        text[text.index(head) + len(head):].strip() + "\n"
+    simd, numba = (inspect.getsource(m) for m in (native_simd_module, native_module))
+    return ("# a SIMD kernel of our own (LLVM IR, AVX-512 VBMI): the code of layoutc.lower.native_simd\n"
+            + simd[simd.index(head) + len(head):].strip() + "\n\n\n"
+            + "# native CPU kernels through numba, where it is installed: the code of layoutc.lower.native\n"
+            + numba[numba.index(head) + len(head):].strip() + "\n")
 
 
 def _coordinates(sizes: Sequence) -> list[str]:

@@ -218,20 +218,34 @@ def _fp_native():
         return _FP_NATIVE_STATE[key]
     got = None
     if _FP_NATIVE and _FP_ROW % 64 == 0 and 16 % _FP_NATIVE_CHAINS == 0 and _FP_COLS == 16:
-        try:
-            import llvmlite.binding as llvm
-        except ImportError:
-            llvm = None
-        if llvm is not None and llvm.get_process_triple().split("-")[0] in ("x86_64", "amd64"):
-            features = llvm.get_host_cpu_features()  # what the CPU and the OS (its saved registers) support
-            if all(features.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni")):
-                got = _fp_native_build(llvm, features)
+        host = _fp_llvm(("avx512f", "avx512bw", "avx512vnni"))
+        if host is not None:
+            engine = _fp_jit(*host, _fp_native_ir(_FP_ROW, _FP_NATIVE_GROUP, _FP_NATIVE_CHAINS))
+            body = engine.get_function_address("fp_body")
+            r = _fp_matrix(b"R", _FP_ROW, torch.device("cpu")).contiguous()
+            packed = (r.to(torch.int16).view(_FP_ROW // 4, 4, _FP_COLS).permute(0, 2, 1) + 128).to(torch.uint8)
+            got = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body), packed.contiguous()
     _FP_NATIVE_STATE[key] = got
     return got
 
 
-def _fp_native_build(llvm, features):
-    # _fp_native's kernel, compiled for the host CPU (MCJIT; the engine owns the machine code and is kept)
+def _fp_llvm(needs):
+    """``(llvmlite.binding, the host's features)`` where llvmlite imports and the host is x86-64 with every
+    feature named in ``needs`` (as LLVM names them: what the CPU and the OS's saved registers support), else
+    None. The kernels of our own (this one, :mod:`layoutc.lower.native`'s SIMD one) are LLVM IR for such hosts."""
+    try:
+        import llvmlite.binding as llvm
+    except ImportError:
+        return None
+    if llvm.get_process_triple().split("-")[0] not in ("x86_64", "amd64"):
+        return None
+    features = llvm.get_host_cpu_features()
+    return (llvm, features) if all(features.get(f, False) for f in needs) else None
+
+
+def _fp_jit(llvm, features, ir):
+    """An MCJIT engine of the LLVM IR text ``ir``, compiled for the host CPU (kept by the caller: it owns the
+    machine code). Never cached on disk."""
     try:
         llvm.initialize()  # llvmlite < 0.45 needs it; later ones initialise themselves and raise here
     except RuntimeError:
@@ -240,14 +254,11 @@ def _fp_native_build(llvm, features):
     llvm.initialize_native_asmprinter()
     machine = llvm.Target.from_default_triple().create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=3)
-    module = llvm.parse_assembly(_fp_native_ir(_FP_ROW, _FP_NATIVE_GROUP, _FP_NATIVE_CHAINS))
+    module = llvm.parse_assembly(ir)
     module.verify()
     engine = llvm.create_mcjit_compiler(module, machine)
     engine.finalize_object()
-    body = engine.get_function_address("fp_body")
-    r = _fp_matrix(b"R", _FP_ROW, torch.device("cpu")).contiguous()
-    packed = (r.to(torch.int16).view(_FP_ROW // 4, 4, _FP_COLS).permute(0, 2, 1) + 128).to(torch.uint8).contiguous()
-    return engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body), packed
+    return engine
 
 
 def _fp_gomp():

@@ -1,5 +1,8 @@
 """The native CPU kernels (layoutc.lower.native, numba) equal the torch forms and the element gather bit for bit.
 
+The SIMD kernel is switched off here (``LAYOUTC_SIMD=0``): these are the numba kernels' tests (where the SIMD kernel
+does not run, they run); ``test_native_simd.py`` holds the SIMD kernel to the same forms.
+
 Each kernel is driven as generated converters drive it, from the text they carry (``runs_source``,
 ``native_source`` and ``bit_tables_source`` executed in one namespace): words plans (random byte maps in
 runs of 1 to 8 bytes, padding, expert-0 tables moved per expert, random permutations, bytewise
@@ -27,6 +30,15 @@ from tests.helpers import assert_same_bits
 from tests.helpers import spec as _spec
 
 numba = pytest.importorskip("numba")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _numba_kernels_only():
+    # The numba kernels themselves here: the SIMD kernel (LLVM IR, its switch read per call) would take the plans
+    # whose chunks it can; tests/lower/test_native_simd.py holds it to the same forms.
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("LAYOUTC_SIMD", "0")
+        yield
 
 
 def _namespace(on: bool) -> dict:

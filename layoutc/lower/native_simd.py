@@ -1,0 +1,256 @@
+"""A SIMD kernel of our own for the words and quads plans on the CPU: LLVM IR for x86-64 with AVX-512 VBMI.
+
+The numba kernels (:mod:`layoutc.lower.native`) spend ~17 cycles on a quad of Marlin's weights (16 output bytes):
+table, source and lookup loads one byte at a time. Here a plan is taken in a form found from its tables once
+(:func:`_nx_chunks`): a block's output in 64-byte chunks, each the bytes of at most 16 source words (Marlin's and
+triton_kernels hopper's quads, CUTLASS W4A8's pairs, the SM90 quads of a row: :func:`_nx_quads_table`). A chunk
+is one 512-bit gather of its 16 words, one VPERMB that puts their bytes in output order (a mask zeroes padding),
+and, where the plan's byte tables change bytes, eight VPERMD lookups of 16-entry tables: each byte table must be
+the XOR of its two nibbles' images (:func:`_nx_tables` checks all 256 values; bit permutations are, with or
+without bits flipped). 1.2-2.3x less time than the numba kernels on the same plans on the 2-core CPU machine
+(BENCHMARKS.md); the gathers are most of what is left.
+
+The IR is written from one flag (whether the byte tables apply) and compiled in the process by llvmlite's LLVM
+(numba's own dependency; ``_fp_jit`` of :mod:`layoutc.runtime.fingerprint`, never cached on disk), where llvmlite
+imports and the host is x86-64 with AVX-512 F, BW and VBMI; ``LAYOUTC_SIMD=0`` (read per call) turns it off. The
+kernel checks every block's reads (its least and largest word, moved by its offset) against the source before
+the block reads any; a call that would read outside raises. Copied into converters with
+:mod:`layoutc.lower.native` (``torch_emit.native_source``); ``tests/lower/test_native_simd.py`` holds it to its
+definition, to the numba kernels and to the eager lowering.
+"""
+
+# not copied into converters (torch_emit.native_source copies what follows `import torch`): they carry
+# layoutc.runtime.fingerprint whole
+import ctypes
+
+from ..runtime.fingerprint import _fp_jit, _fp_llvm, _fp_on_threads
+import torch
+
+_NX_STATE = {}  # ("nx", luts): the compiled kernel (None: it does not run here); memo tables by kind
+_NX_MIN_SPLIT = 1 << 16  # words of output under which a call runs on the calling thread alone
+_NX_PARTS_PER_THREAD = 8  # parts a thread takes in turn (a slowed thread takes fewer)
+
+#: host features the SIMD kernel needs (LLVM's names): 512-bit gathers, byte and dword permutes (VPERMB: VBMI)
+_NX_NEEDS = ("avx512f", "avx512bw", "avx512vbmi")
+_NX_MOST_TABLE = 1 << 16  # bytes of a block's table past which its chunk tables (2.1 bytes an output byte) stay off
+
+
+def _nx_ir(luts):
+    # LLVM IR (x86-64, AVX-512 VBMI) of a words plan in chunks of 16 output words: nx_blocks(...) writes blocks
+    # [lo, hi) of every expert; block k of expert e reads the source words gidx[c, l] + outer[k] + e * shift of its
+    # chunk c (l = 0..15: one 512-bit gather), puts byte perm[c, i] of the 64 gathered ones at output byte i
+    # (one VPERMB; 0 where bit i of zm[c] is set: padding) and, where `luts`, maps each word through the plan's
+    # byte tables in nibbles: byte b of a word is y_b = A_b[low nibble] ^ B_b[high nibble] (two VPERMD of 16-entry
+    # tables, tabs[2b], tabs[2b + 1]), the word OR_b y_b. Returns 1 where a block's reads (its least and largest
+    # word, slo and shi, moved by its offset) fall outside the nw source words, before it reads any; else 0.
+    # nx_body(job): parts of job[3] blocks from an atomic counter (job[0]) while below job[2]; job[1] set where a
+    # part failed; job[4:] nx_blocks' arguments src .. shi, as int64.
+    v, b = "<16 x i32>", "<64 x i8>"
+    lines = [f"declare {v} @llvm.x86.avx512.mask.gather.dpi.512({v}, i8*, {v}, <16 x i1>, i32)",
+             f"declare {b} @llvm.x86.avx512.permvar.qi.512({b}, {b})",
+             f"declare {v} @llvm.x86.avx512.permvar.si.512({v}, {v})", "",
+             "define i32 @nx_blocks(i8* %src, i64 %nw, i32* %gidx, i8* %perm, i64* %zm, i64* %outer, i64 %nblocks,",
+             "    i64 %chunks, i64 %shift, i64 %copies, i32* %tabs, i32* %out, i64 %slo, i64 %shi, i64 %lo, i64 %hi) {",
+             "entry:", "  %all = bitcast i16 -1 to <16 x i1>", "  %words = mul i64 %chunks, 16"]
+    for t in range(8 if luts else 0):
+        lines += [f"  %tq{t} = getelementptr i32, i32* %tabs, i64 {16 * t}", f"  %tp{t} = bitcast i32* %tq{t} to {v}*",
+                  f"  %T{t} = load {v}, {v}* %tp{t}, align 4"]
+    lines += ["  br label %ehead",
+              "ehead:", "  %e = phi i64 [0, %entry], [%e1, %elatch]", "  %emore = icmp slt i64 %e, %copies",
+              "  br i1 %emore, label %kpre, label %done",
+              "kpre:", "  %eoff = mul i64 %e, %shift", "  %eblk = mul i64 %e, %nblocks", "  br label %khead",
+              "khead:", "  %k = phi i64 [%lo, %kpre], [%k1, %kend]", "  %kmore = icmp slt i64 %k, %hi",
+              "  br i1 %kmore, label %kbody, label %elatch",
+              "kbody:", "  %okp = getelementptr i64, i64* %outer, i64 %k", "  %ok = load i64, i64* %okp",
+              "  %off = add i64 %ok, %eoff", "  %a0 = add i64 %slo, %off", "  %a1 = add i64 %shi, %off",
+              "  %bad0 = icmp slt i64 %a0, 0", "  %bad1 = icmp sge i64 %a1, %nw", "  %bad = or i1 %bad0, %bad1",
+              "  br i1 %bad, label %fail, label %kgo",
+              "kgo:", "  %sbo = mul i64 %off, 4", "  %sb = getelementptr i8, i8* %src, i64 %sbo",
+              "  %blk = add i64 %eblk, %k", "  %obase = mul i64 %blk, %words",
+              "  %ob = getelementptr i32, i32* %out, i64 %obase", "  br label %chunk",
+              "chunk:", "  %c = phi i64 [0, %kgo], [%c1, %chunk]",
+              "  %gi = mul i64 %c, 16", "  %gq = getelementptr i32, i32* %gidx, i64 %gi",
+              f"  %gp = bitcast i32* %gq to {v}*", f"  %iv = load {v}, {v}* %gp, align 4",
+              f"  %g = call {v} @llvm.x86.avx512.mask.gather.dpi.512({v} zeroinitializer, i8* %sb, {v} %iv, "
+              "<16 x i1> %all, i32 4)",
+              "  %pi = mul i64 %c, 64", "  %pq = getelementptr i8, i8* %perm, i64 %pi",
+              f"  %pp = bitcast i8* %pq to {b}*",
+              f"  %pv = load {b}, {b}* %pp, align 1", f"  %gb = bitcast {v} %g to {b}",
+              f"  %sh = call {b} @llvm.x86.avx512.permvar.qi.512({b} %gb, {b} %pv)",
+              "  %zq = getelementptr i64, i64* %zm, i64 %c", "  %z = load i64, i64* %zq",
+              "  %zb = bitcast i64 %z to <64 x i1>", f"  %sz = select <64 x i1> %zb, {b} zeroinitializer, {b} %sh",
+              f"  %w = bitcast {b} %sz to {v}"]
+    word = "%w"
+    if luts:
+        for t in range(8):  # nibble t of each word indexes table t (VPERMD reads an index's low 4 bits)
+            index = "%w" if t == 0 else f"%n{t}"
+            if t:
+                lines.append(f"  %n{t} = lshr {v} %w, <" + ", ".join([f"i32 {4 * t}"] * 16) + ">")
+            lines.append(f"  %p{t} = call {v} @llvm.x86.avx512.permvar.si.512({v} %T{t}, {v} {index})")
+        lines += [f"  %y{j} = xor {v} %p{2 * j}, %p{2 * j + 1}" for j in range(4)]
+        lines += [f"  %r01 = or {v} %y0, %y1", f"  %r23 = or {v} %y2, %y3", f"  %r = or {v} %r01, %r23"]
+        word = "%r"
+    lines += ["  %oq = getelementptr i32, i32* %ob, i64 %gi", f"  %op = bitcast i32* %oq to {v}*",
+              f"  store {v} {word}, {v}* %op, align 4", "  %c1 = add i64 %c, 1", "  %cmore = icmp slt i64 %c1, %chunks",
+              "  br i1 %cmore, label %chunk, label %kend",
+              "kend:", "  %k1 = add i64 %k, 1", "  br label %khead",
+              "elatch:", "  %e1 = add i64 %e, 1", "  br label %ehead",
+              "done:", "  ret i32 0", "fail:", "  ret i32 1", "}", ""]
+    names = ("src", "nw", "gidx", "perm", "zm", "outer", "nblocks", "chunks", "shift", "copies", "tabs", "out", "slo",
+             "shi")
+    pointers = {"src": "i8*", "gidx": "i32*", "perm": "i8*", "zm": "i64*", "outer": "i64*", "tabs": "i32*",
+                "out": "i32*"}
+    lines += ["define void @nx_body(i64* %job) {", "entry:"]
+    for i, name in enumerate(("parts", "per") + names, 2):
+        lines += [f"  %{name}.q = getelementptr i64, i64* %job, i64 {i}", f"  %{name}.v = load i64, i64* %{name}.q"]
+        if name in pointers:
+            lines.append(f"  %{name} = inttoptr i64 %{name}.v to {pointers[name]}")
+    args = ", ".join(f"{pointers[n]} %{n}" if n in pointers else f"i64 %{n}.v" for n in names)
+    lines += ["  %failed = getelementptr i64, i64* %job, i64 1", "  br label %take",
+              "take:", "  %p = atomicrmw add i64* %job, i64 1 monotonic", "  %more = icmp slt i64 %p, %parts.v",
+              "  br i1 %more, label %run, label %finish",
+              "run:", "  %lo = mul i64 %p, %per.v", "  %hi0 = add i64 %lo, %per.v",
+              "  %over = icmp sgt i64 %hi0, %nblocks.v", "  %hi = select i1 %over, i64 %nblocks.v, i64 %hi0",
+              f"  %r = call i32 @nx_blocks({args}, i64 %lo, i64 %hi)", "  %rb = icmp ne i32 %r, 0",
+              "  br i1 %rb, label %flag, label %take",
+              "flag:", "  store atomic i64 1, i64* %failed monotonic, align 8", "  br label %take",
+              "finish:", "  ret void", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _nx_kernel(luts):
+    """The SIMD kernel (``_nx_ir(luts)``, compiled for the host on first use: its engine, ``nx_body``'s address,
+    a ctypes function of it), or None where it does not run: ``LAYOUTC_SIMD=0``, no llvmlite, a host other than
+    x86-64 with AVX-512 VBMI."""
+    import os
+
+    if os.environ.get("LAYOUTC_SIMD", "1").strip() == "0":
+        return None
+    key = ("nx", bool(luts))
+    if key not in _NX_STATE:
+        got, host = None, _fp_llvm(_NX_NEEDS)
+        if host is not None:
+            engine = _fp_jit(*host, _nx_ir(bool(luts)))
+            body = engine.get_function_address("nx_body")
+            got = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
+        _NX_STATE[key] = got
+    return _NX_STATE[key]
+
+
+def _nx_chunks(inner):
+    """A block's table of source bytes (``inner[i]``: the source byte of output byte i; < 0: padding, byte 0) in
+    the SIMD kernel's form, ``(gidx, perm, zm, (least, largest))``: per 64-byte chunk c the source words it reads
+    (``gidx[c]``, int32, 16; lanes past its distinct words repeat one of them), output byte i as byte ``perm[c, i]``
+    of those 16 words' 64 (``4 * lane + byte``), ``zm[c]``'s bit i set where it is padding; the least and largest
+    word any chunk reads. None where a chunk reads more than 16 words, the table is not whole chunks or is larger
+    than ``_NX_MOST_TABLE``, all padding, or a word is past int32."""
+    n = inner.numel()
+    if not n or n % 64 or n > _NX_MOST_TABLE:
+        return None
+    table = inner.reshape(-1, 64).to(torch.int64)
+    hole = table < 0
+    if bool(hole.all()):
+        return None
+    past = torch.iinfo(torch.int64).max  # padding sorts last and is no word
+    words = torch.where(hole, past, torch.div(table, 4, rounding_mode="floor"))
+    ordered, order = words.sort(dim=1, stable=True)
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    first &= ordered != past
+    if int(first.sum(1).max()) > 16 or int(ordered[ordered != past].max()) >= 2**31:
+        return None
+    lane_sorted = first.cumsum(1) - 1  # each byte's word's lane, in sorted order
+    lane = torch.empty_like(lane_sorted).scatter_(1, order, lane_sorted)
+    chunks = table.shape[0]
+    gidx = torch.full((chunks, 16), int(words[~hole].min()), dtype=torch.int64)
+    rows = torch.arange(chunks).unsqueeze(1).expand(chunks, 64)
+    gidx[rows[first], lane_sorted[first]] = ordered[first]
+    perm = torch.where(hole, 0, lane.clamp(min=0) * 4 + torch.remainder(table, 4))
+    zm = (hole.to(torch.int64) << torch.arange(64)).sum(1)  # distinct bits: the sum is their OR (bit 63 wraps)
+    return (gidx.to(torch.int32).contiguous(), perm.to(torch.uint8).contiguous(), zm.contiguous(),
+            (int(gidx.min()), int(gidx.max())))
+
+
+def _nx_tables(luts):
+    """The SIMD kernel's nibble tables of a words plan's byte tables (``luts[b, v]``, :func:`_nb_luts`): [8, 16]
+    int32, table 2b the images of byte b's low nibble values, 2b + 1 of its high nibble's (``luts[b, n << 4] ^
+    luts[b, 0]``), where every byte table is such a sum (XOR) of its nibbles' (bit permutations are; conversions
+    that act on each bit alone, such as flipping bits, are); ``"identity"`` where every table leaves its byte as it
+    is; else None."""
+    images = luts.to(torch.int64) & 0xFFFFFFFF
+    v = torch.arange(256)
+    if bool((images == v.unsqueeze(0) << (8 * torch.arange(4)).unsqueeze(1)).all()):
+        return "identity"
+    low, high = images[:, v & 15], images[:, v & 0xF0] ^ images[:, :1]
+    if not bool((images == low ^ high).all()):
+        return None
+    n = torch.arange(16)
+    tabs = torch.stack([t for b in range(4) for t in (images[b, n], images[b, n << 4] ^ images[b, 0])])
+    return torch.where(tabs >= 2**31, tabs - 2**32, tabs).to(torch.int32).contiguous()
+
+
+def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
+    """The SIMD kernel over every block of every expert (``src``, ``out``: contiguous int32 CPU tensors; ``outer``
+    the blocks' offsets and ``shift`` an expert's, in words; ``tabs`` from :func:`_nx_tables`), in parts on torch's
+    threads: one region of ``gomp`` (``GOMP_parallel`` of torch's OpenMP runtime) or, where None, the calling thread
+    and Python worker threads. True where it ran, False where it does not run here; raises where a block would read
+    outside ``src``."""
+    kernel = _nx_kernel(not isinstance(tabs, str))
+    if kernel is None:
+        return False
+
+    gidx, perm, zm, (least, largest) = chunks
+    blocks = outer.numel()
+    if not (src.dtype == out.dtype == torch.int32 and src.is_contiguous() and out.is_contiguous()
+            and out.numel() == copies * blocks * gidx.shape[0] * 16):
+        raise AssertionError("the SIMD kernel's operands do not fit its plan")
+    outer = outer.to(torch.int64).contiguous()
+    tabs = tabs if not isinstance(tabs, str) else torch.zeros(0, dtype=torch.int32)
+    threads = max(1, min(torch.get_num_threads(), blocks, out.numel() // _NX_MIN_SPLIT))
+    per = -(-blocks // (threads * _NX_PARTS_PER_THREAD))
+    parts = -(-blocks // per)
+    job = (ctypes.c_int64 * 18)(0, 0, parts, per, src.data_ptr(), src.numel(), gidx.data_ptr(), perm.data_ptr(),
+                                zm.data_ptr(), outer.data_ptr(), blocks, gidx.shape[0], shift, copies,
+                                tabs.data_ptr(), out.data_ptr(), least, largest)
+    at = ctypes.addressof(job)
+    _, body, call = kernel
+    if threads == 1:
+        call(at)
+    elif gomp is not None:
+        gomp(body, at, threads, 0)
+    else:
+        _fp_on_threads(lambda: call(at), threads)
+    if job[1]:
+        raise IndexError("a run table reads outside its input (the converter's plan does not fit this tensor)")
+    return True
+
+
+def _nx_memo(kind, tensor, extra, make):
+    # make() once per (kind, tensor, extra) while `tensor` lives (a weak reference: a plan's table of the run
+    # cache, not copied per call; a new tensor at a freed one's id is made again)
+    import weakref
+
+    seen = _NX_STATE.setdefault(kind, {})
+    key = (id(tensor), extra)
+    got = seen.get(key)
+    if got is not None and got[0]() is tensor:
+        return got[1]
+    value = make()
+    if len(seen) >= 64:
+        seen.clear()
+    seen[key] = (weakref.ref(tensor), value)
+    return value
+
+
+def _nx_quads_table(rows, quads, step):
+    # A quads plan (row r's quad q reads words rows[r, b] + q * step, every word read) as one block a row where
+    # every row is row 0 moved by one offset: (row 0's table of source bytes, the rows' offsets in words), or None
+    first = rows[:1].to(torch.int64)
+    moved = rows.to(torch.int64) - first
+    if quads % 4 or not rows.shape[0] or not bool((moved == moved[:, :1]).all()):
+        return None
+    q = torch.arange(quads).view(-1, 1, 1)
+    j = torch.arange(4).view(1, -1, 1)  # output word j of a quad: byte j of each source word b, at its byte b
+    inner = (4 * (first.view(1, 1, 4) + q * step) + j).reshape(-1)
+    return inner, moved[:, 0].contiguous()
+

@@ -1,0 +1,256 @@
+"""The SIMD kernel of the words and quads plans (layoutc.lower.native_simd, LLVM IR for AVX-512 VBMI): the plans' bits.
+
+Driven from the text converters carry (the namespace of ``test_native``): the kernel against its definition written
+in torch here (random chunk tables, padding, offsets per block and expert, nibble tables, 1-3 threads, OpenMP and
+Python threads), the chunk tables against the element gather of random byte tables, the nibble tables against the
+byte tables they stand for, words and quads plans against the torch forms, and shipped specs against the eager
+lowering. Where the host is x86-64 with AVX-512 VBMI and llvmlite imports (the CPU machine and CI), the tests fail
+if the kernel is not built, rather than skip.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layoutc.convert.synthckpt import synthetic_inputs
+from tests.helpers import assert_same_bits
+from tests.helpers import spec as _spec
+
+pytest.importorskip("numba")
+from tests.lower.test_native import _element_gather, _namespace  # noqa: E402
+
+
+def _host_has_vbmi() -> bool:
+    # independent of llvmlite: the kernel's instructions as the Linux kernel lists them
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return {"avx512f", "avx512bw", "avx512vbmi"} <= set(flags)
+
+
+@pytest.fixture(scope="module")
+def ns():
+    try:
+        import llvmlite.binding  # noqa: F401
+    except ImportError:
+        pytest.skip("llvmlite is not installed (the kernel's compiler)")
+    if not _host_has_vbmi():
+        pytest.skip("this CPU has no AVX-512 VBMI")
+    namespace = _namespace(True)
+    for luts in (True, False):
+        assert namespace["_nx_kernel"](luts) is not None, "x86-64 with AVX-512 VBMI and llvmlite, but no SIMD kernel"
+    return namespace
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _simd_on():
+    with pytest.MonkeyPatch.context() as m:
+        m.delenv("LAYOUTC_SIMD", raising=False)
+        yield
+
+
+def _definition(src, gidx, perm, zm, outer, shift, copies, tabs):
+    # The kernel's output by its definition, in torch (int64 arithmetic): for expert e, block k, chunk c, the 16
+    # words src[gidx[c] + outer[k] + e * shift], byte perm[c, i] of their 64 at byte i (0 where bit i of zm[c]),
+    # then each word's byte b as tabs[2b][low nibble] ^ tabs[2b + 1][high nibble], OR'd over b.
+    blocks, chunks = outer.numel(), gidx.shape[0]
+    offsets = (torch.arange(copies).view(-1, 1) * shift + outer.view(1, -1)).view(copies, blocks, 1, 1)
+    words = src[(gidx.to(torch.int64).view(1, 1, chunks, 16) + offsets)]  # [copies, blocks, chunks, 16]
+    data = words.contiguous().view(torch.uint8).view(copies, blocks, chunks, 64)
+    picked = torch.gather(data, 3, perm.to(torch.int64).view(1, 1, chunks, 64).expand(copies, blocks, chunks, 64))
+    padding = ((zm.view(-1, 1) >> torch.arange(64)) & 1).bool().view(1, 1, chunks, 64)
+    picked = torch.where(padding, 0, picked).contiguous()
+    w = picked.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    if not isinstance(tabs, str):
+        t = tabs.to(torch.int64) & 0xFFFFFFFF
+        y = 0
+        for b in range(4):
+            y = y | (t[2 * b][(w >> (8 * b)) & 15] ^ t[2 * b + 1][(w >> (8 * b + 4)) & 15])
+        w = y
+    return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32).reshape(-1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), chunks=st.integers(1, 4), blocks=st.integers(1, 5), copies=st.integers(1, 3),
+       luts=st.booleans(), threads=st.integers(1, 3), openmp=st.booleans())
+def test_the_kernel_equals_its_definition(ns, seed, chunks, blocks, copies, luts, threads, openmp):
+    g = torch.Generator().manual_seed(seed)
+    span = 40
+    gidx = torch.randint(0, span, (chunks, 16), generator=g, dtype=torch.int32)
+    perm = torch.randint(0, 64, (chunks, 64), generator=g, dtype=torch.uint8)
+    zm = torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
+        torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))  # about a quarter padding
+    outer = torch.randint(0, 30, (blocks,), generator=g, dtype=torch.int64)
+    shift = 70
+    src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 30 + span,), generator=g, dtype=torch.int32)
+    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
+    chunk_tables = (gidx, perm, zm, (int(gidx.min()), int(gidx.max())))
+    out = torch.full((copies * blocks * chunks * 16,), 7, dtype=torch.int32)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch, "get_num_threads", lambda: threads)
+        m.setitem(ns, "_NX_MIN_SPLIT", 1)  # these small calls in parts too
+        gomp = ns["_nb_gomp"]() if openmp else None  # None: the calling thread and Python threads
+        assert ns["_nx_run"](src, chunk_tables, outer, shift, copies, tabs, out, gomp)
+    assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
+
+
+def _byte_table(g, chunks, span, holes):
+    # a block's source bytes: each 16 bytes of output the 16 bytes of 4 source words in a random order (so at most
+    # 16 words a 64-byte chunk), -1 where padding
+    parts = []
+    for _ in range(chunks * 4):
+        start = 4 * int(torch.randint(0, (span - 16) // 4, (1,), generator=g))  # 4 whole words
+        part = start + torch.randperm(16, generator=g)
+        if holes:
+            part[torch.rand(16, generator=g) < 0.25] = -1
+        parts.append(part)
+    return torch.cat(parts)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), chunks=st.integers(1, 6), blocks=st.integers(1, 4), holes=st.booleans())
+def test_chunk_tables_gather_every_byte_of_a_table(ns, seed, chunks, blocks, holes):
+    g = torch.Generator().manual_seed(seed)
+    span = 400
+    inner = _byte_table(g, chunks, span, holes)
+    found = ns["_nx_chunks"](inner)
+    assert found is not None
+    outer = torch.arange(blocks) * 8  # words
+    flat = torch.randint(0, 256, (span + 32 * blocks,), generator=g, dtype=torch.uint8)
+    out = torch.empty(blocks * inner.numel() // 4, dtype=torch.int32)
+    assert ns["_nx_run"](flat.view(torch.int32), found, outer, 0, 1, "identity", out, None)
+    index = (inner.view(1, -1) + torch.where(inner < 0, 0, 4 * outer.view(-1, 1))).reshape(-1)
+    assert torch.equal(out.view(torch.uint8), _element_gather(flat, index, 0))
+
+
+def test_chunks_of_more_than_16_words_or_past_the_limit_are_none(ns):
+    spread = torch.arange(64) * 4  # 64 bytes from 64 words
+    assert ns["_nx_chunks"](spread) is None
+    assert ns["_nx_chunks"](torch.arange(63)) is None  # not whole chunks
+    assert ns["_nx_chunks"](torch.full((64,), -1)) is None  # all padding
+    assert ns["_nx_chunks"](torch.arange(ns["_NX_MOST_TABLE"] + 64)) is None
+    assert ns["_nx_chunks"](torch.arange(64) + 4 * 2**31) is None  # a word past int32
+    assert ns["_nx_chunks"](torch.arange(ns["_NX_MOST_TABLE"])) is not None
+
+
+@settings(max_examples=25, deadline=None)
+@given(table=st.permutations(range(32)), flip=st.integers(0, 2**32 - 1))
+def test_nibble_tables_stand_for_bit_permutations_and_bit_flips(ns, table, flip):
+    # A bit permutation then a bitwise XOR (a conversion acting on each bit alone): the nibble tables give every
+    # byte table's images, as the kernel combines them
+    conv = (lambda w, f=flip: w ^ torch.tensor(f, dtype=torch.int64).to(torch.int32)) if flip else None
+    luts = ns["_nb_luts"](tuple(table), conv)
+    tabs = ns["_nx_tables"](luts)
+    v = torch.arange(256)
+    if tabs == "identity":
+        assert table == list(range(32)) and not flip
+        return
+    assert tabs is not None
+    t = tabs.to(torch.int64) & 0xFFFFFFFF
+    for b in range(4):
+        assert torch.equal(t[2 * b][v & 15] ^ t[2 * b + 1][v >> 4], luts[b].to(torch.int64) & 0xFFFFFFFF)
+
+
+def test_identity_tables_skip_the_lookups_and_other_conversions_are_none(ns):
+    assert ns["_nx_tables"](ns["_nb_luts"](tuple(range(32)))) == "identity"
+    square = ns["_nb_luts"](tuple(range(32)), lambda w: w * w)  # not a sum of its nibbles' images
+    assert ns["_nx_tables"](square) is None
+
+
+def test_a_block_that_reads_past_its_input_raises_before_any_write(ns):
+    inner = torch.arange(64)
+    found = ns["_nx_chunks"](inner)
+    src = torch.arange(16, dtype=torch.int32)
+    out = torch.full((32,), 7, dtype=torch.int32)
+    with pytest.raises(IndexError, match="outside its input"):
+        ns["_nx_run"](src, found, torch.tensor([0, 1]), 0, 1, "identity", out, None)  # block 1: words 1..16 of 16
+    assert out[16:].tolist() == [7] * 16  # the block that failed wrote nothing
+    with pytest.raises(IndexError):
+        ns["_nx_run"](src, found, torch.tensor([-1]), 0, 1, "identity", out[:16], None)
+
+
+def _counting(ns, m):
+    # the kernel's runs in ns from here (m: a MonkeyPatch), each True where it ran
+    ran = []
+    run = ns["_nx_run"]
+    m.setitem(ns, "_nx_run", lambda *a: ran.append(run(*a)) or ran[-1])
+    return ran
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), blocks=st.integers(1, 4),
+       experts=st.integers(1, 3), holes=st.booleans())
+def test_words_plans_take_the_kernel_and_equal_their_definition(ns, seed, table, blocks, experts, holes):
+    g = torch.Generator().manual_seed(seed)
+    inner = _byte_table(g, 4, 200, holes).to(torch.int32)  # 256-byte blocks
+    per_expert = 64 * (blocks + 4)
+    outer = (torch.arange(blocks, dtype=torch.int32) * 16)
+    flat = torch.randint(0, 256, (per_expert * experts,), generator=g, dtype=torch.uint8)
+    plan = ("native", inner, outer, 8, experts, per_expert)
+    shape = (experts * blocks * 64,)
+    with pytest.MonkeyPatch.context() as m:
+        ran = _counting(ns, m)
+        got = ns["_nb_words"](flat, plan, shape, tuple(table))
+    assert ran == [True]
+    assert torch.equal(got, _words_reference(flat, plan, table))
+
+
+def _words_reference(flat, plan, table):
+    # the words plan's definition: output byte i of expert e is flat[inner[i % block] + outer[i // block] + e * shift]
+    # (0 where padding), each word's bits permuted by table (output bit i: input bit table[i])
+    _, inner, outer, ps, experts, shift = plan
+    block = 1 << ps
+    index = (inner.to(torch.int64).view(1, 1, -1) + outer.to(torch.int64).view(1, -1, 1)
+             + (torch.arange(experts) * shift).view(-1, 1, 1))
+    index = torch.where(inner.view(1, 1, -1) < 0, -1, index).reshape(-1)
+    assert block == inner.numel()
+    data = _element_gather(flat, index, 0).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    bits = sum(((data >> s) & 1) << i for i, s in enumerate(table))
+    return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), table=st.permutations(range(32)), rows=st.integers(1, 6),
+       quads=st.sampled_from([4, 8, 12]), step=st.integers(1, 5))
+def test_quads_plans_take_the_kernel_and_equal_the_numba_kernel(ns, seed, table, rows, quads, step):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(-2**31, 2**31 - 1, (4000,), generator=g, dtype=torch.int32)
+    first = torch.randint(0, 1000, (1, 4), generator=g)
+    index = (first + (torch.arange(rows) * 300).view(-1, 1)).to(torch.int32)
+    with pytest.MonkeyPatch.context() as m:
+        ran = _counting(ns, m)
+        got = ns["_nb_quads"](src, index, quads, step, None, tuple(table), (rows * quads * 4,))
+        assert ran == [True]
+        m.setenv("LAYOUTC_SIMD", "0")
+        want = ns["_nb_quads"](src, index, quads, step, None, tuple(table), (rows * quads * 4,))
+        assert ran == [True]  # the numba kernel this time
+    assert torch.equal(got, want)
+
+
+def test_the_switch_leaves_the_numba_kernels(ns, monkeypatch):
+    monkeypatch.setenv("LAYOUTC_SIMD", "0")
+    assert ns["_nx_kernel"](True) is None and ns["_nx_kernel"](False) is None
+    monkeypatch.delenv("LAYOUTC_SIMD")
+    assert ns["_nx_kernel"](True) is not None
+
+
+@pytest.mark.parametrize("name, dims", [("flashinfer_cutlass_bf16", {"E": 2, "I": 128, "H": 256}),
+                                        ("flashinfer_cutlass_mxfp4_padded", {"E": 2, "I": 128, "H": 256}),
+                                        ("marlin_nvfp4", {"E": 2, "I": 256, "H": 512}),
+                                        ("marlin_gptq_int4", {"E": 2, "I": 256, "H": 512}),
+                                        ("triton_kernels_mxfp4_hopper", {"E": 2, "I": 128, "H": 256}),
+                                        ("vllm_cutlass_w4a8", {"E": 2, "I": 256, "H": 256})])
+def test_shipped_specs_take_the_kernel_and_equal_eager(ns, monkeypatch, name, dims):
+    spec = _spec(name)
+    x = synthetic_inputs(spec, dims, seed=13)
+    want = spec.convert(x, lowering="eager", fingerprint=False)
+    ran = []
+    run = spec.module._nx_run
+    monkeypatch.setattr(spec.module, "_nx_run", lambda *a: ran.append(run(*a)) or ran[-1])
+    assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, name)
+    assert True in ran, name
