@@ -56,7 +56,7 @@ first use only); ``tests/lower/test_native.py`` holds each kernel to the torch f
 # not copied into converters (torch_emit.native_source copies what follows `import torch`): they carry
 # layoutc.runtime.fingerprint whole
 from ..runtime.fingerprint import _fp_gomp, _fp_on_threads
-from .native_simd import _nx_chunks, _nx_kernel, _nx_memo, _nx_quads_table, _nx_run, _nx_tables
+from .native_simd import _nx_chunks, _nx_memo, _nx_on, _nx_quads_table, _nx_run, _nx_tables
 import torch
 
 _NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "gomp"
@@ -547,7 +547,7 @@ def _nb_words(x, plan, shape, table, conv=None):
     nbytes = x.numel() * x.element_size()
     aligned = nbytes % 4 == 0 and x.data_ptr() % 4 == 0 and x.storage_offset() * x.element_size() % 4 == 0
     whole = aligned and shift % 4 == 0 and not bool((outer % 4).any())  # whole words: the source, every move
-    if whole and _nx_kernel(True) is not None:  # the SIMD kernel where the plan's chunks and tables allow
+    if whole and _nx_on():  # the SIMD kernel where the plan's chunks and tables allow
         tabs = _nx_memo("nx tables", luts, None, lambda: _nx_tables(luts))
         chunks = _nx_memo("nx chunks", inner, None, lambda: _nx_chunks(inner)) if tabs is not None else None
         if chunks is not None and _nx_run(x.reshape(-1).view(torch.uint8).view(torch.int32), chunks, outer // 4,
@@ -580,7 +580,7 @@ def _nb_quads(src_words, rows, quads, step, unread, table, shape):
             rows, quads, step, unread = found
     given, rows = rows, rows.reshape(-1, 4)  # `given`: the plan's own tensor (a reshape is a new one each call)
     out = torch.empty(shape, dtype=torch.int32)
-    if unread is None and out.numel() == rows.shape[0] * quads * 4 and _nx_kernel(True) is not None:
+    if unread is None and out.numel() == rows.shape[0] * quads * 4 and _nx_on():
         found = _nx_memo("nx quads", given, (quads, step), lambda: _nx_quads_table(rows, quads, step))
         chunks = _nx_memo("nx chunks", found[0], None, lambda: _nx_chunks(found[0])) if found else None
         words = src_words.detach().contiguous().reshape(-1)

@@ -38,11 +38,12 @@ _NX_NEEDS = ("avx512f", "avx512bw", "avx512vbmi")
 _NX_MOST_TABLE = 1 << 16  # bytes of a block's table past which its chunk tables (2.1 bytes an output byte) stay off
 
 
-def _nx_ir(luts, ahead):
+def _nx_ir(luts, ahead, gathers):
     # LLVM IR (x86-64, AVX-512 VBMI) of a words plan in chunks of 16 output words: nx_blocks(...) writes blocks
     # [lo, hi) of every expert; block k of expert e reads the source words gidx[c, l] + outer[k] + e * shift of its
-    # chunk c (l = 0..15: one 512-bit gather), puts byte perm[c, i] of the 64 gathered ones at output byte i
-    # (one VPERMB; 0 where bit i of zm[c] is set: padding) and, where `luts`, maps each word through the plan's
+    # chunk c (l < 16 * gathers: `gathers` 512-bit gathers), puts byte perm[c, i] of the gathered ones at output
+    # byte i (VPERMB of one register, VPERMI2B of two, two of those and a blend for four: perm's low 6, 7 or 8
+    # bits pick it; 0 where bit i of zm[c] is set: padding) and, where `luts`, maps each word through the plan's
     # byte tables in nibbles: byte b of a word is y_b = A_b[low nibble] ^ B_b[high nibble] (two VPERMD of 16-entry
     # tables, tabs[2b], tabs[2b + 1]), the word OR_b y_b. Returns 1 where a block's reads (its least and largest
     # word, slo and shi, moved by its offset) fall outside the nw source words, before it reads any; else 0. Each
@@ -54,6 +55,7 @@ def _nx_ir(luts, ahead):
     lines = ["declare void @llvm.prefetch.p0(i8*, i32, i32, i32)",
              f"declare {v} @llvm.x86.avx512.mask.gather.dpi.512({v}, i8*, {v}, <16 x i1>, i32)",
              f"declare {b} @llvm.x86.avx512.permvar.qi.512({b}, {b})",
+             f"declare {b} @llvm.x86.avx512.vpermi2var.qi.512({b}, {b}, {b})",
              f"declare {v} @llvm.x86.avx512.permvar.si.512({v}, {v})", "",
              "define i32 @nx_blocks(i8* %src, i64 %nw, i32* %gidx, i8* %perm, i64* %zm, i64* %outer, i64 %nblocks,",
              "    i64 %chunks, i64 %shift, i64 %copies, i32* %tabs, i32* %out, i64 %slo, i64 %shi, i64 %lo, i64 %hi) {",
@@ -86,22 +88,31 @@ def _nx_ir(luts, ahead):
               "  %fc1 = sub i64 %fc0, %chunks",
               "  %flast = sub i64 %chunks, 1", "  %fnext = icmp slt i64 %fc1, %chunks",
               "  %fc2 = select i1 %fnext, i64 %fc1, i64 %flast", "  %fc = select i1 %fover, i64 %fc2, i64 %fc0",
-              "  %fbase = select i1 %fover, i8* %nsb, i8* %sb", "  %fg = mul i64 %fc, 16"]
-    for lane in range(16):
+              "  %fbase = select i1 %fover, i8* %nsb, i8* %sb", f"  %fg = mul i64 %fc, {16 * gathers}"]
+    for lane in range(16 * gathers):
         lines += [f"  %fi{lane} = add i64 %fg, {lane}",
                   f"  %fq{lane} = getelementptr i32, i32* %gidx, i64 %fi{lane}",
                   f"  %fw{lane} = load i32, i32* %fq{lane}", f"  %fx{lane} = sext i32 %fw{lane} to i64",
                   f"  %fb{lane} = mul i64 %fx{lane}, 4", f"  %fa{lane} = getelementptr i8, i8* %fbase, i64 %fb{lane}",
                   f"  call void @llvm.prefetch.p0(i8* %fa{lane}, i32 0, i32 3, i32 1)"]
-    lines += ["  %gi = mul i64 %c, 16", "  %gq = getelementptr i32, i32* %gidx, i64 %gi",
-              f"  %gp = bitcast i32* %gq to {v}*", f"  %iv = load {v}, {v}* %gp, align 4",
-              f"  %g = call {v} @llvm.x86.avx512.mask.gather.dpi.512({v} zeroinitializer, i8* %sb, {v} %iv, "
-              "<16 x i1> %all, i32 4)",
-              "  %pi = mul i64 %c, 64", "  %pq = getelementptr i8, i8* %perm, i64 %pi",
-              f"  %pp = bitcast i8* %pq to {b}*",
-              f"  %pv = load {b}, {b}* %pp, align 1", f"  %gb = bitcast {v} %g to {b}",
-              f"  %sh = call {b} @llvm.x86.avx512.permvar.qi.512({b} %gb, {b} %pv)",
-              "  %zq = getelementptr i64, i64* %zm, i64 %c", "  %z = load i64, i64* %zq",
+    lines += ["  %gi = mul i64 %c, 16", f"  %gr = mul i64 %c, {16 * gathers}", "  %pi = mul i64 %c, 64",
+              "  %pq = getelementptr i8, i8* %perm, i64 %pi", f"  %pp = bitcast i8* %pq to {b}*",
+              f"  %pv = load {b}, {b}* %pp, align 1"]
+    for h in range(gathers):  # gather h: the chunk's words 16h .. 16h + 15
+        lines += [f"  %gs{h} = add i64 %gr, {16 * h}", f"  %gq{h} = getelementptr i32, i32* %gidx, i64 %gs{h}",
+                  f"  %gp{h} = bitcast i32* %gq{h} to {v}*", f"  %iv{h} = load {v}, {v}* %gp{h}, align 4",
+                  f"  %g{h} = call {v} @llvm.x86.avx512.mask.gather.dpi.512({v} zeroinitializer, i8* %sb, "
+                  f"{v} %iv{h}, <16 x i1> %all, i32 4)", f"  %gb{h} = bitcast {v} %g{h} to {b}"]
+    pick = f"call {b} @llvm.x86.avx512.vpermi2var.qi.512"  # byte p of two registers' 128 (p's low 7 bits)
+    if gathers == 1:
+        lines.append(f"  %sh = call {b} @llvm.x86.avx512.permvar.qi.512({b} %gb0, {b} %pv)")
+    elif gathers == 2:
+        lines.append(f"  %sh = {pick}({b} %gb0, {b} %pv, {b} %gb1)")
+    else:  # bit 7 of p: which pair of registers
+        lines += [f"  %sl = {pick}({b} %gb0, {b} %pv, {b} %gb1)", f"  %su = {pick}({b} %gb2, {b} %pv, {b} %gb3)",
+                  f"  %up = icmp ugt {b} %pv, <" + ", ".join(["i8 127"] * 64) + ">",
+                  f"  %sh = select <64 x i1> %up, {b} %su, {b} %sl"]
+    lines += ["  %zq = getelementptr i64, i64* %zm, i64 %c", "  %z = load i64, i64* %zq",
               "  %zb = bitcast i64 %z to <64 x i1>", f"  %sz = select <64 x i1> %zb, {b} zeroinitializer, {b} %sh",
               f"  %w = bitcast {b} %sz to {v}"]
     word = "%w"
@@ -142,32 +153,42 @@ def _nx_ir(luts, ahead):
     return "\n".join(lines) + "\n"
 
 
-def _nx_kernel(luts):
-    """The SIMD kernel (``_nx_ir(luts)``, compiled for the host on first use: its engine, ``nx_body``'s address,
-    a ctypes function of it), or None where it does not run: ``LAYOUTC_SIMD=0``, no llvmlite, a host other than
-    x86-64 with AVX-512 VBMI."""
+def _nx_on():
+    """Whether the SIMD kernel runs here (``LAYOUTC_SIMD`` is not ``0``, read per call; llvmlite imports and the host
+    is x86-64 with AVX-512 VBMI, looked up once), without compiling it."""
     import os
 
     if os.environ.get("LAYOUTC_SIMD", "1").strip() == "0":
+        return False
+    if "host" not in _NX_STATE:
+        _NX_STATE["host"] = _fp_llvm(_NX_NEEDS)
+    return _NX_STATE["host"] is not None
+
+
+def _nx_kernel(luts, gathers=1):
+    """The SIMD kernel (``_nx_ir(luts, _NX_AHEAD, gathers)``, compiled for the host on first use: its engine,
+    ``nx_body``'s address, a ctypes function of it), or None where it does not run: ``LAYOUTC_SIMD=0``, no
+    llvmlite, a host other than x86-64 with AVX-512 VBMI."""
+    if not _nx_on():
         return None
-    key = ("nx", bool(luts), _NX_AHEAD)
+    if gathers not in (1, 2, 4):
+        raise ValueError(f"the SIMD kernel gathers 1, 2 or 4 registers of words a chunk, not {gathers!r}")
+    key = ("nx", bool(luts), _NX_AHEAD, gathers)
     if key not in _NX_STATE:
-        got, host = None, _fp_llvm(_NX_NEEDS)
-        if host is not None:
-            engine = _fp_jit(*host, _nx_ir(bool(luts), _NX_AHEAD))
-            body = engine.get_function_address("nx_body")
-            got = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
-        _NX_STATE[key] = got
+        engine = _fp_jit(*_NX_STATE["host"], _nx_ir(bool(luts), _NX_AHEAD, gathers))
+        body = engine.get_function_address("nx_body")
+        _NX_STATE[key] = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
     return _NX_STATE[key]
 
 
 def _nx_chunks(inner):
     """A block's table of source bytes (``inner[i]``: the source byte of output byte i; < 0: padding, byte 0) in
     the SIMD kernel's form, ``(gidx, perm, zm, (least, largest))``: per 64-byte chunk c the source words it reads
-    (``gidx[c]``, int32, 16; lanes past its distinct words repeat one of them), output byte i as byte ``perm[c, i]``
-    of those 16 words' 64 (``4 * lane + byte``), ``zm[c]``'s bit i set where it is padding; the least and largest
-    word any chunk reads. None where a chunk reads more than 16 words, the table is not whole chunks or is larger
-    than ``_NX_MOST_TABLE``, all padding, or a word is past int32."""
+    (``gidx[c]``, int32, 16, 32 or 64 a chunk: as many as the chunk that reads most needs, in gathers of 16; lanes
+    past a chunk's distinct words repeat one of them), output byte i as byte ``perm[c, i]`` of those words' bytes
+    (``4 * lane + byte``), ``zm[c]``'s bit i set where it is padding; the least and largest word any chunk reads.
+    None where the table is not whole chunks or is larger than ``_NX_MOST_TABLE``, all padding, or a word is past
+    int32."""
     n = inner.numel()
     if not n or n % 64 or n > _NX_MOST_TABLE:
         return None
@@ -181,12 +202,14 @@ def _nx_chunks(inner):
     first = torch.ones_like(ordered, dtype=torch.bool)
     first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
     first &= ordered != past
-    if int(first.sum(1).max()) > 16 or int(ordered[ordered != past].max()) >= 2**31:
+    if int(ordered[ordered != past].max()) >= 2**31:
         return None
+    most = int(first.sum(1).max())
+    lanes = next(w for w in (16, 32, 64) if most <= w)  # a chunk reads at most 64 words (one a byte)
     lane_sorted = first.cumsum(1) - 1  # each byte's word's lane, in sorted order
     lane = torch.empty_like(lane_sorted).scatter_(1, order, lane_sorted)
     chunks = table.shape[0]
-    gidx = torch.full((chunks, 16), int(words[~hole].min()), dtype=torch.int64)
+    gidx = torch.full((chunks, lanes), int(words[~hole].min()), dtype=torch.int64)
     rows = torch.arange(chunks).unsqueeze(1).expand(chunks, 64)
     gidx[rows[first], lane_sorted[first]] = ordered[first]
     perm = torch.where(hole, 0, lane.clamp(min=0) * 4 + torch.remainder(table, 4))
@@ -219,15 +242,16 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
     threads: one region of ``gomp`` (``GOMP_parallel`` of torch's OpenMP runtime) or, where None, the calling thread
     and Python worker threads. True where it ran, False where it does not run here; raises where a block would read
     outside ``src``."""
-    kernel = _nx_kernel(not isinstance(tabs, str))
-    if kernel is None:
-        return False
-
     gidx, perm, zm, (least, largest) = chunks
     blocks = outer.numel()
     if not (src.dtype == out.dtype == torch.int32 and src.is_contiguous() and out.is_contiguous()
-            and out.numel() == copies * blocks * gidx.shape[0] * 16):
+            and out.numel() == copies * blocks * gidx.shape[0] * 16 and gidx.shape[1] in (16, 32, 64)
+            and perm.shape == (gidx.shape[0], 64) and zm.shape == (gidx.shape[0],)):
         raise AssertionError("the SIMD kernel's operands do not fit its plan")
+    kernel = _nx_kernel(not isinstance(tabs, str), gidx.shape[1] // 16)
+    if kernel is None:
+        return False
+
     outer = outer.to(torch.int64).contiguous()
     tabs = tabs if not isinstance(tabs, str) else torch.zeros(0, dtype=torch.int32)
     threads = max(1, min(torch.get_num_threads(), blocks, out.numel() // _NX_MIN_SPLIT))

@@ -21,6 +21,11 @@ transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device
   4 or 8 bytes where a run is one aligned word) and an ``index_fill_`` of the fill runs;
 * else ``None``: the caller runs the element gather, as before.
 
+On the CPU, where :mod:`layoutc.lower.native_simd`'s kernel runs, a table of short runs (at most
+``_RUN_SIMD_BYTES``) with no fill, whose bytes are blocks of one block's table moved and whose 64-byte chunks each
+read at most 16 words, takes a ``("simd", ...)`` plan instead: the kernel gathers each chunk's words at once and
+puts their bytes in order (the table's bytes read per call: the blocks', not an int32 per run).
+
 A words plan's source bytes (``words=True``) take a ``("native", ...)`` plan instead of a table where numba
 runs (:mod:`layoutc.lower.native`: expert 0's source byte of each output byte, in blocks, read by the kernel
 that also permutes the words' bits; a view too, so no byte is written and read back).
@@ -37,10 +42,11 @@ The functions here are copied whole into generated converters (torch and builtin
 ``tests/lower/test_runs.py`` holds every path to the element gather bit for bit.
 """
 
-from .native import _nb, _nb_blocks, _nb_word_quads  # copied beside this module into converters
+from .native import _nb, _nb_blocks, _nb_gomp, _nb_word_quads  # copied beside this module into converters
+from .native_simd import _nx_chunks, _nx_on, _nx_run
 import torch
 
-_RUN_PLANS = {}  # (converter function, dims, device) -> ("view", ...), ("table", ...) or None
+_RUN_PLANS = {}  # (converter function, dims, device) -> ("view", ...), ("table", ...), ("simd", ...) or None
 _RUN_PLANS_MAX = 64  # shapes remembered per process (each table at most _RUN_TABLE_RATIO times its output) ...
 _RUN_BYTES_MAX = 256 << 20  # ... and the bytes of their tables: past this, tables are made per call
 _RUN_BYTES = [0]
@@ -51,6 +57,10 @@ _RUN_TABLE_RATIO = 4  # a table's bytes per output byte, at most: an int32 per b
 # the 128x4 scale swizzles: 4-byte runs, 10-50x slower)
 _RUN_VIEW_BYTES = 16
 _RUN_WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+# Runs of at most this many bytes, on the CPU, take the SIMD kernel where a table's blocks fit it (a "simd" plan,
+# layoutc.lower.native_simd): index_select moved 2 MB of one-byte runs in 1.7 ms on the CPU machine, one lookup a
+# byte (BENCHMARKS.md); longer runs stay index_select's (a run a lookup)
+_RUN_SIMD_BYTES = 8
 # A strided view copy also moves 16-byte runs as one element: complex128, the one 16-byte type (a copy_ between
 # tensors of one dtype moves their bits, no arithmetic: NaN payloads included, checked on random bytes). AITER's
 # 16x16 weight shuffle: 8.8 -> 2.9 ms on one thread for 16.8 MB (int64 pairs: an inner loop of 2 per run)
@@ -109,8 +119,9 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None, words=False
     others are theirs plus e * expert_stride. ``words``: the source bytes of a words plan, whose
     table the native kernel reads where numba runs (``("native", ...)``; layoutc.lower.native)."""
     native = words and _nb() is not None  # native plans, kept apart from the torch forms'
+    simd = not words and _nx_on()  # "simd" plans, kept apart too (LAYOUTC_SIMD=0: none)
 
-    key = tuple(key) + (native,)
+    key = tuple(key) + (native, simd)
     got = _RUN_PLANS.get(key, False)  # never False: a plan or None (get: another thread may clear)
     if got is not False:
         return got
@@ -154,6 +165,9 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None, words=False
             wide = read and int(starts.max()) >= 2**31  # (the kernel adds each expert's shift in int64)
             inner, outer, ps = _nb_blocks(starts.to(torch.int64 if wide else torch.int32))  # block-periodic maps
             plan = ("native", inner, outer, ps, copies, shift, _nb_word_quads(inner))
+        elif (simd and small and not bool(bad0.any()) and g * itemsize <= _RUN_SIMD_BYTES
+              and starts.device.type == "cpu" and (found := _run_simd(starts, g, itemsize, copies, shift))):
+            plan = found
         elif small:
             fill = bad0.nonzero().flatten()
             safe = torch.where(bad0, 0, starts)
@@ -172,10 +186,28 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None, words=False
                 varied = None if varied is None else varied.repeat(copies)
             plan = ("table", g, table, fill if fill.numel() else None, aligned, varied)
     kept = ([] if plan is None or plan[0] == "view" else [*plan[1:3], *(plan[6] or ())[:2]] if plan[0] == "native"
-            else [plan[2], plan[3], plan[5]])
+            else [*plan[1][:3], plan[2]] if plan[0] == "simd" else [plan[2], plan[3], plan[5]])
     if not _run_keep(key, plan, kept):
         _RUN_PLANS[key] = None  # no room for its table: this call uses it, later ones the element gather
     return plan
+
+
+def _run_simd(starts, g, itemsize, copies, shift):
+    # A ("simd", chunks, outer, shift, copies) plan of runs of g elements of itemsize bytes at `starts` (expert 0's,
+    # every one read), expert e's moved by e * shift elements, where its byte table is blocks of one block's table
+    # moved by whole words (:func:`_nb_blocks`) whose chunks the SIMD kernel takes (:func:`_nx_chunks`); else None.
+    # outer and shift in words.
+    width = g * itemsize
+    table = (starts.to(torch.int64).unsqueeze(1) * itemsize + torch.arange(width)).reshape(-1)
+    if (shift * itemsize) % 4 or int(table.max()) + (copies - 1) * shift * itemsize >= 2**33:
+        return None
+    inner, outer, ps = _nb_blocks(table)
+    if inner.numel() % 64:  # blocks shorter than a chunk (runs alike only one by one): the whole table one block
+        inner, outer = table, torch.zeros(1, dtype=torch.int64)
+    if bool((outer % 4).any()):
+        return None
+    chunks = _nx_chunks(inner)
+    return None if chunks is None else ("simd", chunks, (outer // 4).to(torch.int64), shift * itemsize // 4, copies)
 
 
 def _run_keep(key, value, tensors):
@@ -189,6 +221,24 @@ def _run_keep(key, value, tensors):
     _RUN_BYTES[0] += size
     _RUN_PLANS[key] = value
     return True
+
+
+def _run_simd_gather(flat, plan, shape):
+    # A "simd" plan's output: the SIMD kernel reads `flat`'s bytes as int32 words (a copy padded to whole aligned
+    # words where they are not; the kernel checks every block's reads against them)
+    _, chunks, outer, shift, copies = plan
+    out = torch.empty(shape, dtype=flat.dtype)
+    src = flat.contiguous().view(-1).view(torch.uint8)
+    if src.numel() % 4 or src.data_ptr() % 4:
+        padded = torch.zeros(-(-src.numel() // 4) * 4, dtype=torch.uint8)
+        padded[: src.numel()] = src
+        src = padded
+    if out.numel() * out.element_size() % 4 or not _nx_run(src.view(torch.int32), chunks, outer, shift, copies,
+                                                             "identity", out.view(-1).view(torch.uint8).view(
+                                                                 torch.int32), _nb_gomp()):
+        raise RuntimeError("a run plan made for the SIMD kernel met a process where it does not run "
+                           "(LAYOUTC_SIMD=0 set while converting?)")
+    return out
 
 
 #: An integer type per element width, to fill any element type by its bits.
@@ -214,6 +264,8 @@ def _run_gather(flat, plan, shape, fill):
                 return out
         out.view(sizes).copy_(src.as_strided(sizes, strides, base))
         return out
+    if plan[0] == "simd":
+        return _run_simd_gather(flat, plan, shape)
     _, g, table, bad, aligned, varied = plan
     out = torch.empty((table.numel(), g), dtype=flat.dtype, device=flat.device)
     word = _RUN_WORDS.get(g * flat.element_size())

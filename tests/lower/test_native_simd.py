@@ -55,13 +55,14 @@ def _simd_on():
 
 
 def _definition(src, gidx, perm, zm, outer, shift, copies, tabs):
-    # The kernel's output by its definition, in torch (int64 arithmetic): for expert e, block k, chunk c, the 16
-    # words src[gidx[c] + outer[k] + e * shift], byte perm[c, i] of their 64 at byte i (0 where bit i of zm[c]),
-    # then each word's byte b as tabs[2b][low nibble] ^ tabs[2b + 1][high nibble], OR'd over b.
+    # The kernel's output by its definition, in torch (int64 arithmetic): for expert e, block k, chunk c, the 16,
+    # 32 or 64 words src[gidx[c] + outer[k] + e * shift], byte perm[c, i] of their bytes at byte i (0 where bit i of
+    # zm[c]), then each word's byte b as tabs[2b][low nibble] ^ tabs[2b + 1][high nibble], OR'd over b.
     blocks, chunks = outer.numel(), gidx.shape[0]
     offsets = (torch.arange(copies).view(-1, 1) * shift + outer.view(1, -1)).view(copies, blocks, 1, 1)
-    words = src[(gidx.to(torch.int64).view(1, 1, chunks, 16) + offsets)]  # [copies, blocks, chunks, 16]
-    data = words.contiguous().view(torch.uint8).view(copies, blocks, chunks, 64)
+    lanes = gidx.shape[1]
+    words = src[(gidx.to(torch.int64).view(1, 1, chunks, lanes) + offsets)]  # [copies, blocks, chunks, lanes]
+    data = words.contiguous().view(torch.uint8).view(copies, blocks, chunks, 4 * lanes)
     picked = torch.gather(data, 3, perm.to(torch.int64).view(1, 1, chunks, 64).expand(copies, blocks, chunks, 64))
     padding = ((zm.view(-1, 1) >> torch.arange(64)) & 1).bool().view(1, 1, chunks, 64)
     picked = torch.where(padding, 0, picked).contiguous()
@@ -75,14 +76,14 @@ def _definition(src, gidx, perm, zm, outer, shift, copies, tabs):
     return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32).reshape(-1)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**16), chunks=st.integers(1, 4), blocks=st.integers(1, 5), copies=st.integers(1, 3),
-       luts=st.booleans(), threads=st.integers(1, 3), openmp=st.booleans())
-def test_the_kernel_equals_its_definition(ns, seed, chunks, blocks, copies, luts, threads, openmp):
+       luts=st.booleans(), threads=st.integers(1, 3), openmp=st.booleans(), gathers=st.sampled_from([1, 2, 4]))
+def test_the_kernel_equals_its_definition(ns, seed, chunks, blocks, copies, luts, threads, openmp, gathers):
     g = torch.Generator().manual_seed(seed)
     span = 40
-    gidx = torch.randint(0, span, (chunks, 16), generator=g, dtype=torch.int32)
-    perm = torch.randint(0, 64, (chunks, 64), generator=g, dtype=torch.uint8)
+    gidx = torch.randint(0, span, (chunks, 16 * gathers), generator=g, dtype=torch.int32)
+    perm = torch.randint(0, 64 * gathers, (chunks, 64), generator=g, dtype=torch.uint8)
     zm = torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
         torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))  # about a quarter padding
     outer = torch.randint(0, 30, (blocks,), generator=g, dtype=torch.int64)
@@ -128,9 +129,12 @@ def test_chunk_tables_gather_every_byte_of_a_table(ns, seed, chunks, blocks, hol
     assert torch.equal(out.view(torch.uint8), _element_gather(flat, index, 0))
 
 
-def test_chunks_of_more_than_16_words_or_past_the_limit_are_none(ns):
-    spread = torch.arange(64) * 4  # 64 bytes from 64 words
-    assert ns["_nx_chunks"](spread) is None
+def test_chunks_take_as_many_gathers_as_their_widest_chunk_and_none_past_the_limits(ns):
+    for words, lanes in ((1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)):
+        i = torch.arange(64)
+        table = torch.cat([(i % words) * 4 + i // words % 4, i])  # a chunk of `words` words, then one of 16
+        found = ns["_nx_chunks"](table)
+        assert found is not None and found[0].shape == (2, lanes), (words, lanes)
     assert ns["_nx_chunks"](torch.arange(63)) is None  # not whole chunks
     assert ns["_nx_chunks"](torch.full((64,), -1)) is None  # all padding
     assert ns["_nx_chunks"](torch.arange(ns["_NX_MOST_TABLE"] + 64)) is None
@@ -254,3 +258,61 @@ def test_shipped_specs_take_the_kernel_and_equal_eager(ns, monkeypatch, name, di
     monkeypatch.setattr(spec.module, "_nx_run", lambda *a: ran.append(run(*a)) or ran[-1])
     assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, name)
     assert True in ran, name
+
+
+def _shuffle_map(g, per, runs, src_runs):
+    # a map of `per` outputs in runs of g elements, run r reading source run src_runs[r] (a permutation: each read)
+    def index_of(start, stop):
+        o0 = torch.arange(start, stop).view(-1, 1, 1)
+        r = torch.arange(runs).view(1, -1, 1)
+        j = torch.arange(g).view(1, 1, -1)
+        return (o0 * per + src_runs[r] * g + j).reshape(stop - start, per)
+    return index_of
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**16), g=st.sampled_from([1, 2, 4, 8]), itemsize=st.sampled_from([1, 2]),
+       experts=st.integers(1, 3), offset=st.integers(0, 3))
+def test_short_runs_on_the_cpu_take_a_simd_plan_equal_to_the_element_gather(ns, seed, g, itemsize, experts, offset):
+    if g * itemsize > ns["_RUN_SIMD_BYTES"]:
+        return
+    dtype = {1: torch.uint8, 2: torch.int16}[itemsize]
+    gen = torch.Generator().manual_seed(seed)
+    per = 4096 // itemsize  # elements an expert: whole 64-byte chunks
+    runs = per // g
+    index_of = _shuffle_map(g, per, runs, torch.randperm(runs, generator=gen))
+    base = torch.randint(0, 2**8 if itemsize == 1 else 2**15, (experts * per + offset,), generator=gen).to(dtype)
+    flat = base[offset:]  # at any storage offset: the kernel's words then come from a padded copy
+    want = _element_gather(flat, index_of(0, experts).reshape(-1), 0).view(experts, per)
+    for simd in ("1", "0"):
+        with pytest.MonkeyPatch.context() as m:
+            m.setenv("LAYOUTC_SIMD", simd)
+            ns["_RUN_PLANS"].clear()
+            plan = ns["_run_plan"](("t", experts), lambda s, e: index_of(0, 1) if e else index_of(s, e), (),
+                                   (experts, per), itemsize, per)
+            ran = _counting(ns, m)
+            got = ns["_run_gather"](flat, plan, (experts, per), 0)
+        assert plan[0] == ("simd" if simd == "1" else "table")
+        assert ran == ([True] if simd == "1" else [])
+        assert torch.equal(got, want)
+
+
+def test_runs_with_padding_or_longer_than_the_limit_keep_their_table(ns):
+    per, g = 1024, 1
+    index_of = _shuffle_map(g, per, per, torch.randperm(per))
+    padded = lambda s, e: torch.where(torch.arange(per) % 7 == 0, -1, index_of(s, e))  # noqa: E731
+    ns["_RUN_PLANS"].clear()
+    assert ns["_run_plan"](("p",), padded, (), (1, per), 1, None)[0] == "table"
+    long_runs = _shuffle_map(16, per, per // 16, torch.randperm(per // 16))
+    assert ns["_run_plan"](("l",), long_runs, (), (1, per), 1, None)[0] == "table"
+
+
+def test_a_simd_plan_met_with_the_kernel_switched_off_says_so(ns, monkeypatch):
+    per = 1024
+    index_of = _shuffle_map(1, per, per, torch.randperm(per))
+    ns["_RUN_PLANS"].clear()
+    plan = ns["_run_plan"](("s",), index_of, (), (1, per), 1, None)
+    assert plan[0] == "simd"
+    monkeypatch.setenv("LAYOUTC_SIMD", "0")
+    with pytest.raises(RuntimeError, match="LAYOUTC_SIMD=0"):
+        ns["_run_gather"](torch.zeros(per, dtype=torch.uint8), plan, (1, per), 0)

@@ -27,6 +27,7 @@ def _helpers() -> dict:
     namespace = {"torch": torch}
     exec(torch_emit.runs_source(), namespace)  # the text generated converters carry
     namespace["_nb"] = lambda: None  # the torch forms (the native kernels: tests/lower/test_native.py)
+    namespace["_nx_on"] = lambda: False  # (the SIMD kernel's plans: tests/lower/test_native_simd.py)
     return namespace
 
 
@@ -162,7 +163,7 @@ def test_tables_past_the_byte_budget_are_used_once_then_the_element_gather():
 
     plan, y = _run(h, index_of, (32, 2), x)
     assert plan[0] == "table" and torch.equal(y, _element_gather(x, index_of(0, 32), 0))
-    assert h["_RUN_PLANS"][("t", False)] is None and h["_RUN_BYTES"][0] == 0  # remembered as: the element gather
+    assert h["_RUN_PLANS"][("t", False, False)] is None and h["_RUN_BYTES"][0] == 0  # remembered as: the element gather
 
 
 def test_the_affine_check_reads_every_value():
@@ -295,7 +296,7 @@ def test_a_fill_that_varies_rides_in_the_table_as_minus_one_minus_its_byte(seed)
 
 
 @pytest.mark.slow  # compiles aiter_mxfp4: seconds
-def test_aiter_scales_take_a_run_table_and_equal_eager():
+def test_aiter_scales_take_a_run_plan_and_equal_eager():
     spec = _spec("aiter_mxfp4")
     assert "-1 - ((" in spec.source  # the scales' index carries their fill bytes
     dims = {"E": 2, "I": 256, "H": 512}
@@ -305,7 +306,8 @@ def test_aiter_scales_take_a_run_table_and_equal_eager():
     assert_same_bits(got, spec.convert(x, lowering="eager", fingerprint=False))
     planned = {k[0]: v for k, v in spec.module._RUN_PLANS.items() if k[1:4] == (2, 256, 512)}
     for name in ("_gather_w13_weight_scale_1", "_gather_w2_weight_scale_3"):
-        assert planned[name] is not None and planned[name][0] == "table", name
+        # a table, or where the SIMD kernel runs and nothing is padding at these dims, its plan of the same runs
+        assert planned[name] is not None and planned[name][0] in ("table", "simd"), name
 
 
 @pytest.mark.parametrize("seed", range(6))
