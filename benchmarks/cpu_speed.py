@@ -67,10 +67,14 @@ print(time.perf_counter() - t0)
 
 
 def _path(module) -> str:
-    """The CPU path the module's calls took: the native kernels it called (compiled in this process), or torch."""
+    """The CPU path the module's calls took: the SIMD kernel's forms and the numba kernels it called (compiled in
+    this process), or torch."""
     state = getattr(module, "_NB_STATE", {}).get("kernels") or {}
     used = [k for k, v in state.items() if getattr(v, "signatures", None)]  # the kernels compiled (each a dispatcher)
-    return "native:" + ",".join(used) if used else "torch"
+    simd = sorted(f"{'luts' if k[1] else 'bytes'}x{k[3]}" for k in getattr(module, "_NX_STATE", {})
+                  if isinstance(k, tuple) and k[0] == "nx")  # (luts, ahead, gathers) of each form compiled
+    parts = (["simd:" + ",".join(simd)] if simd else []) + (["native:" + ",".join(used)] if used else [])
+    return " ".join(parts) or "torch"
 
 
 def _alternating_ms(fns, reps: int) -> list[float]:

@@ -1,22 +1,25 @@
-"""A SIMD kernel of our own for the words and quads plans on the CPU: LLVM IR for x86-64 with AVX-512 VBMI.
+"""A SIMD kernel of our own for the words and quads plans and short runs on the CPU: LLVM IR for AVX-512 VBMI.
 
 The numba kernels (:mod:`layoutc.lower.native`) spend ~17 cycles on a quad of Marlin's weights (16 output bytes):
-table, source and lookup loads one byte at a time. Here a plan is taken in a form found from its tables once
-(:func:`_nx_chunks`): a block's output in 64-byte chunks, each the bytes of at most 16 source words (Marlin's and
-triton_kernels hopper's quads, CUTLASS W4A8's pairs, the SM90 quads of a row: :func:`_nx_quads_table`). A chunk
-is one 512-bit gather of its 16 words, one VPERMB that puts their bytes in output order (a mask zeroes padding),
-and, where the plan's byte tables change bytes, eight VPERMD lookups of 16-entry tables: each byte table must be
-the XOR of its two nibbles' images (:func:`_nx_tables` checks all 256 values; bit permutations are, with or
-without bits flipped). 1.2-2.3x less time than the numba kernels on the same plans on the 2-core CPU machine
-(BENCHMARKS.md); the gathers are most of what is left.
+table, source and lookup loads one byte at a time; ``index_select`` of a run table one lookup a run. Here a plan is
+taken in a form found from its tables once (:func:`_nx_chunks`): a block's output in 64-byte chunks, each the bytes
+of at most 16, 32 or 64 source words (Marlin's and triton_kernels hopper's quads, CUTLASS W4A8's pairs, the SM90
+quads of a row: :func:`_nx_quads_table`; byte transposes of scales: a word a byte). A chunk is one, two or four
+512-bit gathers of its words, a byte permute that puts their bytes in output order (VPERMB, VPERMI2B, or two of
+those and a blend; a mask zeroes padding), and, where the plan's byte tables change bytes, eight VPERMD lookups of
+16-entry tables: each byte table must be the XOR of its two nibbles' images (:func:`_nx_tables` checks all 256
+values; bit permutations are, with or without bits flipped). Each chunk first prefetches the words of the chunk
+``_NX_AHEAD`` on: the gathers alone did not start the hardware's prefetch. Kernel calls took 0.5-0.8x the numba
+kernels' time on the 2-core CPU machine, whole calls of the specs with such plans 0.6-0.8x (BENCHMARKS.md).
 
-The IR is written from one flag (whether the byte tables apply) and compiled in the process by llvmlite's LLVM
-(numba's own dependency; ``_fp_jit`` of :mod:`layoutc.runtime.fingerprint`, never cached on disk), where llvmlite
-imports and the host is x86-64 with AVX-512 F, BW and VBMI; ``LAYOUTC_SIMD=0`` (read per call) turns it off. The
-kernel checks every block's reads (its least and largest word, moved by its offset) against the source before
-the block reads any; a call that would read outside raises. Copied into converters with
-:mod:`layoutc.lower.native` (``torch_emit.native_source``); ``tests/lower/test_native_simd.py`` holds it to its
-definition, to the numba kernels and to the eager lowering.
+The IR is written from three values of this module (whether byte tables apply, the chunks ahead, the gathers a
+chunk) and compiled in the process by llvmlite's LLVM (numba's own dependency; ``_fp_jit`` of
+:mod:`layoutc.runtime.fingerprint`, never cached on disk), where llvmlite imports and the host is x86-64 with
+AVX-512 F, BW and VBMI; ``LAYOUTC_SIMD=0`` (read per call) turns it off. The kernel checks every block's reads (its
+least and largest word, moved by its offset) against the source before the block reads any; a call that would read
+outside raises. Copied into converters with :mod:`layoutc.lower.native` (``torch_emit.native_source``);
+``tests/lower/test_native_simd.py`` holds it to its definition, to the numba kernels, to the element gather and to
+the eager lowering.
 """
 
 # not copied into converters (torch_emit.native_source copies what follows `import torch`): they carry
