@@ -73,3 +73,13 @@ FLASHINFER = importlib.util.find_spec("flashinfer") is not None
 def flashinfer_case(value, needs: bool):
     """A parametrize value, marked ``flashinfer`` when its outcome needs FlashInfer installed."""
     return pytest.param(value, marks=pytest.mark.flashinfer) if needs else value
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's features as the Linux kernel lists them (``/proc/cpuinfo``; empty elsewhere): what the kernels of our
+    own need, read independently of llvmlite, so a broken look-up there cannot pass as a skip."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line.split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        return set()

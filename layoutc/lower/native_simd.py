@@ -26,7 +26,7 @@ the eager lowering.
 # layoutc.runtime.fingerprint whole
 import ctypes
 
-from ..runtime.fingerprint import _fp_jit, _fp_llvm, _fp_on_threads
+from ..runtime.fingerprint import _fp_jit, _fp_llvm, _fp_run_job
 import torch
 
 _NX_STATE = {}  # ("nx", luts, ahead): the compiled kernel (None: it does not run here); memo tables by kind
@@ -263,14 +263,7 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
     job = (ctypes.c_int64 * 18)(0, 0, parts, per, src.data_ptr(), src.numel(), gidx.data_ptr(), perm.data_ptr(),
                                 zm.data_ptr(), outer.data_ptr(), blocks, gidx.shape[0], shift, copies,
                                 tabs.data_ptr(), out.data_ptr(), least, largest)
-    at = ctypes.addressof(job)
-    _, body, call = kernel
-    if threads == 1:
-        call(at)
-    elif gomp is not None:
-        gomp(body, at, threads, 0)
-    else:
-        _fp_on_threads(lambda: call(at), threads)
+    _fp_run_job(*kernel[1:], job, threads, gomp)
     if job[1]:
         raise IndexError("a run table reads outside its input (the converter's plan does not fit this tensor)")
     return True

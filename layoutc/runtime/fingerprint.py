@@ -293,9 +293,16 @@ def _fp_rows_native(a, y, native):
     _, body, call, packed = native
     groups = -(-rows // _FP_NATIVE_GROUP)
     job = (ctypes.c_int64 * 6)(0, groups, a.data_ptr(), packed.data_ptr(), y.data_ptr(), rows)
-    at = ctypes.addressof(job)
     threads = max(1, min(torch.get_num_threads(), groups))
-    gomp = _fp_gomp() if threads > 1 else None
+    _fp_run_job(body, call, job, threads, _fp_gomp() if threads > 1 else None)
+
+
+def _fp_run_job(body, call, job, threads, gomp):
+    """A kernel of our own's body (its address ``body`` and a ctypes function ``call`` of it, each taking the job's
+    address) on ``threads`` threads, each taking its share of the job from the job's own counter: the calling thread
+    alone, one region of ``gomp`` (torch's ``GOMP_parallel``), or, where None, the calling thread and Python worker
+    threads (the ctypes call releases the GIL). ``job``: a ctypes array, alive until this returns."""
+    at = ctypes.addressof(job)
     if threads == 1:
         call(at)
     elif gomp is not None:

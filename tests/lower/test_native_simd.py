@@ -16,21 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layoutc.convert.synthckpt import synthetic_inputs
-from tests.helpers import assert_same_bits
+from tests.helpers import assert_same_bits, cpu_flags
 from tests.helpers import spec as _spec
 
 pytest.importorskip("numba")
 from tests.lower.test_native import _element_gather, _namespace  # noqa: E402
-
-
-def _host_has_vbmi() -> bool:
-    # independent of llvmlite: the kernel's instructions as the Linux kernel lists them
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return {"avx512f", "avx512bw", "avx512vbmi"} <= set(flags)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +29,7 @@ def ns():
         import llvmlite.binding  # noqa: F401
     except ImportError:
         pytest.skip("llvmlite is not installed (the kernel's compiler)")
-    if not _host_has_vbmi():
+    if not {"avx512f", "avx512bw", "avx512vbmi"} <= cpu_flags():
         pytest.skip("this CPU has no AVX-512 VBMI")
     namespace = _namespace(True)
     for luts in (True, False):

@@ -16,17 +16,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from layoutc.runtime import fingerprint as fp
+from tests.helpers import cpu_flags
 from tests.runtime.test_guard_copies import reference
-
-
-def _host_has_vnni() -> bool:
-    # independent of llvmlite: the kernel's instructions as the Linux kernel lists them
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return {"avx512f", "avx512bw", "avx512_vnni"} <= set(flags)
 
 
 def _native():
@@ -34,7 +25,7 @@ def _native():
         import llvmlite.binding  # noqa: F401
     except ImportError:
         pytest.skip("llvmlite is not installed (the kernel's compiler)")
-    if not _host_has_vnni():
+    if not {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags():
         pytest.skip("this CPU has no AVX-512 VNNI")
     got = fp._fp_native()
     assert got is not None, "x86-64 with AVX-512 VNNI and llvmlite, but the native kernel was not built"
@@ -150,7 +141,7 @@ def test_the_switch_turns_the_kernel_off():
         out[flag] = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                    check=True).stdout.split()
     assert out["0"][0] == "True" and out["0"][1] == out["1"][1]
-    if _host_has_vnni() and out["1"][0] == "True":
+    if {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags() and out["1"][0] == "True":
         pytest.importorskip("llvmlite")
         pytest.fail("the kernel runs here but was not built with LAYOUTC_FP_NATIVE=1")
 
