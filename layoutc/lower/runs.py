@@ -233,9 +233,8 @@ def _run_simd_gather(flat, plan, shape):
         padded = torch.zeros(-(-src.numel() // 4) * 4, dtype=torch.uint8)
         padded[: src.numel()] = src
         src = padded
-    if out.numel() * out.element_size() % 4 or not _nx_run(src.view(torch.int32), chunks, outer, shift, copies,
-                                                             "identity", out.view(-1).view(torch.uint8).view(
-                                                                 torch.int32), _nb_gomp()):
+    words = out.view(-1).view(torch.uint8).view(torch.int32)  # whole chunks of 64 bytes (the plan's blocks are)
+    if not _nx_run(src.view(torch.int32), chunks, outer, shift, copies, "identity", words, _nb_gomp()):
         raise RuntimeError("a run plan made for the SIMD kernel met a process where it does not run "
                            "(LAYOUTC_SIMD=0 set while converting?)")
     return out
