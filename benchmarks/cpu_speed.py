@@ -72,7 +72,7 @@ def _path(module) -> str:
     state = getattr(module, "_NB_STATE", {}).get("kernels") or {}
     used = [k for k, v in state.items() if getattr(v, "signatures", None)]  # the kernels compiled (each a dispatcher)
     simd = sorted(f"{'luts' if k[1] else 'bytes'}x{k[3]}" for k in getattr(module, "_NX_STATE", {})
-                  if isinstance(k, tuple) and k[0] == "nx")  # (luts, ahead, gathers) of each form compiled
+                  if isinstance(k, tuple) and k[0] == "nx")  # (luts, ahead, gathers, group) of each form compiled
     parts = (["simd:" + ",".join(simd)] if simd else []) + (["native:" + ",".join(used)] if used else [])
     return " ".join(parts) or "torch"
 

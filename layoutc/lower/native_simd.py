@@ -29,19 +29,24 @@ import ctypes
 from ..runtime.fingerprint import _fp_jit, _fp_llvm, _fp_run_job
 import torch
 
-_NX_STATE = {}  # ("nx", luts, ahead): the compiled kernel (None: it does not run here); memo tables by kind
+#: ("nx", luts, ahead, gathers, group): a compiled kernel; "host": llvmlite and the host's features (None: it does
+#: not run here); memo tables by kind
+_NX_STATE = {}
 _NX_MIN_SPLIT = 1 << 16  # words of output under which a call runs on the calling thread alone
 _NX_PARTS_PER_THREAD = 8  # parts a thread takes in turn (a slowed thread takes fewer)
 #: chunks ahead whose source words are prefetched: without it the kernel took 1.0-1.5x the numba kernels' time on
 #: the large layers (its gathers do not start the hardware's prefetch), with it 0.5-0.7x; 2-16 ahead all helped
 _NX_AHEAD = 8
+#: blocks a group, taken chunk by chunk together: 0.63-0.88x the time of one block at a time on W4A8's, Marlin's and
+#: the SM90 quads' weights, 0.77-1.07x on hopper's (2-core CPU machine; 2 and 8 between; BENCHMARKS.md)
+_NX_GROUP = 4
 
 #: host features the SIMD kernel needs (LLVM's names): 512-bit gathers, byte and dword permutes (VPERMB: VBMI)
 _NX_NEEDS = ("avx512f", "avx512bw", "avx512vbmi")
 _NX_MOST_TABLE = 1 << 16  # bytes of a block's table past which its chunk tables (2.1 bytes an output byte) stay off
 
 
-def _nx_ir(luts, ahead, gathers):
+def _nx_ir(luts, ahead, gathers, group):
     # LLVM IR (x86-64, AVX-512 VBMI) of a words plan in chunks of 16 output words: nx_blocks(...) writes blocks
     # [lo, hi) of every expert; block k of expert e reads the source words gidx[c, l] + outer[k] + e * shift of its
     # chunk c (l < 16 * gathers: `gathers` 512-bit gathers), puts byte perm[c, i] of the gathered ones at output
@@ -49,9 +54,10 @@ def _nx_ir(luts, ahead, gathers):
     # bits pick it; 0 where bit i of zm[c] is set: padding) and, where `luts`, maps each word through the plan's
     # byte tables in nibbles: byte b of a word is y_b = A_b[low nibble] ^ B_b[high nibble] (two VPERMD of 16-entry
     # tables, tabs[2b], tabs[2b + 1]), the word OR_b y_b. Returns 1 where a block's reads (its least and largest
-    # word, slo and shi, moved by its offset) fall outside the nw source words, before it reads any; else 0. Each
-    # chunk first prefetches the 16 words of the chunk `ahead` on, in the next block past this one's end (an
-    # address, never read: no check needed).
+    # word, slo and shi, moved by its offset) fall outside the nw source words, before it reads any; else 0. Blocks
+    # go in groups of `group`, chunk by chunk: chunk c of each block of the group, then chunk c + 1. Each block's
+    # chunk first prefetches the words of its chunk `ahead` on (past the block's end: the block a group on), an
+    # address of checked words, never read (a prefetch does not fault).
     # nx_body(job): parts of job[3] blocks from an atomic counter (job[0]) while below job[2]; job[1] set where a
     # part failed; job[4:] nx_blocks' arguments src .. shi, as int64.
     v, b = "<16 x i32>", "<64 x i8>"
@@ -70,41 +76,53 @@ def _nx_ir(luts, ahead, gathers):
               "ehead:", "  %e = phi i64 [0, %entry], [%e1, %elatch]", "  %emore = icmp slt i64 %e, %copies",
               "  br i1 %emore, label %kpre, label %done",
               "kpre:", "  %eoff = mul i64 %e, %shift", "  %eblk = mul i64 %e, %nblocks", "  br label %khead",
-              "khead:", "  %k = phi i64 [%lo, %kpre], [%k1, %kend]", "  %kmore = icmp slt i64 %k, %hi",
-              "  br i1 %kmore, label %kbody, label %elatch",
-              "kbody:", "  %okp = getelementptr i64, i64* %outer, i64 %k", "  %ok = load i64, i64* %okp",
+              "khead:", "  %k = phi i64 [%lo, %kpre], [%kend, %cnext.done]", "  %kmore = icmp slt i64 %k, %hi",
+              "  br i1 %kmore, label %kgroup, label %elatch",
+              # a group of `group` blocks: every block's reads checked, then chunk by chunk, block by block (the
+              # blocks of a group often read the same lines: Marlin's 8 consecutive blocks share each line)
+              "kgroup:", f"  %kg0 = add i64 %k, {group}", "  %kover = icmp sgt i64 %kg0, %hi",
+              "  %kend = select i1 %kover, i64 %hi, i64 %kg0", "  br label %chk",
+              "chk:", "  %cb = phi i64 [%k, %kgroup], [%cb1, %chkok]",
+              "  %okp = getelementptr i64, i64* %outer, i64 %cb", "  %ok = load i64, i64* %okp",
               "  %off = add i64 %ok, %eoff", "  %a0 = add i64 %slo, %off", "  %a1 = add i64 %shi, %off",
               "  %bad0 = icmp slt i64 %a0, 0", "  %bad1 = icmp sge i64 %a1, %nw", "  %bad = or i1 %bad0, %bad1",
-              "  br i1 %bad, label %fail, label %kgo",
-              "kgo:", "  %sbo = mul i64 %off, 4", "  %sb = getelementptr i8, i8* %src, i64 %sbo",
-              # the next block's source (this one's for the last block of a part): prefetches past this block's end
-              "  %nk0 = add i64 %k, 1", "  %nlast = icmp sge i64 %nk0, %hi",
-              "  %nk = select i1 %nlast, i64 %k, i64 %nk0", "  %nkp = getelementptr i64, i64* %outer, i64 %nk",
-              "  %nko = load i64, i64* %nkp", "  %noff = add i64 %nko, %eoff", "  %nsbo = mul i64 %noff, 4",
-              "  %nsb = getelementptr i8, i8* %src, i64 %nsbo",
-              "  %blk = add i64 %eblk, %k", "  %obase = mul i64 %blk, %words",
-              "  %ob = getelementptr i32, i32* %out, i64 %obase", "  br label %chunk",
-              "chunk:", "  %c = phi i64 [0, %kgo], [%c1, %chunk]",
-              # the 16 words of the chunk `ahead` chunks on (the block's last near its end) asked for now: the
-              # gathers alone left the source's lines to be fetched when read (BENCHMARKS.md)
+              "  br i1 %bad, label %fail, label %chkok",
+              "chkok:", "  %cb1 = add i64 %cb, 1", "  %cbmore = icmp slt i64 %cb1, %kend",
+              "  br i1 %cbmore, label %chk, label %chunk.pre",
+              "chunk.pre:", "  br label %chunk",
+              "chunk:", "  %c = phi i64 [0, %chunk.pre], [%c1, %cnext]",
+              # each block's words of the chunk `ahead` chunks on (past its end: those of the block a group on)
+              # asked for before its gathers, which alone left the source's lines to be fetched when read
               f"  %fc0 = add i64 %c, {ahead}", "  %fover = icmp sge i64 %fc0, %chunks",
               "  %fc1 = sub i64 %fc0, %chunks",
               "  %flast = sub i64 %chunks, 1", "  %fnext = icmp slt i64 %fc1, %chunks",
               "  %fc2 = select i1 %fnext, i64 %fc1, i64 %flast", "  %fc = select i1 %fover, i64 %fc2, i64 %fc0",
-              "  %fbase = select i1 %fover, i8* %nsb, i8* %sb", f"  %fg = mul i64 %fc, {16 * gathers}"]
+              f"  %fg = mul i64 %fc, {16 * gathers}",
+              "  %gi = mul i64 %c, 16", f"  %gr = mul i64 %c, {16 * gathers}", "  %pi = mul i64 %c, 64",
+              "  %pq = getelementptr i8, i8* %perm, i64 %pi", f"  %pp = bitcast i8* %pq to {b}*",
+              f"  %pv = load {b}, {b}* %pp, align 1",
+              "  %zq = getelementptr i64, i64* %zm, i64 %c", "  %z = load i64, i64* %zq",
+              "  %zb = bitcast i64 %z to <64 x i1>"]
+    for h in range(gathers):  # gather h: the chunk's words 16h .. 16h + 15
+        lines += [f"  %gs{h} = add i64 %gr, {16 * h}", f"  %gq{h} = getelementptr i32, i32* %gidx, i64 %gs{h}",
+                  f"  %gp{h} = bitcast i32* %gq{h} to {v}*", f"  %iv{h} = load {v}, {v}* %gp{h}, align 4"]
+    lines += ["  br label %blk",
+              "blk:", "  %bk = phi i64 [%k, %chunk], [%bk1, %blk]",
+              "  %bop = getelementptr i64, i64* %outer, i64 %bk", "  %bo = load i64, i64* %bop",
+              "  %boff = add i64 %bo, %eoff", "  %sbo = mul i64 %boff, 4",
+              "  %sb = getelementptr i8, i8* %src, i64 %sbo",
+              f"  %nb0 = add i64 %bk, {group}", "  %nlast = icmp sge i64 %nb0, %hi",
+              "  %nb = select i1 %nlast, i64 %bk, i64 %nb0", "  %nbp = getelementptr i64, i64* %outer, i64 %nb",
+              "  %nbo = load i64, i64* %nbp", "  %noff = add i64 %nbo, %eoff", "  %nsbo = mul i64 %noff, 4",
+              "  %nsb = getelementptr i8, i8* %src, i64 %nsbo", "  %fbase = select i1 %fover, i8* %nsb, i8* %sb"]
     for lane in range(16 * gathers):
         lines += [f"  %fi{lane} = add i64 %fg, {lane}",
                   f"  %fq{lane} = getelementptr i32, i32* %gidx, i64 %fi{lane}",
                   f"  %fw{lane} = load i32, i32* %fq{lane}", f"  %fx{lane} = sext i32 %fw{lane} to i64",
                   f"  %fb{lane} = mul i64 %fx{lane}, 4", f"  %fa{lane} = getelementptr i8, i8* %fbase, i64 %fb{lane}",
                   f"  call void @llvm.prefetch.p0(i8* %fa{lane}, i32 0, i32 3, i32 1)"]
-    lines += ["  %gi = mul i64 %c, 16", f"  %gr = mul i64 %c, {16 * gathers}", "  %pi = mul i64 %c, 64",
-              "  %pq = getelementptr i8, i8* %perm, i64 %pi", f"  %pp = bitcast i8* %pq to {b}*",
-              f"  %pv = load {b}, {b}* %pp, align 1"]
-    for h in range(gathers):  # gather h: the chunk's words 16h .. 16h + 15
-        lines += [f"  %gs{h} = add i64 %gr, {16 * h}", f"  %gq{h} = getelementptr i32, i32* %gidx, i64 %gs{h}",
-                  f"  %gp{h} = bitcast i32* %gq{h} to {v}*", f"  %iv{h} = load {v}, {v}* %gp{h}, align 4",
-                  f"  %g{h} = call {v} @llvm.x86.avx512.mask.gather.dpi.512({v} zeroinitializer, i8* %sb, "
+    for h in range(gathers):
+        lines += [f"  %g{h} = call {v} @llvm.x86.avx512.mask.gather.dpi.512({v} zeroinitializer, i8* %sb, "
                   f"{v} %iv{h}, <16 x i1> %all, i32 4)", f"  %gb{h} = bitcast {v} %g{h} to {b}"]
     pick = f"call {b} @llvm.x86.avx512.vpermi2var.qi.512"  # byte p of two registers' 128 (p's low 7 bits)
     if gathers == 1:
@@ -115,9 +133,7 @@ def _nx_ir(luts, ahead, gathers):
         lines += [f"  %sl = {pick}({b} %gb0, {b} %pv, {b} %gb1)", f"  %su = {pick}({b} %gb2, {b} %pv, {b} %gb3)",
                   f"  %up = icmp ugt {b} %pv, <" + ", ".join(["i8 127"] * 64) + ">",
                   f"  %sh = select <64 x i1> %up, {b} %su, {b} %sl"]
-    lines += ["  %zq = getelementptr i64, i64* %zm, i64 %c", "  %z = load i64, i64* %zq",
-              "  %zb = bitcast i64 %z to <64 x i1>", f"  %sz = select <64 x i1> %zb, {b} zeroinitializer, {b} %sh",
-              f"  %w = bitcast {b} %sz to {v}"]
+    lines += [f"  %sz = select <64 x i1> %zb, {b} zeroinitializer, {b} %sh", f"  %w = bitcast {b} %sz to {v}"]
     word = "%w"
     if luts:
         for t in range(8):  # nibble t of each word indexes table t (VPERMD reads an index's low 4 bits)
@@ -128,10 +144,14 @@ def _nx_ir(luts, ahead, gathers):
         lines += [f"  %y{j} = xor {v} %p{2 * j}, %p{2 * j + 1}" for j in range(4)]
         lines += [f"  %r01 = or {v} %y0, %y1", f"  %r23 = or {v} %y2, %y3", f"  %r = or {v} %r01, %r23"]
         word = "%r"
-    lines += ["  %oq = getelementptr i32, i32* %ob, i64 %gi", f"  %op = bitcast i32* %oq to {v}*",
-              f"  store {v} {word}, {v}* %op, align 4", "  %c1 = add i64 %c, 1", "  %cmore = icmp slt i64 %c1, %chunks",
-              "  br i1 %cmore, label %chunk, label %kend",
-              "kend:", "  %k1 = add i64 %k, 1", "  br label %khead",
+    lines += ["  %blkn = add i64 %eblk, %bk", "  %obase = mul i64 %blkn, %words", "  %oi = add i64 %obase, %gi",
+              "  %oq = getelementptr i32, i32* %out, i64 %oi", f"  %op = bitcast i32* %oq to {v}*",
+              f"  store {v} {word}, {v}* %op, align 4", "  %bk1 = add i64 %bk, 1",
+              "  %bkmore = icmp slt i64 %bk1, %kend",
+              "  br i1 %bkmore, label %blk, label %cnext",
+              "cnext:", "  %c1 = add i64 %c, 1", "  %cmore = icmp slt i64 %c1, %chunks",
+              "  br i1 %cmore, label %chunk, label %cnext.done",
+              "cnext.done:", "  br label %khead",
               "elatch:", "  %e1 = add i64 %e, 1", "  br label %ehead",
               "done:", "  ret i32 0", "fail:", "  ret i32 1", "}", ""]
     names = ("src", "nw", "gidx", "perm", "zm", "outer", "nblocks", "chunks", "shift", "copies", "tabs", "out", "slo",
@@ -169,16 +189,16 @@ def _nx_on():
 
 
 def _nx_kernel(luts, gathers=1):
-    """The SIMD kernel (``_nx_ir(luts, _NX_AHEAD, gathers)``, compiled for the host on first use: its engine,
+    """The SIMD kernel (``_nx_ir(luts, _NX_AHEAD, gathers, _NX_GROUP)``, compiled for the host on first use: its engine,
     ``nx_body``'s address, a ctypes function of it), or None where it does not run: ``LAYOUTC_SIMD=0``, no
     llvmlite, a host other than x86-64 with AVX-512 VBMI."""
     if not _nx_on():
         return None
     if gathers not in (1, 2, 4):
         raise ValueError(f"the SIMD kernel gathers 1, 2 or 4 registers of words a chunk, not {gathers!r}")
-    key = ("nx", bool(luts), _NX_AHEAD, gathers)
+    key = ("nx", bool(luts), _NX_AHEAD, gathers, _NX_GROUP)
     if key not in _NX_STATE:
-        engine = _fp_jit(*_NX_STATE["host"], _nx_ir(bool(luts), _NX_AHEAD, gathers))
+        engine = _fp_jit(*_NX_STATE["host"], _nx_ir(bool(luts), _NX_AHEAD, gathers, _NX_GROUP))
         body = engine.get_function_address("nx_body")
         _NX_STATE[key] = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
     return _NX_STATE[key]
