@@ -9,11 +9,12 @@ quads of a row: :func:`_nx_quads_table`; byte transposes of scales: a word a byt
 those and a blend; a mask zeroes padding), and, where the plan's byte tables change bytes, eight VPERMD lookups of
 16-entry tables: each byte table must be the XOR of its two nibbles' images (:func:`_nx_tables` checks all 256
 values; bit permutations are, with or without bits flipped). Each chunk first prefetches the words of the chunk
-``_NX_AHEAD`` on: the gathers alone did not start the hardware's prefetch. Kernel calls took 0.5-0.8x the numba
-kernels' time on the 2-core CPU machine, whole calls of the specs with such plans 0.6-0.8x (BENCHMARKS.md).
+``_NX_AHEAD`` on: the gathers alone did not start the hardware's prefetch; blocks go in groups of ``_NX_GROUP``,
+chunk by chunk (blocks of a group often read the same lines). Kernel calls took 0.43-0.67x the numba kernels' time
+on the 2-core CPU machine, whole calls of the specs with such plans 0.60-0.71x (BENCHMARKS.md).
 
-The IR is written from three values of this module (whether byte tables apply, the chunks ahead, the gathers a
-chunk) and compiled in the process by llvmlite's LLVM (numba's own dependency; ``_fp_jit`` of
+The IR is written from four values of this module (whether byte tables apply, the chunks ahead, the gathers a
+chunk, the blocks a group) and compiled in the process by llvmlite's LLVM (numba's own dependency; ``_fp_jit`` of
 :mod:`layoutc.runtime.fingerprint`, never cached on disk), where llvmlite imports and the host is x86-64 with
 AVX-512 F, BW and VBMI; ``LAYOUTC_SIMD=0`` (read per call) turns it off. The kernel checks every block's reads (its
 least and largest word, moved by its offset) against the source before the block reads any; a call that would read
