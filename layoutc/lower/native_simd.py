@@ -280,7 +280,9 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
     tabs = tabs if not isinstance(tabs, str) else torch.zeros(0, dtype=torch.int32)
     threads = max(1, min(torch.get_num_threads(), blocks, out.numel() // _NX_MIN_SPLIT))
     per = -(-blocks // (threads * _NX_PARTS_PER_THREAD))
+    per = -(-per // _NX_GROUP) * _NX_GROUP  # whole groups a part (16 threads took parts of one block: no group)
     parts = -(-blocks // per)
+    threads = min(threads, parts)
     job = (ctypes.c_int64 * 18)(0, 0, parts, per, src.data_ptr(), src.numel(), gidx.data_ptr(), perm.data_ptr(),
                                 zm.data_ptr(), outer.data_ptr(), blocks, gidx.shape[0], shift, copies,
                                 tabs.data_ptr(), out.data_ptr(), least, largest)
