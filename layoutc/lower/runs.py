@@ -22,9 +22,9 @@ transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device
 * else ``None``: the caller runs the element gather, as before.
 
 On the CPU, where :mod:`layoutc.lower.native_simd`'s kernel runs, a table of short runs (at most
-``_RUN_SIMD_BYTES``) with no fill, whose bytes are blocks of one block's table moved and whose 64-byte chunks each
-read at most 16 words, takes a ``("simd", ...)`` plan instead: the kernel gathers each chunk's words at once and
-puts their bytes in order (the table's bytes read per call: the blocks', not an int32 per run).
+``_RUN_SIMD_BYTES``) with no fill, whose bytes are blocks of one block's table moved by whole words (or one block
+of at most 64 KiB), takes a ``("simd", ...)`` plan instead: the kernel gathers each 64-byte chunk's words (16, 32
+or 64) at once and puts their bytes in order (the table read per call: the block's, not an int32 per run).
 
 A words plan's source bytes (``words=True``) take a ``("native", ...)`` plan instead of a table where numba
 runs (:mod:`layoutc.lower.native`: expert 0's source byte of each output byte, in blocks, read by the kernel
@@ -200,7 +200,7 @@ def _run_simd(starts, g, itemsize, copies, shift):
     width = g * itemsize
     table = (starts.to(torch.int64).unsqueeze(1) * itemsize + torch.arange(width)).reshape(-1)
     if (shift * itemsize) % 4 or int(table.max()) + (copies - 1) * shift * itemsize >= 2**33:
-        return None
+        return None  # experts moved by whole words; every word read an int32 index (the kernel's gathers)
     inner, outer, ps = _nb_blocks(table)
     if inner.numel() % 64:  # blocks shorter than a chunk (runs alike only one by one): the whole table one block
         inner, outer = table, torch.zeros(1, dtype=torch.int64)
