@@ -268,6 +268,8 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
     outside ``src``."""
     gidx, perm, zm, (least, largest) = chunks
     blocks = outer.numel()
+    if isinstance(tabs, str) and tabs != "identity":  # _nx_tables' one word; any other is a caller's mistake
+        raise ValueError(f"the SIMD kernel's byte tables: a [8, 16] int32 tensor or 'identity', not {tabs!r}")
     if not (src.dtype == out.dtype == torch.int32 and src.is_contiguous() and out.is_contiguous()
             and out.numel() == copies * blocks * gidx.shape[0] * 16 and gidx.shape[1] in (16, 32, 64)
             and perm.shape == (gidx.shape[0], 64) and zm.shape == (gidx.shape[0],)):

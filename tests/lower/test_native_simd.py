@@ -156,6 +156,13 @@ def test_identity_tables_skip_the_lookups_and_other_conversions_are_none(ns):
     assert ns["_nx_tables"](square) is None
 
 
+def test_byte_tables_are_a_tensor_or_identity(ns):
+    found = ns["_nx_chunks"](torch.arange(64))
+    with pytest.raises(ValueError, match="identity"):
+        ns["_nx_run"](torch.arange(16, dtype=torch.int32), found, torch.tensor([0]), 0, 1, "none",
+                      torch.empty(16, dtype=torch.int32), None)
+
+
 def test_a_block_that_reads_past_its_input_raises_before_any_write(ns):
     inner = torch.arange(64)
     found = ns["_nx_chunks"](inner)
