@@ -10,17 +10,20 @@ those and a blend; a mask zeroes padding), and, where the plan's byte tables cha
 16-entry tables: each byte table must be the XOR of its two nibbles' images (:func:`_nx_tables` checks all 256
 values; bit permutations are, with or without bits flipped). Each chunk first prefetches the words of the chunk
 ``_NX_AHEAD`` on: the gathers alone did not start the hardware's prefetch; blocks go in groups of ``_NX_GROUP``,
-chunk by chunk (blocks of a group often read the same lines). Kernel calls took 0.43-0.67x the numba kernels' time
-on the 2-core CPU machine, whole calls of the specs with such plans 0.60-0.71x (BENCHMARKS.md).
+chunk by chunk (blocks of a group often read the same lines), of ``_NX_SHARED_GROUP`` where blocks less than a line
+apart surely do (:func:`_nx_group`). Where every chunk's words come in pairs (two consecutive words: all the shipped
+plans but GPTQ's), a gather is of eight 8-byte pairs (half the loads); outputs of ``_NX_STREAM_BYTES`` or more are
+stored past the caches. Kernel calls took 0.43-0.67x the numba kernels' time on the 2-core CPU machine, whole calls
+of the specs with such plans 0.60-0.71x, before those last three forms (BENCHMARKS.md has both).
 
-The IR is written from four values of this module (whether byte tables apply, the chunks ahead, the gathers a
-chunk, the blocks a group) and compiled in the process by llvmlite's LLVM (numba's own dependency; ``_fp_jit`` of
-:mod:`layoutc.runtime.fingerprint`, never cached on disk), where llvmlite imports and the host is x86-64 with
-AVX-512 F, BW and VBMI; ``LAYOUTC_SIMD=0`` (read per call) turns it off. The kernel checks every block's reads (its
-least and largest word, moved by its offset) against the source before the block reads any; a call that would read
-outside raises. Copied into converters with :mod:`layoutc.lower.native` (``torch_emit.native_source``);
-``tests/lower/test_native_simd.py`` holds it to its definition, to the numba kernels, to the element gather and to
-the eager lowering.
+The IR is written from six values of this module (whether byte tables apply, the chunks ahead, the gathers a
+chunk, the blocks a group, pairs, streamed stores) and compiled in the process by llvmlite's LLVM (numba's own
+dependency; ``_fp_jit`` of :mod:`layoutc.runtime.fingerprint`, never cached on disk), where llvmlite imports and
+the host is x86-64 with AVX-512 F, BW and VBMI; ``LAYOUTC_SIMD=0`` (read per call) turns it off. The kernel checks
+every block's reads (its least and largest word, moved by its offset) against the source before the block reads
+any; a call that would read outside raises. Copied into converters with :mod:`layoutc.lower.native`
+(``torch_emit.native_source``); ``tests/lower/test_native_simd.py`` holds it to its definition, to the numba
+kernels, to the element gather and to the eager lowering.
 """
 
 # not copied into converters (torch_emit.native_source copies what follows `import torch`): they carry
@@ -41,13 +44,22 @@ _NX_AHEAD = 8
 #: blocks a group, taken chunk by chunk together: 0.63-0.88x the time of one block at a time on W4A8's, Marlin's and
 #: the SM90 quads' weights, 0.77-1.07x on hopper's (2-core CPU machine; 2 and 8 between; BENCHMARKS.md)
 _NX_GROUP = 4
+#: blocks a group where blocks of a group of this many read the same lines (two blocks' offsets less than a line
+#: apart: Marlin's 8 columns of a row's line, W4A8's 4): each line fetched is read by all of them before it leaves L1
+#: (Marlin's and W4A8's weights 0.75-0.85x of groups of 4; hopper's, whose blocks share nothing, 1.1x)
+_NX_SHARED_GROUP = 8
+#: output bytes from which the kernel stores with non-temporal stores (the output is written once and read later, by
+#: the fingerprint or a copy: storing it past the caches saves reading each line before it is written and keeps the
+#: source's lines in them; whole calls 0.9-0.95x on the seven specs with such plans; an output no larger than a
+#: core's L2 is left in the caches, where the fingerprint reads it next)
+_NX_STREAM_BYTES = 1 << 21
 
 #: host features the SIMD kernel needs (LLVM's names): 512-bit gathers, byte and dword permutes (VPERMB: VBMI)
 _NX_NEEDS = ("avx512f", "avx512bw", "avx512vbmi")
 _NX_MOST_TABLE = 1 << 16  # bytes of a block's table past which its chunk tables (2.1 bytes an output byte) stay off
 
 
-def _nx_ir(luts, ahead, gathers, group):
+def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False):
     # LLVM IR (x86-64, AVX-512 VBMI) of a words plan in chunks of 16 output words: nx_blocks(...) writes blocks
     # [lo, hi) of every expert; block k of expert e reads the source words gidx[c, l] + outer[k] + e * shift of its
     # chunk c (l < 16 * gathers: `gathers` 512-bit gathers), puts byte perm[c, i] of the gathered ones at output
@@ -58,7 +70,10 @@ def _nx_ir(luts, ahead, gathers, group):
     # word, slo and shi, moved by its offset) fall outside the nw source words, before it reads any; else 0. Blocks
     # go in groups of `group`, chunk by chunk: chunk c of each block of the group, then chunk c + 1. Each block's
     # chunk first prefetches the words of its chunk `ahead` on (past the block's end: the block a group on), an
-    # address of checked words, never read (a prefetch does not fault).
+    # address of checked words, never read (a prefetch does not fault). Where `pairs` (every chunk's words come in
+    # pairs, lane 2j + 1 the word after lane 2j's), each gather is one of 8 eight-byte pairs (VPGATHERDQ: half the
+    # loads; the same bytes in the same places) and only even lanes' words are prefetched. Where `stream`, output
+    # chunks are stored past the caches (non-temporal, the output aligned to 64 bytes: _nx_run checks).
     # nx_body(job): parts of job[3] blocks from an atomic counter (job[0]) while below job[2]; job[1] set where a
     # part failed; job[4:] nx_blocks' arguments src .. shi, as int64.
     v, b = "<16 x i32>", "<64 x i8>"
@@ -66,10 +81,13 @@ def _nx_ir(luts, ahead, gathers, group):
              f"declare {v} @llvm.x86.avx512.mask.gather.dpi.512({v}, i8*, {v}, <16 x i1>, i32)",
              f"declare {b} @llvm.x86.avx512.permvar.qi.512({b}, {b})",
              f"declare {b} @llvm.x86.avx512.vpermi2var.qi.512({b}, {b}, {b})",
-             f"declare {v} @llvm.x86.avx512.permvar.si.512({v}, {v})", "",
+             f"declare {v} @llvm.x86.avx512.permvar.si.512({v}, {v})",
+             "declare <8 x i64> @llvm.x86.avx512.mask.gather.dpq.512(<8 x i64>, i8*, <8 x i32>, <8 x i1>, i32)",
+             "",
              "define i32 @nx_blocks(i8* %src, i64 %nw, i32* %gidx, i8* %perm, i64* %zm, i64* %outer, i64 %nblocks,",
              "    i64 %chunks, i64 %shift, i64 %copies, i32* %tabs, i32* %out, i64 %slo, i64 %shi, i64 %lo, i64 %hi) {",
-             "entry:", "  %all = bitcast i16 -1 to <16 x i1>", "  %words = mul i64 %chunks, 16"]
+             "entry:", "  %all = bitcast i16 -1 to <16 x i1>", "  %all8 = bitcast i8 -1 to <8 x i1>",
+             "  %words = mul i64 %chunks, 16"]
     for t in range(8 if luts else 0):
         lines += [f"  %tq{t} = getelementptr i32, i32* %tabs, i64 {16 * t}", f"  %tp{t} = bitcast i32* %tq{t} to {v}*",
                   f"  %T{t} = load {v}, {v}* %tp{t}, align 4"]
@@ -116,15 +134,21 @@ def _nx_ir(luts, ahead, gathers, group):
               "  %nb = select i1 %nlast, i64 %bk, i64 %nb0", "  %nbp = getelementptr i64, i64* %outer, i64 %nb",
               "  %nbo = load i64, i64* %nbp", "  %noff = add i64 %nbo, %eoff", "  %nsbo = mul i64 %noff, 4",
               "  %nsb = getelementptr i8, i8* %src, i64 %nsbo", "  %fbase = select i1 %fover, i8* %nsb, i8* %sb"]
-    for lane in range(16 * gathers):
+    for lane in range(0, 16 * gathers, 2 if pairs else 1):  # a pair's second word is in its first word's line
         lines += [f"  %fi{lane} = add i64 %fg, {lane}",
                   f"  %fq{lane} = getelementptr i32, i32* %gidx, i64 %fi{lane}",
                   f"  %fw{lane} = load i32, i32* %fq{lane}", f"  %fx{lane} = sext i32 %fw{lane} to i64",
                   f"  %fb{lane} = mul i64 %fx{lane}, 4", f"  %fa{lane} = getelementptr i8, i8* %fbase, i64 %fb{lane}",
                   f"  call void @llvm.prefetch.p0(i8* %fa{lane}, i32 0, i32 3, i32 1)"]
+    q, even = "<8 x i64>", "<8 x i32> <" + ", ".join(f"i32 {2 * j}" for j in range(8)) + ">"
     for h in range(gathers):
-        lines += [f"  %g{h} = call {v} @llvm.x86.avx512.mask.gather.dpi.512({v} zeroinitializer, i8* %sb, "
-                  f"{v} %iv{h}, <16 x i1> %all, i32 4)", f"  %gb{h} = bitcast {v} %g{h} to {b}"]
+        if pairs:  # pair j: the 8 bytes at lane 2j's word, where its two words' bytes would be
+            lines += [f"  %ie{h} = shufflevector {v} %iv{h}, {v} undef, {even}",
+                      f"  %gw{h} = call {q} @llvm.x86.avx512.mask.gather.dpq.512({q} zeroinitializer, i8* %sb, "
+                      f"<8 x i32> %ie{h}, <8 x i1> %all8, i32 4)", f"  %gb{h} = bitcast {q} %gw{h} to {b}"]
+        else:
+            lines += [f"  %g{h} = call {v} @llvm.x86.avx512.mask.gather.dpi.512({v} zeroinitializer, i8* %sb, "
+                      f"{v} %iv{h}, <16 x i1> %all, i32 4)", f"  %gb{h} = bitcast {v} %g{h} to {b}"]
     pick = f"call {b} @llvm.x86.avx512.vpermi2var.qi.512"  # byte p of two registers' 128 (p's low 7 bits)
     if gathers == 1:
         lines.append(f"  %sh = call {b} @llvm.x86.avx512.permvar.qi.512({b} %gb0, {b} %pv)")
@@ -147,7 +171,8 @@ def _nx_ir(luts, ahead, gathers, group):
         word = "%r"
     lines += ["  %blkn = add i64 %eblk, %bk", "  %obase = mul i64 %blkn, %words", "  %oi = add i64 %obase, %gi",
               "  %oq = getelementptr i32, i32* %out, i64 %oi", f"  %op = bitcast i32* %oq to {v}*",
-              f"  store {v} {word}, {v}* %op, align 4", "  %bk1 = add i64 %bk, 1",
+              f"  store {v} {word}, {v}* %op, " + ("align 64, !nontemporal !0" if stream else "align 4"),
+              "  %bk1 = add i64 %bk, 1",
               "  %bkmore = icmp slt i64 %bk1, %kend",
               "  br i1 %bkmore, label %blk, label %cnext",
               "cnext:", "  %c1 = add i64 %c, 1", "  %cmore = icmp slt i64 %c1, %chunks",
@@ -174,7 +199,7 @@ def _nx_ir(luts, ahead, gathers, group):
               "  br i1 %rb, label %flag, label %take",
               "flag:", "  store atomic i64 1, i64* %failed monotonic, align 8", "  br label %take",
               "finish:", "  ret void", "}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + (["!0 = !{i32 1}"] if stream else [])) + "\n"
 
 
 def _nx_on():
@@ -189,17 +214,18 @@ def _nx_on():
     return _NX_STATE["host"] is not None
 
 
-def _nx_kernel(luts, gathers=1):
-    """The SIMD kernel (``_nx_ir(luts, _NX_AHEAD, gathers, _NX_GROUP)``, compiled for the host on first use: its engine,
-    ``nx_body``'s address, a ctypes function of it), or None where it does not run: ``LAYOUTC_SIMD=0``, no
-    llvmlite, a host other than x86-64 with AVX-512 VBMI."""
+def _nx_kernel(luts, gathers=1, group=None, pairs=False, stream=False):
+    """The SIMD kernel (``_nx_ir(luts, _NX_AHEAD, gathers, group, pairs, stream)``, ``group`` by default
+    ``_NX_GROUP``, compiled for the host on first use: its engine, ``nx_body``'s address, a ctypes function of it),
+    or None where it does not run: ``LAYOUTC_SIMD=0``, no llvmlite, a host other than x86-64 with AVX-512 VBMI."""
     if not _nx_on():
         return None
     if gathers not in (1, 2, 4):
         raise ValueError(f"the SIMD kernel gathers 1, 2 or 4 registers of words a chunk, not {gathers!r}")
-    key = ("nx", bool(luts), _NX_AHEAD, gathers, _NX_GROUP)
+    group = _NX_GROUP if group is None else group
+    key = ("nx", bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream))
     if key not in _NX_STATE:
-        engine = _fp_jit(*_NX_STATE["host"], _nx_ir(bool(luts), _NX_AHEAD, gathers, _NX_GROUP))
+        engine = _fp_jit(*_NX_STATE["host"], _nx_ir(bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream)))
         body = engine.get_function_address("nx_body")
         _NX_STATE[key] = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
     return _NX_STATE[key]
@@ -274,15 +300,18 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
             and out.numel() == copies * blocks * gidx.shape[0] * 16 and gidx.shape[1] in (16, 32, 64)
             and perm.shape == (gidx.shape[0], 64) and zm.shape == (gidx.shape[0],)):
         raise AssertionError("the SIMD kernel's operands do not fit its plan")
-    kernel = _nx_kernel(not isinstance(tabs, str), gidx.shape[1] // 16)
-    if kernel is None:
+    if not _nx_on():
         return False
-
     outer = outer.to(torch.int64).contiguous()
+    group = _nx_group(outer)
+    pairs = _nx_memo("nx pairs", gidx, None, lambda: bool((gidx[:, 1::2] == gidx[:, 0::2] + 1).all()))
+    stream = out.numel() * 4 >= _NX_STREAM_BYTES and out.data_ptr() % 64 == 0
+    kernel = _nx_kernel(not isinstance(tabs, str), gidx.shape[1] // 16, group, pairs, stream)
+
     tabs = tabs if not isinstance(tabs, str) else torch.zeros(0, dtype=torch.int32)
     threads = max(1, min(torch.get_num_threads(), blocks, out.numel() // _NX_MIN_SPLIT))
     per = -(-blocks // (threads * _NX_PARTS_PER_THREAD))
-    per = -(-per // _NX_GROUP) * _NX_GROUP  # whole groups a part (16 threads took parts of one block: no group)
+    per = -(-per // group) * group  # whole groups a part (16 threads took parts of one block: no group)
     parts = -(-blocks // per)
     threads = min(threads, parts)
     job = (ctypes.c_int64 * 18)(0, 0, parts, per, src.data_ptr(), src.numel(), gidx.data_ptr(), perm.data_ptr(),
@@ -292,6 +321,14 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
     if job[1]:
         raise IndexError("a run table reads outside its input (the converter's plan does not fit this tensor)")
     return True
+
+
+def _nx_group(outer):
+    # blocks a group: _NX_SHARED_GROUP where two of the first _NX_SHARED_GROUP blocks' offsets (words) are less than a
+    # line (16 words) apart, so that they read the same lines; else _NX_GROUP
+    first = sorted(outer[:_NX_SHARED_GROUP].tolist())
+    near = any(b - a < 16 for a, b in zip(first, first[1:]))
+    return _NX_SHARED_GROUP if near else _NX_GROUP
 
 
 def _nx_memo(kind, tensor, extra, make):

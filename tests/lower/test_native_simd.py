@@ -90,6 +90,50 @@ def test_the_kernel_equals_its_definition(ns, seed, chunks, blocks, copies, luts
     assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), chunks=st.integers(1, 4), blocks=st.integers(1, 19), copies=st.integers(1, 3),
+       luts=st.booleans(), threads=st.integers(1, 3), gathers=st.sampled_from([1, 2, 4]), near=st.booleans(),
+       misaligned=st.booleans())
+def test_pairs_shared_lines_and_streamed_stores_equal_the_definition(ns, seed, chunks, blocks, copies, luts, threads,
+                                                                       gathers, near, misaligned):
+    # The kernel's other forms: every chunk's words in pairs (eight-byte gathers), blocks a line apart (groups of
+    # _NX_SHARED_GROUP) or far apart, and outputs stored past the caches (every output here counts as large) unless
+    # it is not aligned to 64 bytes. Each call's kernel is looked up in the state to show which form ran.
+    g = torch.Generator().manual_seed(seed)
+    span = 40
+    first = torch.randint(0, span - 1, (chunks, 8 * gathers), generator=g, dtype=torch.int32)
+    gidx = torch.stack([first, first + 1], dim=2).reshape(chunks, 16 * gathers).contiguous()
+    perm = torch.randint(0, 64 * gathers, (chunks, 64), generator=g, dtype=torch.uint8)
+    zm = torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
+        torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))
+    outer = torch.arange(blocks) * (2 if near else 20)  # words: less than a line apart, or more
+    shift = 400
+    src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 400 + span,), generator=g, dtype=torch.int32)
+    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
+    words = copies * blocks * chunks * 16
+    store = torch.full((words + 16,), 7, dtype=torch.int32)
+    at = (16 - store.data_ptr() // 4 % 16) % 16 + (1 if misaligned else 0)  # 64-byte aligned, or one word past it
+    out = store[at: at + words] if at + words <= store.numel() else torch.full((words,), 7, dtype=torch.int32)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch, "get_num_threads", lambda: threads)
+        m.setitem(ns, "_NX_MIN_SPLIT", 1)
+        m.setitem(ns, "_NX_STREAM_BYTES", 1)
+        assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
+                             out, ns["_nb_gomp"]())
+    assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
+    group = ns["_NX_SHARED_GROUP"] if near and blocks > 1 else ns["_NX_GROUP"]
+    streamed = out.data_ptr() % 64 == 0
+    assert ("nx", luts, ns["_NX_AHEAD"], gathers, group, True, streamed) in ns["_NX_STATE"]
+
+
+def test_groups_are_larger_where_blocks_read_the_same_lines(ns):
+    assert ns["_nx_group"](torch.arange(128) * 2) == ns["_NX_SHARED_GROUP"] == 8  # Marlin's columns of a line
+    assert ns["_nx_group"](torch.tensor([0, 262144, 4, 262148, 8, 262152, 12, 262156])) == 8  # W4A8's
+    assert ns["_nx_group"](torch.arange(128) * 4096) == ns["_NX_GROUP"] == 4  # hopper's: a block's own rows
+    assert ns["_nx_group"](torch.tensor([0, 16, 32, 48])) == 4  # a line apart: nothing shared
+    assert ns["_nx_group"](torch.tensor([5])) == 4
+
+
 def _byte_table(g, chunks, span, holes):
     # a block's source bytes: each 16 bytes of output the 16 bytes of 4 source words in a random order (so at most
     # 16 words a 64-byte chunk), -1 where padding
