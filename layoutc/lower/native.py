@@ -42,8 +42,9 @@ torch's ``index_select``: a numba loop of one-byte lookups was no faster than it
 Used where ``import numba`` succeeds and ``LAYOUTC_NUMBA`` is not ``0``, on CPU tensors only; else
 ``_nb()`` is None and the torch forms run, unchanged. ``_nb_values`` (used on every CPU path with or without
 numba) makes value conversions of one-byte elements after a run table one lookup in a table of the conversions
-of all 256 values, where a conversion changes bits (a relabelling alone stays a view): ``_nb_lut8_k`` where
-numba runs and the images are one byte each, else torch's ``index_select`` by an int32 copy of the bytes.
+of all 256 values, where a conversion changes bits (a relabelling alone stays a view): the SIMD byte lookup
+(``native_simd._nx_lut8``, 64 bytes a step) where it runs and the images are one byte each, else ``_nb_lut8_k``
+where numba runs, else torch's ``index_select`` by an int32 copy of the bytes.
 The kernels compile on their first call in a process (once per process for every
 converter that carries them), cached on disk by numba (``cache=True``) where the converter is a module
 imported from a ``.py`` file under its own name (in ``__pycache__`` beside it, or numba's user cache
@@ -56,7 +57,7 @@ first use only); ``tests/lower/test_native.py`` holds each kernel to the torch f
 # not copied into converters (torch_emit.native_source copies what follows `import torch`): they carry
 # layoutc.runtime.fingerprint whole
 from ..runtime.fingerprint import _fp_gomp, _fp_on_threads
-from .native_simd import _nx_chunks, _nx_memo, _nx_on, _nx_quads_table, _nx_run, _nx_tables
+from .native_simd import _nx_chunks, _nx_lut8, _nx_memo, _nx_on, _nx_quads_table, _nx_run, _nx_tables
 import torch
 
 _NB_STATE = {}  # "kernels": the compiled kernels (None: numba is missing), "gomp"
@@ -656,6 +657,11 @@ def _nb_values(y, convert):
         _NB_STATE[key] = lut
     if lut is False or y.element_size() != 1:
         return convert(y)
+    if lut.element_size() == 1 and lut.is_contiguous() and y.device.type == "cpu" and _nx_on():
+        x = y.contiguous()  # one byte in, one byte out: the SIMD lookup (four table registers, 64 bytes a step)
+        out = torch.empty(y.shape, dtype=lut.dtype)
+        if _nx_lut8(x, lut, out, _nb_gomp()):
+            return out
     if lut.element_size() == 1 and lut.is_contiguous() and y.device.type == "cpu" and _nb() is not None:
         x = y.contiguous()  # one byte in, one byte out: the native lookup (_nb_lut8_k), on torch's threads
         out = torch.empty(y.shape, dtype=lut.dtype)

@@ -13,8 +13,10 @@ values; bit permutations are, with or without bits flipped). Each chunk first pr
 chunk by chunk (blocks of a group often read the same lines), of ``_NX_SHARED_GROUP`` where blocks less than a line
 apart surely do (:func:`_nx_group`). Where every chunk's words come in pairs (two consecutive words: all the shipped
 plans but GPTQ's), a gather is of eight 8-byte pairs (half the loads); outputs of ``_NX_STREAM_BYTES`` or more are
-stored past the caches. Kernel calls took 0.43-0.67x the numba kernels' time on the 2-core CPU machine, whole calls
-of the specs with such plans 0.60-0.71x, before those last three forms (BENCHMARKS.md has both).
+stored past the caches. Kernel calls took 0.43-0.67x the numba kernels' time on the 2-core CPU machine, whole
+calls of the specs with such plans 0.60-0.71x, before those last three forms (BENCHMARKS.md has both). One more
+kernel: the byte lookup of one-byte value conversions (:func:`_nx_lut8`: the 256-byte table in four registers, two
+VPERMI2B a 64-byte step; 2 MB in 0.04 ms where numba's took 0.54).
 
 The IR is written from six values of this module (whether byte tables apply, the chunks ahead, the gathers a
 chunk, the blocks a group, pairs, streamed stores) and compiled in the process by llvmlite's LLVM (numba's own
@@ -229,6 +231,69 @@ def _nx_kernel(luts, gathers=1, group=None, pairs=False, stream=False):
         body = engine.get_function_address("nx_body")
         _NX_STATE[key] = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
     return _NX_STATE[key]
+
+
+#: bytes a part of a byte lookup (a multiple of 64): a few parts a thread on a layer's scales, few enough calls
+_NX_LUT_PART = 1 << 18
+
+
+def _nx_lut_ir():
+    # LLVM IR of the byte lookup out[i] = lut[src[i]] over whole 64-byte chunks: the 256-byte table in four
+    # registers; two VPERMI2B each pick one byte of a half (a byte's low 7 bits index 128 bytes) and its bit 7 picks
+    # the half. nl_body(job): parts of job[3] bytes from an atomic counter (job[0]) while below job[2]; job[4:] the
+    # source, table and output addresses and the bytes (a multiple of 64; the caller takes any rest).
+    b = "<64 x i8>"
+    lines = [f"declare {b} @llvm.x86.avx512.vpermi2var.qi.512({b}, {b}, {b})", "",
+             "define void @nl_body(i64* %job) {", "entry:"]
+    for i, name in enumerate(("parts", "per", "src", "lut", "out", "n"), 2):
+        lines += [f"  %{name}.q = getelementptr i64, i64* %job, i64 {i}", f"  %{name} = load i64, i64* %{name}.q"]
+    lines += ["  %sp = inttoptr i64 %src to i8*", "  %lp = inttoptr i64 %lut to i8*",
+              "  %op = inttoptr i64 %out to i8*"]
+    for t in range(4):
+        lines += [f"  %tq{t} = getelementptr i8, i8* %lp, i64 {64 * t}", f"  %tp{t} = bitcast i8* %tq{t} to {b}*",
+                  f"  %T{t} = load {b}, {b}* %tp{t}, align 1"]
+    lines += ["  br label %take",
+              "take:", "  %p = atomicrmw add i64* %job, i64 1 monotonic", "  %more = icmp slt i64 %p, %parts",
+              "  br i1 %more, label %run, label %finish",
+              "run:", "  %lo = mul i64 %p, %per", "  %hi0 = add i64 %lo, %per", "  %over = icmp sgt i64 %hi0, %n",
+              "  %hi = select i1 %over, i64 %n, i64 %hi0", "  br label %loop",
+              "loop:", "  %i = phi i64 [%lo, %run], [%i1, %body]", "  %imore = icmp slt i64 %i, %hi",
+              "  br i1 %imore, label %body, label %take",
+              "body:", "  %sq = getelementptr i8, i8* %sp, i64 %i", f"  %sv = bitcast i8* %sq to {b}*",
+              f"  %v = load {b}, {b}* %sv, align 1",
+              f"  %lo7 = call {b} @llvm.x86.avx512.vpermi2var.qi.512({b} %T0, {b} %v, {b} %T1)",
+              f"  %hi7 = call {b} @llvm.x86.avx512.vpermi2var.qi.512({b} %T2, {b} %v, {b} %T3)",
+              f"  %up = icmp slt {b} %v, zeroinitializer", f"  %r = select <64 x i1> %up, {b} %hi7, {b} %lo7",
+              "  %oq = getelementptr i8, i8* %op, i64 %i", f"  %ov = bitcast i8* %oq to {b}*",
+              f"  store {b} %r, {b}* %ov, align 1", "  %i1 = add i64 %i, 64", "  br label %loop",
+              "finish:", "  ret void", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _nx_lut8(x, lut, out, gomp):
+    """``out[i] = lut[x[i]]`` for contiguous one-byte CPU tensors ``x`` and ``out`` of one size and a 256-byte
+    ``lut`` (every byte indexes inside it), by the SIMD byte lookup over whole 64-byte chunks on torch's threads and
+    ``index_select`` for the rest. True where it ran; False where the kernel does not run here."""
+    if not _nx_on():
+        return False
+    if not (x.element_size() == out.element_size() == lut.element_size() == 1 and lut.numel() == 256
+            and x.numel() == out.numel() and x.is_contiguous() and out.is_contiguous() and lut.is_contiguous()
+            and x.device.type == out.device.type == lut.device.type == "cpu"):
+        raise AssertionError("the SIMD byte lookup's operands do not fit it")
+    if "nl" not in _NX_STATE:
+        engine = _fp_jit(*_NX_STATE["host"], _nx_lut_ir())
+        body = engine.get_function_address("nl_body")
+        _NX_STATE["nl"] = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
+    src, table, dst = (t.reshape(-1).view(torch.uint8) for t in (x, lut, out))
+    whole = src.numel() // 64 * 64
+    if whole:
+        parts = -(-whole // _NX_LUT_PART)
+        threads = max(1, min(torch.get_num_threads(), parts))
+        job = (ctypes.c_int64 * 8)(0, 0, parts, _NX_LUT_PART, src.data_ptr(), table.data_ptr(), dst.data_ptr(), whole)
+        _fp_run_job(*_NX_STATE["nl"][1:], job, threads, gomp if threads > 1 else None)
+    if whole < src.numel():
+        dst[whole:] = table.index_select(0, src[whole:].to(torch.int32))
+    return True
 
 
 def _nx_chunks(inner):

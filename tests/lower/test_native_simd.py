@@ -357,3 +357,35 @@ def test_a_simd_plan_met_with_the_kernel_switched_off_says_so(ns, monkeypatch):
     monkeypatch.setenv("LAYOUTC_SIMD", "0")
     with pytest.raises(RuntimeError, match="LAYOUTC_SIMD=0"):
         ns["_run_gather"](torch.zeros(per, dtype=torch.uint8), plan, (1, per), 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), n=st.sampled_from([0, 1, 63, 64, 65, 1000, 4096 + 17]), offset=st.integers(0, 3),
+       threads=st.integers(1, 3), openmp=st.booleans(), part=st.sampled_from([64, 128, 1 << 18]))
+def test_the_byte_lookup_equals_indexing_its_table(ns, seed, n, offset, threads, openmp, part):
+    # every whole 64-byte chunk by the kernel (in parts of `part` bytes on 1-3 threads), any rest by index_select;
+    # the source at any storage offset (unaligned loads), the table's both halves used
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n + offset,), generator=g, dtype=torch.uint8)[offset:]
+    lut = torch.randint(0, 256, (256,), generator=g, dtype=torch.uint8)
+    out = torch.full((n,), 7, dtype=torch.uint8)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch, "get_num_threads", lambda: threads)
+        m.setitem(ns, "_NX_LUT_PART", part)
+        assert ns["_nx_lut8"](x, lut, out, ns["_nb_gomp"]() if openmp else None)
+    assert torch.equal(out, lut[x.to(torch.int64)])
+
+
+def test_one_byte_value_conversions_take_the_byte_lookup_and_equal_eager(ns, monkeypatch):
+    # marlin_nvfp4's FP8 scales: cast through float16 and back, 256 values once, then the lookup per byte
+    spec = _spec("marlin_nvfp4")
+    x = synthetic_inputs(spec, {"E": 2, "I": 256, "H": 512}, seed=5)
+    want = spec.convert(x, lowering="eager", fingerprint=False)
+    ran = []
+    lookup = spec.module._nx_lut8
+    monkeypatch.setattr(spec.module, "_nx_lut8", lambda *a: ran.append(lookup(*a)) or ran[-1])
+    assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, "marlin_nvfp4")
+    assert True in ran
+    with pytest.raises(AssertionError, match="byte lookup"):
+        ns["_nx_lut8"](torch.zeros(4, dtype=torch.uint8), torch.zeros(255, dtype=torch.uint8),
+                       torch.zeros(4, dtype=torch.uint8), None)
