@@ -94,7 +94,7 @@ def main() -> None:
                     fn()
                     ts.append(time.perf_counter() - t0)
             c, o, n = (statistics.median(ts) * 1e3 for ts in times)
-            state = mods["new"]._NB_STATE.get("kernels") or {}
+            state = getattr(mods["new"], "_NB_STATE", {}).get("kernels") or {}  # specs without native kernels: none
             used = [k for k, v in state.items() if getattr(v, "signatures", None)]
             print(f"{name:32} clone {c:6.2f} ms  old {o:7.2f} ({o / c:5.1f}x)  new {n:7.2f} ({n / c:5.1f}x)  "
                   f"new/old {n / o:4.2f}  same {same}  first old {first['old']:.2f} s new {first['new']:.2f} s  "

@@ -126,6 +126,49 @@ def test_pairs_shared_lines_and_streamed_stores_equal_the_definition(ns, seed, c
     assert ("nx", luts, ns["_NX_AHEAD"], gathers, group, True, streamed) in ns["_NX_STATE"]
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), chunks=st.integers(1, 12), groups=st.integers(1, 3), copies=st.integers(1, 3),
+       luts=st.booleans(), threads=st.integers(1, 3), stream=st.booleans(), holes=st.booleans())
+def test_the_tile_form_equals_the_definition(ns, seed, chunks, groups, copies, luts, threads, stream, holes):
+    # Marlin's pattern: blocks in groups of 8 at a group's offset + 0, 2, .., 14 words, each chunk 8 pairs of words
+    # (lanes 2i, 2i + 1) anywhere in the source: the 8 blocks' pairs i are one run of 16 words, loaded whole and
+    # transposed. Group offsets at random (not a line apart), padding at random, chunks past `ahead` (prefetches
+    # into the next group's offset); the tile kernel is the one that ran.
+    g = torch.Generator().manual_seed(seed)
+    span = 300
+    first = torch.randint(0, span, (chunks, 8), generator=g, dtype=torch.int32)
+    gidx = torch.stack([first, first + 1], dim=2).reshape(chunks, 16).contiguous()
+    perm = torch.randint(0, 64, (chunks, 64), generator=g, dtype=torch.uint8)
+    zm = (torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
+        torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))) if holes else torch.zeros(
+        chunks, dtype=torch.int64)
+    starts = torch.randint(0, 100, (groups,), generator=g) * 3  # any word, not only a line's first
+    outer = (starts.view(-1, 1) + torch.arange(0, 16, 2)).reshape(-1)
+    shift = 700
+    src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 320 + span,), generator=g, dtype=torch.int32)
+    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
+    out = torch.full((copies * outer.numel() * chunks * 16,), 7, dtype=torch.int32)
+    assert out.data_ptr() % 64 == 0  # torch's CPU allocations: the streamed form's alignment
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch, "get_num_threads", lambda: threads)
+        m.setitem(ns, "_NX_MIN_SPLIT", 1)
+        m.setitem(ns, "_NX_STREAM_BYTES", 1 if stream else 2**62)
+        assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
+                             out, ns["_nb_gomp"]())
+    assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
+    assert ("nx", luts, ns["_NX_AHEAD"], 1, 8, True, stream, "tile") in ns["_NX_STATE"]
+
+
+def test_the_tile_form_is_taken_only_for_its_pattern(ns):
+    assert ns["_nx_tiled"](torch.arange(128) * 2)  # Marlin's weights
+    assert ns["_nx_tiled"](torch.cat([torch.arange(0, 16, 2) + 5, torch.arange(0, 16, 2) + 900]))
+    assert not ns["_nx_tiled"](torch.arange(12) * 2)  # not whole groups
+    assert not ns["_nx_tiled"](torch.arange(8) * 4)  # pairs 4 words apart
+    assert not ns["_nx_tiled"](torch.tensor([0, 262144, 4, 262148, 8, 262152, 12, 262156]))  # W4A8's
+    with pytest.raises(ValueError, match="tile form"):
+        ns["_nx_kernel"](True, 2, 8, True, False, True)
+
+
 def test_groups_are_larger_where_blocks_read_the_same_lines(ns):
     assert ns["_nx_group"](torch.arange(128) * 2) == ns["_NX_SHARED_GROUP"] == 8  # Marlin's columns of a line
     assert ns["_nx_group"](torch.tensor([0, 262144, 4, 262148, 8, 262152, 12, 262156])) == 8  # W4A8's
@@ -389,3 +432,16 @@ def test_one_byte_value_conversions_take_the_byte_lookup_and_equal_eager(ns, mon
     with pytest.raises(AssertionError, match="byte lookup"):
         ns["_nx_lut8"](torch.zeros(4, dtype=torch.uint8), torch.zeros(255, dtype=torch.uint8),
                        torch.zeros(4, dtype=torch.uint8), None)
+
+
+@pytest.mark.parametrize("name", ["marlin_mxfp4", "marlin_nvfp4"])
+def test_marlin_weights_take_the_tile_form_and_equal_eager(ns, monkeypatch, name):
+    spec = _spec(name)
+    # the planner's blocks are 2 words apart from K = 2048 on (narrower rows give blocks of 4 or 8 words: gathers)
+    x = synthetic_inputs(spec, {"E": 1, "I": 1024, "H": 2048}, seed=3)
+    want = spec.convert(x, lowering="eager", fingerprint=False)
+    tiled = []
+    check = spec.module._nx_tiled
+    monkeypatch.setattr(spec.module, "_nx_tiled", lambda outer: tiled.append(check(outer)) or tiled[-1])
+    assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, name)
+    assert tiled.count(True) == 2, tiled  # both weights
