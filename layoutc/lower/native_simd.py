@@ -176,15 +176,19 @@ def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False):
     return "\n".join(lines + _nx_body_ir() + (["!0 = !{i32 1}"] if stream else [])) + "\n"
 
 
-def _nx_tile_ir(luts, ahead, stream):
-    # LLVM IR of the tile form of nx_blocks (same arguments and result, nx_body the same): for plans whose blocks go
-    # in groups of 8 whose offsets are the first's + 2j words and whose chunks are 8 pairs (16 lanes): pair i of block
-    # j of a group is then words 2j, 2j + 1 of the 16 starting at gidx[c, 2i] + the group's offset (Marlin's
-    # weights: 8 bytes of each of 8 rows, the 8 blocks' 8 columns of a row's line). Per chunk: those 8 runs of 16
-    # words loaded whole, an 8 x 8 transpose of 8-byte pairs (24 two-register shuffles) gives each block's pairs in
-    # gather order, then each block's byte permute, padding, nibble tables and store as in the gather form. Reads
-    # each line once where the gathers read it once per block; the groups' blocks are checked as there (the
-    # 16 words are the 8 blocks' reads). The caller guarantees the pattern (_nx_tiled) and parts of whole groups.
+def _nx_tile_ir(luts, ahead, stream, piece=2):
+    # LLVM IR of the tile form of nx_blocks (same arguments and result, nx_body the same), for plans whose chunks
+    # are n = 16 / piece runs of `piece` consecutive words (16 lanes) and whose groups of 8 blocks are s = 8 / n
+    # tiles of n blocks, tile t's block j (block k + t + s * j) at tile t's first offset + piece * j words: piece i
+    # of that block's chunk is then piece j of the 16 words starting at gidx[c, piece * i] + the tile's offset.
+    # Marlin's weights (piece 2: 8 bytes of each of 8 rows, the 8 blocks the 8 columns of a row's line) and
+    # CUTLASS W4A8's (piece 4, two tiles of 4 interleaved). Per chunk and tile: the n runs of 16 words loaded whole,
+    # an n x n transpose of pieces (24 two-register shuffles for 8, 8 for 4) gives each block its pieces in gather
+    # order, then each block's byte permute, padding, nibble tables and store as in the gather form. Each line is
+    # read once where the gathers read it once per block; the group's blocks are checked as there (a run's 16 words
+    # are its tile's blocks' reads). The caller guarantees the pattern (_nx_tiled) and parts of whole groups.
+    runs = 16 // piece
+    tiles = 8 // runs
     v, b, q = "<16 x i32>", "<64 x i8>", "<8 x i64>"
     lines = ["declare void @llvm.prefetch.p0(i8*, i32, i32, i32)",
              f"declare {b} @llvm.x86.avx512.permvar.qi.512({b}, {b})",
@@ -209,55 +213,72 @@ def _nx_tile_ir(luts, ahead, stream):
               "  br i1 %bad, label %fail, label %chkok",
               "chkok:", "  %cb1 = add i64 %cb, 1", "  %cbmore = icmp slt i64 %cb1, %kend",
               "  br i1 %cbmore, label %chk, label %chunk.pre",
-              # the group's offset, and the next group's (the chunks `ahead` past this group's end are its)
-              "chunk.pre:", "  %obp = getelementptr i64, i64* %outer, i64 %k", "  %ob0 = load i64, i64* %obp",
-              "  %ob = add i64 %ob0, %eoff", "  %nlast = icmp sge i64 %kend, %hi",
-              "  %nk = select i1 %nlast, i64 %k, i64 %kend", "  %nbp = getelementptr i64, i64* %outer, i64 %nk",
-              "  %nb0 = load i64, i64* %nbp", "  %nob = add i64 %nb0, %eoff", "  br label %chunk",
+              "chunk.pre:", "  %nlast = icmp sge i64 %kend, %hi", "  %nk = select i1 %nlast, i64 %k, i64 %kend"]
+    for t in range(tiles):  # each tile's offset, and the next group's (the chunks `ahead` past this group's end)
+        lines += [f"  %tk{t} = add i64 %k, {t}", f"  %obp{t} = getelementptr i64, i64* %outer, i64 %tk{t}",
+                  f"  %ob0.{t} = load i64, i64* %obp{t}", f"  %ob{t} = add i64 %ob0.{t}, %eoff",
+                  f"  %nt{t} = add i64 %nk, {t}", f"  %nbp{t} = getelementptr i64, i64* %outer, i64 %nt{t}",
+                  f"  %nb0.{t} = load i64, i64* %nbp{t}", f"  %nob{t} = add i64 %nb0.{t}, %eoff"]
+    lines += ["  br label %chunk",
               "chunk:", "  %c = phi i64 [0, %chunk.pre], [%c1, %chunk]",
               f"  %fc0 = add i64 %c, {ahead}", "  %fover = icmp sge i64 %fc0, %chunks",
               "  %fc1 = sub i64 %fc0, %chunks", "  %fc = select i1 %fover, i64 %fc1, i64 %fc0",
-              "  %fob = select i1 %fover, i64 %nob, i64 %ob",
               "  %fg = mul i64 %fc, 16", "  %gr = mul i64 %c, 16", "  %pi = mul i64 %c, 64",
               "  %pq = getelementptr i8, i8* %perm, i64 %pi", f"  %pp = bitcast i8* %pq to {b}*",
               f"  %pv = load {b}, {b}* %pp, align 1",
               "  %zq = getelementptr i64, i64* %zm, i64 %c", "  %z = load i64, i64* %zq",
               "  %zb = bitcast i64 %z to <64 x i1>"]
-    for i in range(8):  # run i: prefetch the one `ahead` chunks on, load this chunk's 16 words
-        for at, chunk, offset, pre in (("f", "%fg", "%fob", True), ("l", "%gr", "%ob", False)):
-            lines += [f"  %{at}i{i} = add i64 {chunk}, {2 * i}",
+    for i in range(runs):  # run i's first word in the chunk's table, this chunk's and the one `ahead` on
+        for at, chunk in (("f", "%fg"), ("l", "%gr")):
+            lines += [f"  %{at}i{i} = add i64 {chunk}, {piece * i}",
                       f"  %{at}q{i} = getelementptr i32, i32* %gidx, i64 %{at}i{i}",
-                      f"  %{at}w{i} = load i32, i32* %{at}q{i}", f"  %{at}x{i} = sext i32 %{at}w{i} to i64",
-                      f"  %{at}y{i} = add i64 %{at}x{i}, {offset}", f"  %{at}b{i} = mul i64 %{at}y{i}, 4",
-                      f"  %{at}a{i} = getelementptr i8, i8* %src, i64 %{at}b{i}"]
-        lines += [f"  call void @llvm.prefetch.p0(i8* %fa{i}, i32 0, i32 3, i32 1)",
-                  f"  %lp{i} = bitcast i8* %la{i} to {q}*", f"  %L{i} = load {q}, {q}* %lp{i}, align 4"]
+                      f"  %{at}w{i} = load i32, i32* %{at}q{i}", f"  %{at}x{i} = sext i32 %{at}w{i} to i64"]
 
     def shuffle(name, first, second, mask):  # two registers' 16 pairs, `mask` picking 8 of them
         return (f"  %{name} = shufflevector {q} %{first}, {q} %{second}, <8 x i32> <"
                 + ", ".join(f"i32 {m}" for m in mask) + ">")
-    # the transpose in three rounds of pairs, then of pairs of pairs, then of halves: O_j[i] = L_i[j]
-    for r in range(4):  # t_2r: the even pairs of runs 2r, 2r + 1 interleaved; t_2r+1: the odd ones
-        lines += [shuffle(f"t{2 * r}", f"L{2 * r}", f"L{2 * r + 1}", [0, 8, 2, 10, 4, 12, 6, 14]),
-                  shuffle(f"t{2 * r + 1}", f"L{2 * r}", f"L{2 * r + 1}", [1, 9, 3, 11, 5, 13, 7, 15])]
-    for h in (0, 4):  # u_h+m: pairs m and m + 4 of runs h .. h + 3 (m = 0, 2 from the even t, 1, 3 from the odd)
-        lines += [shuffle(f"u{h}", f"t{h}", f"t{h + 2}", [0, 1, 8, 9, 4, 5, 12, 13]),
-                  shuffle(f"u{h + 2}", f"t{h}", f"t{h + 2}", [2, 3, 10, 11, 6, 7, 14, 15]),
-                  shuffle(f"u{h + 1}", f"t{h + 1}", f"t{h + 3}", [0, 1, 8, 9, 4, 5, 12, 13]),
-                  shuffle(f"u{h + 3}", f"t{h + 1}", f"t{h + 3}", [2, 3, 10, 11, 6, 7, 14, 15])]
-    for m in range(4):  # O_m: the low halves of u_m (runs 0-3) and u_m+4 (runs 4-7); O_m+4: the high halves
-        lines += [shuffle(f"O{m}", f"u{m}", f"u{m + 4}", [0, 1, 2, 3, 8, 9, 10, 11]),
-                  shuffle(f"O{m + 4}", f"u{m}", f"u{m + 4}", [4, 5, 6, 7, 12, 13, 14, 15])]
-    for j in range(8):  # block k + j's chunk c
-        lines += [f"  %gb{j} = bitcast {q} %O{j} to {b}",
-                  f"  %sh{j} = call {b} @llvm.x86.avx512.permvar.qi.512({b} %gb{j}, {b} %pv)",
-                  f"  %sz{j} = select <64 x i1> %zb, {b} zeroinitializer, {b} %sh{j}",
-                  f"  %w{j}. = bitcast {b} %sz{j} to {v}"]
-        word = _nx_nibbles(lines, f"{j}.") if luts else f"%w{j}."
-        lines += [f"  %bn{j} = add i64 %k, {j}", f"  %blkn{j} = add i64 %eblk, %bn{j}",
-                  f"  %obase{j} = mul i64 %blkn{j}, %words", f"  %oi{j} = add i64 %obase{j}, %gr",
-                  f"  %oq{j} = getelementptr i32, i32* %out, i64 %oi{j}", f"  %op{j} = bitcast i32* %oq{j} to {v}*",
-                  f"  store {v} {word}, {v}* %op{j}, " + ("align 64, !nontemporal !0" if stream else "align 4")]
+    for t in range(tiles):
+        lines.append(f"  %fob{t} = select i1 %fover, i64 %nob{t}, i64 %ob{t}")
+        for i in range(runs):  # prefetch run i of the chunk `ahead` on, load this chunk's
+            for at, offset in (("f", f"%fob{t}"), ("l", f"%ob{t}")):
+                lines += [f"  %{at}y{i}.{t} = add i64 %{at}x{i}, {offset}",
+                          f"  %{at}b{i}.{t} = mul i64 %{at}y{i}.{t}, 4",
+                          f"  %{at}a{i}.{t} = getelementptr i8, i8* %src, i64 %{at}b{i}.{t}"]
+            lines += [f"  call void @llvm.prefetch.p0(i8* %fa{i}.{t}, i32 0, i32 3, i32 1)",
+                      f"  %lp{i}.{t} = bitcast i8* %la{i}.{t} to {q}*",
+                      f"  %L{i}.{t} = load {q}, {q}* %lp{i}.{t}, align 4"]
+        L = [f"L{i}.{t}" for i in range(runs)]
+        if runs == 8:  # in three rounds: pairs, pairs of pairs, halves (O_j's pair i is L_i's pair j)
+            for r in range(4):  # t_2r: the even pairs of runs 2r, 2r + 1 interleaved; t_2r+1: the odd ones
+                lines += [shuffle(f"t{2 * r}.{t}", L[2 * r], L[2 * r + 1], [0, 8, 2, 10, 4, 12, 6, 14]),
+                          shuffle(f"t{2 * r + 1}.{t}", L[2 * r], L[2 * r + 1], [1, 9, 3, 11, 5, 13, 7, 15])]
+            for h in (0, 4):  # u_h+m: pairs m and m + 4 of runs h .. h + 3 (m = 0, 2 from the even t, 1, 3 the odd)
+                lines += [shuffle(f"u{h}.{t}", f"t{h}.{t}", f"t{h + 2}.{t}", [0, 1, 8, 9, 4, 5, 12, 13]),
+                          shuffle(f"u{h + 2}.{t}", f"t{h}.{t}", f"t{h + 2}.{t}", [2, 3, 10, 11, 6, 7, 14, 15]),
+                          shuffle(f"u{h + 1}.{t}", f"t{h + 1}.{t}", f"t{h + 3}.{t}", [0, 1, 8, 9, 4, 5, 12, 13]),
+                          shuffle(f"u{h + 3}.{t}", f"t{h + 1}.{t}", f"t{h + 3}.{t}", [2, 3, 10, 11, 6, 7, 14, 15])]
+            for m in range(4):  # O_m: the low halves of u_m (runs 0-3) and u_m+4 (runs 4-7); O_m+4: the high ones
+                lines += [shuffle(f"O{m}.{t}", f"u{m}.{t}", f"u{m + 4}.{t}", [0, 1, 2, 3, 8, 9, 10, 11]),
+                          shuffle(f"O{m + 4}.{t}", f"u{m}.{t}", f"u{m + 4}.{t}", [4, 5, 6, 7, 12, 13, 14, 15])]
+        else:  # runs == 4, in two rounds: quads (two pairs each), then halves (O_j's quad i is L_i's quad j)
+            for r in range(2):  # t_2r: the even quads of runs 2r, 2r + 1 interleaved; t_2r+1: the odd ones
+                lines += [shuffle(f"t{2 * r}.{t}", L[2 * r], L[2 * r + 1], [0, 1, 8, 9, 4, 5, 12, 13]),
+                          shuffle(f"t{2 * r + 1}.{t}", L[2 * r], L[2 * r + 1], [2, 3, 10, 11, 6, 7, 14, 15])]
+            for m in range(2):  # O_m: low halves of t_m and t_m+2; O_m+2: high halves
+                lines += [shuffle(f"O{m}.{t}", f"t{m}.{t}", f"t{m + 2}.{t}", [0, 1, 2, 3, 8, 9, 10, 11]),
+                          shuffle(f"O{m + 2}.{t}", f"t{m}.{t}", f"t{m + 2}.{t}", [4, 5, 6, 7, 12, 13, 14, 15])]
+        for j in range(runs):  # block k + t + tiles * j's chunk c
+            n = f"{j}.{t}"
+            lines += [f"  %gb{n} = bitcast {q} %O{n} to {b}",
+                      f"  %sh{n} = call {b} @llvm.x86.avx512.permvar.qi.512({b} %gb{n}, {b} %pv)",
+                      f"  %sz{n} = select <64 x i1> %zb, {b} zeroinitializer, {b} %sh{n}",
+                      f"  %w{n}. = bitcast {b} %sz{n} to {v}"]
+            word = _nx_nibbles(lines, f"{n}.") if luts else f"%w{n}."
+            lines += [f"  %bn{n} = add i64 %k, {t + tiles * j}", f"  %blkn{n} = add i64 %eblk, %bn{n}",
+                      f"  %obase{n} = mul i64 %blkn{n}, %words", f"  %oi{n} = add i64 %obase{n}, %gr",
+                      f"  %oq{n} = getelementptr i32, i32* %out, i64 %oi{n}",
+                      f"  %op{n} = bitcast i32* %oq{n} to {v}*",
+                      f"  store {v} {word}, {v}* %op{n}, " + ("align 64, !nontemporal !0" if stream else "align 4")]
     lines += ["  %c1 = add i64 %c, 1", "  %cmore = icmp slt i64 %c1, %chunks",
               "  br i1 %cmore, label %chunk, label %khead",
               "elatch:", "  %e1 = add i64 %e, 1", "  br label %ehead",
@@ -318,21 +339,21 @@ def _nx_on():
     return _NX_STATE["host"] is not None
 
 
-def _nx_kernel(luts, gathers=1, group=None, pairs=False, stream=False, tile=False):
+def _nx_kernel(luts, gathers=1, group=None, pairs=False, stream=False, tile=0):
     """The SIMD kernel (``_nx_ir(luts, _NX_AHEAD, gathers, group, pairs, stream)``, ``group`` by default
-    ``_NX_GROUP``; where ``tile``, ``_nx_tile_ir(luts, _NX_AHEAD, stream)``, compiled for the host on first use: its
-    engine, ``nx_body``'s address, a ctypes function of it), or None where it does not run: ``LAYOUTC_SIMD=0``, no
-    llvmlite, a host other than x86-64 with AVX-512 VBMI."""
+    ``_NX_GROUP``; where ``tile`` (2 or 4: the piece), ``_nx_tile_ir(luts, _NX_AHEAD, stream, tile)``), compiled
+    for the host on first use: its engine, ``nx_body``'s address, a ctypes function of it), or None where it does
+    not run: ``LAYOUTC_SIMD=0``, no llvmlite, a host other than x86-64 with AVX-512 VBMI."""
     if not _nx_on():
         return None
     if gathers not in (1, 2, 4):
         raise ValueError(f"the SIMD kernel gathers 1, 2 or 4 registers of words a chunk, not {gathers!r}")
     group = _NX_GROUP if group is None else group
-    if tile and not (gathers == 1 and group == 8 and pairs):
-        raise ValueError("the SIMD kernel's tile form takes chunks of 8 pairs in groups of 8 blocks")
-    key = ("nx", bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream)) + (("tile",) if tile else ())
+    if tile and not (gathers == 1 and group == 8 and pairs and tile in (2, 4)):
+        raise ValueError("the SIMD kernel's tile form takes chunks of 8 pairs or 4 quads in groups of 8 blocks")
+    key = ("nx", bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream)) + (("tile", tile) if tile else ())
     if key not in _NX_STATE:
-        ir = (_nx_tile_ir(bool(luts), _NX_AHEAD, bool(stream)) if tile
+        ir = (_nx_tile_ir(bool(luts), _NX_AHEAD, bool(stream), tile) if tile
               else _nx_ir(bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream)))
         engine = _fp_jit(*_NX_STATE["host"], ir)
         body = engine.get_function_address("nx_body")
@@ -478,7 +499,7 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
     group = _nx_group(outer)
     pairs = _nx_memo("nx pairs", gidx, None, lambda: bool((gidx[:, 1::2] == gidx[:, 0::2] + 1).all()))
     stream = out.numel() * 4 >= _NX_STREAM_BYTES and out.data_ptr() % 64 == 0
-    tile = group == 8 and pairs and gidx.shape[1] == 16 and _nx_tiled(outer)
+    tile = _nx_tiled(outer, gidx) if group == 8 and pairs and gidx.shape[1] == 16 else 0
     kernel = _nx_kernel(not isinstance(tabs, str), gidx.shape[1] // 16, group, pairs, stream, tile)
 
     tabs = tabs if not isinstance(tabs, str) else torch.zeros(0, dtype=torch.int32)
@@ -504,13 +525,27 @@ def _nx_group(outer):
     return _NX_SHARED_GROUP if near else _NX_GROUP
 
 
-def _nx_tiled(outer):
-    # whether the blocks go in groups of 8 whose offsets (words) are the group's first + 0, 2, .., 14 (the tile
-    # form: 8 blocks, 8 pairs of words each, read together as 8 runs of 16 words)
+def _nx_tiled(outer, gidx):
+    # The tile form's piece (words) where the plan has its pattern, else 0: every chunk (16 lanes) runs of `piece`
+    # consecutive words, and the blocks in groups of 8, each 8 / n tiles of n = 16 / piece blocks (tile t's block j:
+    # block t + (8 / n) j of the group) at the tile's first offset + piece * j words. Piece 2 first (Marlin's: one
+    # tile of 8 blocks), then 4 (W4A8's: two tiles of 4).
     if outer.numel() % 8 or not outer.numel():
-        return False
-    groups = outer.view(-1, 8)
-    return bool((groups - groups[:, :1] == torch.arange(0, 16, 2)).all())
+        return 0
+    for piece in (2, 4):
+        runs = 16 // piece
+        if not _nx_memo("nx runs", gidx, piece, lambda: _nx_runs_of(gidx, piece)):
+            continue
+        tiles = outer.view(-1, runs, 8 // runs)  # [group, j, t]: block t + (8 / runs) j of the group
+        if bool((tiles - tiles[:, :1, :] == (torch.arange(runs) * piece).view(1, -1, 1)).all()):
+            return piece
+    return 0
+
+
+def _nx_runs_of(gidx, piece):
+    # whether every chunk's lanes (a [chunks, 16] table) are runs of `piece` consecutive words
+    lanes = gidx.view(-1, 16 // piece, piece).to(torch.int64)
+    return bool((lanes == lanes[:, :, :1] + torch.arange(piece)).all())
 
 
 def _nx_memo(kind, tensor, extra, make):

@@ -128,22 +128,25 @@ def test_pairs_shared_lines_and_streamed_stores_equal_the_definition(ns, seed, c
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**16), chunks=st.integers(1, 12), groups=st.integers(1, 3), copies=st.integers(1, 3),
-       luts=st.booleans(), threads=st.integers(1, 3), stream=st.booleans(), holes=st.booleans())
-def test_the_tile_form_equals_the_definition(ns, seed, chunks, groups, copies, luts, threads, stream, holes):
-    # Marlin's pattern: blocks in groups of 8 at a group's offset + 0, 2, .., 14 words, each chunk 8 pairs of words
-    # (lanes 2i, 2i + 1) anywhere in the source: the 8 blocks' pairs i are one run of 16 words, loaded whole and
-    # transposed. Group offsets at random (not a line apart), padding at random, chunks past `ahead` (prefetches
-    # into the next group's offset); the tile kernel is the one that ran.
+       luts=st.booleans(), threads=st.integers(1, 3), stream=st.booleans(), holes=st.booleans(),
+       piece=st.sampled_from([2, 4]))
+def test_the_tile_form_equals_the_definition(ns, seed, chunks, groups, copies, luts, threads, stream, holes, piece):
+    # Marlin's pattern (piece 2): blocks in groups of 8 at a group's offset + 0, 2, .., 14 words, each chunk 8 pairs
+    # of words (lanes 2i, 2i + 1) anywhere in the source: the 8 blocks' pairs i are one run of 16 words, loaded
+    # whole and transposed. W4A8's (piece 4): chunks of 4 quads, a group two tiles of 4 blocks (blocks t, t + 2,
+    # t + 4, t + 6 at tile t's offset + 0, 4, 8, 12). Offsets at random (not a line apart), padding at random,
+    # chunks past `ahead` (prefetches into the next group's offsets); the tile kernel is the one that ran.
     g = torch.Generator().manual_seed(seed)
     span = 300
-    first = torch.randint(0, span, (chunks, 8), generator=g, dtype=torch.int32)
-    gidx = torch.stack([first, first + 1], dim=2).reshape(chunks, 16).contiguous()
+    runs = 16 // piece
+    first = torch.randint(0, span, (chunks, runs, 1), generator=g, dtype=torch.int32)
+    gidx = (first + torch.arange(piece, dtype=torch.int32)).reshape(chunks, 16).contiguous()
     perm = torch.randint(0, 64, (chunks, 64), generator=g, dtype=torch.uint8)
     zm = (torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
         torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))) if holes else torch.zeros(
         chunks, dtype=torch.int64)
-    starts = torch.randint(0, 100, (groups,), generator=g) * 3  # any word, not only a line's first
-    outer = (starts.view(-1, 1) + torch.arange(0, 16, 2)).reshape(-1)
+    starts = torch.randint(0, 100, (groups, 1, 8 // runs), generator=g) * 3  # any word, not only a line's first
+    outer = (starts + (torch.arange(runs) * piece).view(1, -1, 1)).reshape(-1)  # [group, j, tile]
     shift = 700
     src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 320 + span,), generator=g, dtype=torch.int32)
     tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
@@ -156,17 +159,25 @@ def test_the_tile_form_equals_the_definition(ns, seed, chunks, groups, copies, l
         assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
                              out, ns["_nb_gomp"]())
     assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
-    assert ("nx", luts, ns["_NX_AHEAD"], 1, 8, True, stream, "tile") in ns["_NX_STATE"]
+    assert ("nx", luts, ns["_NX_AHEAD"], 1, 8, True, stream, "tile", piece) in ns["_NX_STATE"]
 
 
 def test_the_tile_form_is_taken_only_for_its_pattern(ns):
-    assert ns["_nx_tiled"](torch.arange(128) * 2)  # Marlin's weights
-    assert ns["_nx_tiled"](torch.cat([torch.arange(0, 16, 2) + 5, torch.arange(0, 16, 2) + 900]))
-    assert not ns["_nx_tiled"](torch.arange(12) * 2)  # not whole groups
-    assert not ns["_nx_tiled"](torch.arange(8) * 4)  # pairs 4 words apart
-    assert not ns["_nx_tiled"](torch.tensor([0, 262144, 4, 262148, 8, 262152, 12, 262156]))  # W4A8's
+    rows = torch.arange(8, dtype=torch.int32).view(8, 1) * 256
+    pairs = (rows + torch.tensor([0, 1], dtype=torch.int32)).reshape(1, 16)  # 8 pairs from 8 rows
+    quads = (rows[:4] + torch.arange(4, dtype=torch.int32)).reshape(1, 16)  # 4 quads from 4 rows
+    w4a8 = torch.tensor([0, 262144, 4, 262148, 8, 262152, 12, 262156])
+    assert ns["_nx_tiled"](torch.arange(128) * 2, pairs) == 2  # Marlin's weights
+    assert ns["_nx_tiled"](torch.cat([torch.arange(0, 16, 2) + 5, torch.arange(0, 16, 2) + 900]), pairs) == 2
+    assert ns["_nx_tiled"](w4a8, quads) == 4  # W4A8's: two tiles of 4
+    assert ns["_nx_tiled"](torch.arange(12) * 2, pairs) == 0  # not whole groups
+    assert ns["_nx_tiled"](torch.arange(8) * 4, pairs) == 0  # pairs 4 words apart
+    assert ns["_nx_tiled"](w4a8, pairs) == 0
+    assert ns["_nx_tiled"](torch.arange(8) * 3, quads) == 0  # blocks 3 words apart
     with pytest.raises(ValueError, match="tile form"):
-        ns["_nx_kernel"](True, 2, 8, True, False, True)
+        ns["_nx_kernel"](True, 2, 8, True, False, 2)
+    with pytest.raises(ValueError, match="tile form"):
+        ns["_nx_kernel"](True, 1, 8, True, False, 3)
 
 
 def test_groups_are_larger_where_blocks_read_the_same_lines(ns):
@@ -434,14 +445,14 @@ def test_one_byte_value_conversions_take_the_byte_lookup_and_equal_eager(ns, mon
                        torch.zeros(4, dtype=torch.uint8), None)
 
 
-@pytest.mark.parametrize("name", ["marlin_mxfp4", "marlin_nvfp4"])
-def test_marlin_weights_take_the_tile_form_and_equal_eager(ns, monkeypatch, name):
+@pytest.mark.parametrize("name, piece", [("marlin_mxfp4", 2), ("marlin_nvfp4", 2), ("vllm_cutlass_w4a8", 4)])
+def test_marlin_and_w4a8_weights_take_the_tile_form_and_equal_eager(ns, monkeypatch, name, piece):
     spec = _spec(name)
     # the planner's blocks are 2 words apart from K = 2048 on (narrower rows give blocks of 4 or 8 words: gathers)
     x = synthetic_inputs(spec, {"E": 1, "I": 1024, "H": 2048}, seed=3)
     want = spec.convert(x, lowering="eager", fingerprint=False)
     tiled = []
     check = spec.module._nx_tiled
-    monkeypatch.setattr(spec.module, "_nx_tiled", lambda outer: tiled.append(check(outer)) or tiled[-1])
+    monkeypatch.setattr(spec.module, "_nx_tiled", lambda *a: tiled.append(check(*a)) or tiled[-1])
     assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, name)
-    assert tiled.count(True) == 2, tiled  # both weights
+    assert tiled.count(piece) == 2, tiled  # both weights
