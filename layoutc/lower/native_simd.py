@@ -13,17 +13,21 @@ values; bit permutations are, with or without bits flipped). Each chunk first pr
 chunk by chunk (blocks of a group often read the same lines), of ``_NX_SHARED_GROUP`` where blocks less than a line
 apart surely do (:func:`_nx_group`). Where every chunk's words come in pairs (two consecutive words: all the shipped
 plans but GPTQ's), a gather is of eight 8-byte pairs (half the loads); outputs of ``_NX_STREAM_BYTES`` or more are
-stored past the caches. Kernel calls took 0.43-0.67x the numba kernels' time on the 2-core CPU machine, whole
-calls of the specs with such plans 0.60-0.71x, before those last three forms (BENCHMARKS.md has both). One more
-kernel: the byte lookup of one-byte value conversions (:func:`_nx_lut8`: the 256-byte table in four registers, two
-VPERMI2B a 64-byte step; 2 MB in 0.04 ms where numba's took 0.54).
+stored past the caches. Where blocks and chunks have the tile pattern (:func:`_nx_tiled`: Marlin's and W4A8's
+weights, whose 8 or 4 neighbouring blocks read pieces of the same rows' lines), the tile form
+(:func:`_nx_tile_ir`) loads each chunk's runs of 16 words whole and transposes them in registers instead of
+gathering: every line read once a group. Kernel calls took 0.43-0.67x the numba kernels' time on the 2-core CPU
+machine, whole calls of the specs with such plans 0.60-0.71x, before the last four forms; with them, default calls
+0.55-0.85x of that (BENCHMARKS.md has both). One more kernel: the byte lookup of one-byte value conversions
+(:func:`_nx_lut8`: the 256-byte table in four registers, two VPERMI2B a 64-byte step; 2 MB in 0.04 ms where
+numba's took 0.54).
 
-The IR is written from six values of this module (whether byte tables apply, the chunks ahead, the gathers a
-chunk, the blocks a group, pairs, streamed stores) and compiled in the process by llvmlite's LLVM (numba's own
-dependency; ``_fp_jit`` of :mod:`layoutc.runtime.fingerprint`, never cached on disk), where llvmlite imports and
-the host is x86-64 with AVX-512 F, BW and VBMI; ``LAYOUTC_SIMD=0`` (read per call) turns it off. The kernel checks
-every block's reads (its least and largest word, moved by its offset) against the source before the block reads
-any; a call that would read outside raises. Copied into converters with :mod:`layoutc.lower.native`
+The IR is written from values of this module (whether byte tables apply, the chunks ahead, the gathers a chunk,
+the blocks a group, pairs, streamed stores, the tile's piece) and compiled in the process by llvmlite's LLVM
+(numba's own dependency; ``_fp_jit`` of :mod:`layoutc.runtime.fingerprint`, never cached on disk), where llvmlite
+imports and the host is x86-64 with AVX-512 F, BW and VBMI; ``LAYOUTC_SIMD=0`` (read per call) turns it off. The
+kernel checks every block's reads (its least and largest word, moved by its offset) against the source before the
+block reads any; a call that would read outside raises. Copied into converters with :mod:`layoutc.lower.native`
 (``torch_emit.native_source``); ``tests/lower/test_native_simd.py`` holds it to its definition, to the numba
 kernels, to the element gather and to the eager lowering.
 """
