@@ -65,7 +65,7 @@ _NX_NEEDS = ("avx512f", "avx512bw", "avx512vbmi")
 _NX_MOST_TABLE = 1 << 16  # bytes of a block's table past which its chunk tables (2.1 bytes an output byte) stay off
 
 
-def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False):
+def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False, runs=0):
     # LLVM IR (x86-64, AVX-512 VBMI) of a words plan in chunks of 16 output words: nx_blocks(...) writes blocks
     # [lo, hi) of every expert; block k of expert e reads the source words gidx[c, l] + outer[k] + e * shift of its
     # chunk c (l < 16 * gathers: `gathers` 512-bit gathers), puts byte perm[c, i] of the gathered ones at output
@@ -79,7 +79,10 @@ def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False):
     # address of checked words, never read (a prefetch does not fault). Where `pairs` (every chunk's words come in
     # pairs, lane 2j + 1 the word after lane 2j's), each gather is one of 8 eight-byte pairs (VPGATHERDQ: half the
     # loads; the same bytes in the same places) and only even lanes' words are prefetched. Where `stream`, output
-    # chunks are stored past the caches (non-temporal, the output aligned to 64 bytes: _nx_run checks).
+    # chunks are stored past the caches (non-temporal, the output aligned to 64 bytes: _nx_run checks). Where `runs`
+    # (4, 8 or 16; one gather a chunk), every chunk's lanes are runs of that many consecutive words: each run is one
+    # vector load (16, 32 or 64 bytes) instead of its lanes' share of a gather, the loads put side by side, and
+    # only a run's first word is prefetched.
     # nx_body(job): parts of job[3] blocks from an atomic counter (job[0]) while below job[2]; job[1] set where a
     # part failed; job[4:] nx_blocks' arguments src .. shi, as int64.
     v, b = "<16 x i32>", "<64 x i8>"
@@ -131,6 +134,10 @@ def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False):
     for h in range(gathers):  # gather h: the chunk's words 16h .. 16h + 15
         lines += [f"  %gs{h} = add i64 %gr, {16 * h}", f"  %gq{h} = getelementptr i32, i32* %gidx, i64 %gs{h}",
                   f"  %gp{h} = bitcast i32* %gq{h} to {v}*", f"  %iv{h} = load {v}, {v}* %gp{h}, align 4"]
+    for i in range(16 // runs if runs else 0):  # run i's first word (bytes: times 4), once a chunk
+        lines += [f"  %rs{i} = add i64 %gr, {runs * i}", f"  %rq{i} = getelementptr i32, i32* %gidx, i64 %rs{i}",
+                  f"  %rw{i} = load i32, i32* %rq{i}", f"  %rx{i} = sext i32 %rw{i} to i64",
+                  f"  %rb{i} = mul i64 %rx{i}, 4"]
     lines += ["  br label %blk",
               "blk:", "  %bk = phi i64 [%k, %chunk], [%bk1, %blk]",
               "  %bop = getelementptr i64, i64* %outer, i64 %bk", "  %bo = load i64, i64* %bop",
@@ -140,14 +147,30 @@ def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False):
               "  %nb = select i1 %nlast, i64 %bk, i64 %nb0", "  %nbp = getelementptr i64, i64* %outer, i64 %nb",
               "  %nbo = load i64, i64* %nbp", "  %noff = add i64 %nbo, %eoff", "  %nsbo = mul i64 %noff, 4",
               "  %nsb = getelementptr i8, i8* %src, i64 %nsbo", "  %fbase = select i1 %fover, i8* %nsb, i8* %sb"]
-    for lane in range(0, 16 * gathers, 2 if pairs else 1):  # a pair's second word is in its first word's line
+    for lane in range(0, 16 * gathers, runs or (2 if pairs else 1)):  # a run's other words: in its first's line
         lines += [f"  %fi{lane} = add i64 %fg, {lane}",
                   f"  %fq{lane} = getelementptr i32, i32* %gidx, i64 %fi{lane}",
                   f"  %fw{lane} = load i32, i32* %fq{lane}", f"  %fx{lane} = sext i32 %fw{lane} to i64",
                   f"  %fb{lane} = mul i64 %fx{lane}, 4", f"  %fa{lane} = getelementptr i8, i8* %fbase, i64 %fb{lane}",
                   f"  call void @llvm.prefetch.p0(i8* %fa{lane}, i32 0, i32 3, i32 1)"]
     q, even = "<8 x i64>", "<8 x i32> <" + ", ".join(f"i32 {2 * j}" for j in range(8)) + ">"
-    for h in range(gathers):
+    if runs:  # the runs' loads side by side: lane j the word at run j // runs's first + j % runs
+        r = f"<{runs} x i32>"
+        for i in range(16 // runs):
+            lines += [f"  %ra{i} = getelementptr i8, i8* %sb, i64 %rb{i}", f"  %rp{i} = bitcast i8* %ra{i} to {r}*",
+                      f"  %rv{i} = load {r}, {r}* %rp{i}, align 4"]
+        parts, width = [f"%rv{i}" for i in range(16 // runs)], runs
+        while len(parts) > 1:  # pairs of vectors joined, twice as wide each round
+            mask = "<" + ", ".join(f"i32 {j}" for j in range(2 * width)) + ">"
+            joined = []
+            for a, c in zip(parts[::2], parts[1::2]):
+                name = f"%rj{width}.{len(joined)}"
+                lines.append(f"  {name} = shufflevector <{width} x i32> {a}, <{width} x i32> {c}, "
+                             f"<{2 * width} x i32> {mask}")
+                joined.append(name)
+            parts, width = joined, 2 * width
+        lines.append(f"  %gb0 = bitcast {v} {parts[0]} to {b}")
+    for h in range(0 if runs else gathers):
         if pairs:  # pair j: the 8 bytes at lane 2j's word, where its two words' bytes would be
             lines += [f"  %ie{h} = shufflevector {v} %iv{h}, {v} undef, {even}",
                       f"  %gw{h} = call {q} @llvm.x86.avx512.mask.gather.dpq.512({q} zeroinitializer, i8* %sb, "
@@ -343,9 +366,10 @@ def _nx_on():
     return _NX_STATE["host"] is not None
 
 
-def _nx_kernel(luts, gathers=1, group=None, pairs=False, stream=False, tile=0):
+def _nx_kernel(luts, gathers=1, group=None, pairs=False, stream=False, tile=0, runs=0):
     """The SIMD kernel (``_nx_ir(luts, _NX_AHEAD, gathers, group, pairs, stream)``, ``group`` by default
-    ``_NX_GROUP``; where ``tile`` (2 or 4: the piece), ``_nx_tile_ir(luts, _NX_AHEAD, stream, tile)``), compiled
+    ``_NX_GROUP``; ``runs``: 0 or 4, 8, 16, the gathers' form with loads of runs; where ``tile`` (2 or 4: the
+    piece), ``_nx_tile_ir(luts, _NX_AHEAD, stream, tile)``), compiled
     for the host on first use: its engine, ``nx_body``'s address, a ctypes function of it), or None where it does
     not run: ``LAYOUTC_SIMD=0``, no llvmlite, a host other than x86-64 with AVX-512 VBMI."""
     if not _nx_on():
@@ -355,10 +379,13 @@ def _nx_kernel(luts, gathers=1, group=None, pairs=False, stream=False, tile=0):
     group = _NX_GROUP if group is None else group
     if tile and not (gathers == 1 and group == 8 and pairs and tile in (2, 4)):
         raise ValueError("the SIMD kernel's tile form takes chunks of 8 pairs or 4 quads in groups of 8 blocks")
-    key = ("nx", bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream)) + (("tile", tile) if tile else ())
+    if runs and (tile or gathers != 1 or not pairs or runs not in (4, 8, 16)):
+        raise ValueError("the SIMD kernel's loads of runs take chunks of 16 words in runs of 4, 8 or 16")
+    key = (("nx", bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream)) + (("tile", tile) if tile else ())
+           + (("runs", runs) if runs else ()))
     if key not in _NX_STATE:
         ir = (_nx_tile_ir(bool(luts), _NX_AHEAD, bool(stream), tile) if tile
-              else _nx_ir(bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream)))
+              else _nx_ir(bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream), runs))
         engine = _fp_jit(*_NX_STATE["host"], ir)
         body = engine.get_function_address("nx_body")
         _NX_STATE[key] = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
@@ -504,7 +531,9 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
     pairs = _nx_memo("nx pairs", gidx, None, lambda: bool((gidx[:, 1::2] == gidx[:, 0::2] + 1).all()))
     stream = out.numel() * 4 >= _NX_STREAM_BYTES and out.data_ptr() % 64 == 0
     tile = _nx_tiled(outer, gidx) if group == 8 and pairs and gidx.shape[1] == 16 else 0
-    kernel = _nx_kernel(not isinstance(tabs, str), gidx.shape[1] // 16, group, pairs, stream, tile)
+    runs = 0 if tile or not pairs or gidx.shape[1] != 16 else next(
+        (r for r in (16, 8, 4) if _nx_memo("nx runs", gidx, r, lambda r=r: _nx_runs_of(gidx, r))), 0)
+    kernel = _nx_kernel(not isinstance(tabs, str), gidx.shape[1] // 16, group, pairs, stream, tile, runs)
 
     tabs = tabs if not isinstance(tabs, str) else torch.zeros(0, dtype=torch.int32)
     threads = max(1, min(torch.get_num_threads(), blocks, out.numel() // _NX_MIN_SPLIT))

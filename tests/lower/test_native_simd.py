@@ -162,6 +162,37 @@ def test_the_tile_form_equals_the_definition(ns, seed, chunks, groups, copies, l
     assert ("nx", luts, ns["_NX_AHEAD"], 1, 8, True, stream, "tile", piece) in ns["_NX_STATE"]
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), chunks=st.integers(1, 12), blocks=st.integers(1, 9), copies=st.integers(1, 3),
+       luts=st.booleans(), threads=st.integers(1, 3), stream=st.booleans(), run=st.sampled_from([4, 8, 16]))
+def test_loads_of_runs_equal_the_definition(ns, seed, chunks, blocks, copies, luts, threads, stream, run):
+    # Hopper's pattern (runs of 8 words: 32 bytes of each of two rows), and runs of 4 and 16: every chunk's 16
+    # lanes are runs of `run` consecutive words starting anywhere (not aligned); the blocks far apart (no tile):
+    # one vector load a run instead of a gather, the kernel of that form the one that ran
+    g = torch.Generator().manual_seed(seed)
+    span = 300
+    first = torch.randint(0, span, (chunks, 16 // run, 1), generator=g, dtype=torch.int32)
+    gidx = (first + torch.arange(run, dtype=torch.int32)).reshape(chunks, 16).contiguous()
+    perm = torch.randint(0, 64, (chunks, 64), generator=g, dtype=torch.uint8)
+    zm = torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
+        torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))
+    outer = torch.randperm(blocks, generator=g) * 37  # words, more than a line apart
+    shift = 700
+    src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 37 * blocks + span + 16,), generator=g,
+                        dtype=torch.int32)
+    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
+    out = torch.full((copies * blocks * chunks * 16,), 7, dtype=torch.int32)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch, "get_num_threads", lambda: threads)
+        m.setitem(ns, "_NX_MIN_SPLIT", 1)
+        m.setitem(ns, "_NX_STREAM_BYTES", 1 if stream else 2**62)
+        assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
+                             out, ns["_nb_gomp"]())
+    assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
+    streamed = stream and out.data_ptr() % 64 == 0
+    assert ("nx", luts, ns["_NX_AHEAD"], 1, ns["_NX_GROUP"], True, streamed, "runs", run) in ns["_NX_STATE"]
+
+
 def test_the_tile_form_is_taken_only_for_its_pattern(ns):
     rows = torch.arange(8, dtype=torch.int32).view(8, 1) * 256
     pairs = (rows + torch.tensor([0, 1], dtype=torch.int32)).reshape(1, 16)  # 8 pairs from 8 rows
@@ -178,6 +209,9 @@ def test_the_tile_form_is_taken_only_for_its_pattern(ns):
         ns["_nx_kernel"](True, 2, 8, True, False, 2)
     with pytest.raises(ValueError, match="tile form"):
         ns["_nx_kernel"](True, 1, 8, True, False, 3)
+    with pytest.raises(ValueError, match="loads of runs"):
+        ns["_nx_kernel"](True, 1, 4, True, False, 0, 2)
+    assert ns["_nx_runs_of"](quads, 4) and not ns["_nx_runs_of"](quads, 8) and not ns["_nx_runs_of"](pairs, 4)
 
 
 def test_groups_are_larger_where_blocks_read_the_same_lines(ns):
@@ -456,3 +490,14 @@ def test_marlin_and_w4a8_weights_take_the_tile_form_and_equal_eager(ns, monkeypa
     monkeypatch.setattr(spec.module, "_nx_tiled", lambda *a: tiled.append(check(*a)) or tiled[-1])
     assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, name)
     assert tiled.count(piece) == 2, tiled  # both weights
+
+
+def test_hopper_weights_take_loads_of_runs_and_equal_eager(ns, monkeypatch):
+    spec = _spec("triton_kernels_mxfp4_hopper")
+    x = synthetic_inputs(spec, {"E": 1, "I": 1024, "H": 2048}, seed=3)
+    want = spec.convert(x, lowering="eager", fingerprint=False)
+    found = []
+    runs_of = spec.module._nx_runs_of
+    monkeypatch.setattr(spec.module, "_nx_runs_of", lambda gidx, r: found.append((r, runs_of(gidx, r))) or found[-1][1])
+    assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, "triton_kernels_mxfp4_hopper")
+    assert (8, True) in found, found  # its weights' chunks: two runs of 8 words
