@@ -193,6 +193,61 @@ def test_loads_of_runs_equal_the_definition(ns, seed, chunks, blocks, copies, lu
     assert ("nx", luts, ns["_NX_AHEAD"], 1, ns["_NX_GROUP"], True, streamed, "runs", run) in ns["_NX_STATE"]
 
 
+def test_the_columns_network_transposes_a_16_by_8_matrix(ns):
+    # register p holds rows 2p, 2p + 1 (slot 8h + c: M[2p + h][c]); after the three rounds register c holds column c
+    regs = [[(2 * p + slot // 8, slot % 8) for slot in range(16)] for p in range(8)]
+    rounds = ns["_nx_cols_network"]()
+    assert [len(r) for r in rounds] == [8, 8, 8]
+    for shuffles in rounds:
+        regs = [(regs[low] + regs[high]) and [(regs[low] + regs[high])[i] for i in picks]
+                for _, low, high, picks in sorted(shuffles)]
+    assert regs == [[(r, c) for r in range(16)] for c in range(8)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), groups=st.integers(1, 4), blocks=st.integers(1, 9), copies=st.integers(1, 3),
+       luts=st.booleans(), threads=st.integers(1, 3), stream=st.booleans(), holes=st.booleans())
+def test_the_columns_form_equals_the_definition(ns, seed, groups, blocks, copies, luts, threads, stream, holes):
+    # GPTQ's pattern: chunks in groups of 8, chunk j reading the group's first's words + j, whose lanes are two spans
+    # of 8 words 8 apart, anywhere (not aligned); blocks anywhere; the columns kernel the one that ran
+    g = torch.Generator().manual_seed(seed)
+    span = 400
+    starts = torch.randint(0, span, (groups, 1, 2, 1), generator=g, dtype=torch.int32)
+    first = starts + 8 * torch.arange(8, dtype=torch.int32)  # [group, 1, span, 8]
+    gidx = (first + torch.arange(8, dtype=torch.int32).view(1, 8, 1, 1)).reshape(groups * 8, 16).contiguous()
+    chunks = gidx.shape[0]
+    perm = torch.randint(0, 64, (chunks, 64), generator=g, dtype=torch.uint8)
+    zm = (torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
+        torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))) if holes else torch.zeros(
+        chunks, dtype=torch.int64)
+    outer = torch.randint(0, 300, (blocks,), generator=g)
+    shift = 900
+    src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 300 + span + 128,), generator=g, dtype=torch.int32)
+    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
+    out = torch.full((copies * blocks * chunks * 16,), 7, dtype=torch.int32)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch, "get_num_threads", lambda: threads)
+        m.setitem(ns, "_NX_MIN_SPLIT", 1)
+        m.setitem(ns, "_NX_STREAM_BYTES", 1 if stream else 2**62)
+        assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
+                             out, ns["_nb_gomp"]())
+    assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
+    streamed = stream and out.data_ptr() % 64 == 0
+    group = ns["_nx_group"](outer)
+    assert ("nx", luts, ns["_NX_AHEAD"], 1, group, False, streamed, "cols") in ns["_NX_STATE"]
+
+
+def test_the_columns_form_is_taken_only_for_its_pattern(ns):
+    lanes = torch.cat([torch.arange(8) * 8, 2048 + torch.arange(8) * 8]).to(torch.int32)
+    gptq = (lanes.view(1, 16) + torch.arange(8, dtype=torch.int32).view(8, 1)).contiguous()
+    assert ns["_nx_columns"](gptq) and ns["_nx_columns"](torch.cat([gptq, gptq + 64]))
+    assert not ns["_nx_columns"](gptq[:7])  # not whole groups
+    assert not ns["_nx_columns"](gptq.flip(0).contiguous())  # chunk j not the first's words + j
+    assert not ns["_nx_columns"]((lanes.view(1, 16) * 2 + torch.arange(8, dtype=torch.int32).view(8, 1)).contiguous())
+    with pytest.raises(ValueError, match="columns form"):
+        ns["_nx_kernel"](True, 1, 4, True, False, 0, 4, True)
+
+
 def test_the_tile_form_is_taken_only_for_its_pattern(ns):
     rows = torch.arange(8, dtype=torch.int32).view(8, 1) * 256
     pairs = (rows + torch.tensor([0, 1], dtype=torch.int32)).reshape(1, 16)  # 8 pairs from 8 rows
@@ -501,3 +556,14 @@ def test_hopper_weights_take_loads_of_runs_and_equal_eager(ns, monkeypatch):
     monkeypatch.setattr(spec.module, "_nx_runs_of", lambda gidx, r: found.append((r, runs_of(gidx, r))) or found[-1][1])
     assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, "triton_kernels_mxfp4_hopper")
     assert (8, True) in found, found  # its weights' chunks: two runs of 8 words
+
+
+def test_gptq_weights_take_the_columns_form_and_equal_eager(ns, monkeypatch):
+    spec = _spec("marlin_gptq_int4")
+    x = synthetic_inputs(spec, {"E": 1, "I": 1024, "H": 2048}, seed=3)
+    want = spec.convert(x, lowering="eager", fingerprint=False)
+    found = []
+    columns = spec.module._nx_columns
+    monkeypatch.setattr(spec.module, "_nx_columns", lambda gidx: found.append(columns(gidx)) or found[-1])
+    assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, "marlin_gptq_int4")
+    assert found.count(True) == 2, found  # both weights
