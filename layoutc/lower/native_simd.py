@@ -66,7 +66,7 @@ _NX_NEEDS = ("avx512f", "avx512bw", "avx512vbmi")
 _NX_MOST_TABLE = 1 << 16  # bytes of a block's table past which its chunk tables (2.1 bytes an output byte) stay off
 
 
-def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False, runs=0):
+def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False, runs=0, share=None):
     # LLVM IR (x86-64, AVX-512 VBMI) of a words plan in chunks of 16 output words: nx_blocks(...) writes blocks
     # [lo, hi) of every expert; block k of expert e reads the source words gidx[c, l] + outer[k] + e * shift of its
     # chunk c (l < 16 * gathers: `gathers` 512-bit gathers), puts byte perm[c, i] of the gathered ones at output
@@ -83,7 +83,10 @@ def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False, runs=0):
     # chunks are stored past the caches (non-temporal, the output aligned to 64 bytes: _nx_run checks). Where `runs`
     # (4, 8 or 16; one gather a chunk), every chunk's lanes are runs of that many consecutive words: each run is one
     # vector load (16, 32 or 64 bytes) instead of its lanes' share of a gather, the loads put side by side, and
-    # only a run's first word is prefetched.
+    # only a run's first word is prefetched. Where `share` = (S, D), chunks c + s D (s < S) read the same words as
+    # chunk c for every c with (c // D) % S == 0 (a byte transpose's output rows that read bytes of the same words:
+    # one gather a word for 4 bytes): the loop takes those leads only, each block gathers once and permutes, looks up
+    # and stores its S chunks.
     # nx_body(job): parts of job[3] blocks from an atomic counter (job[0]) while below job[2]; job[1] set where a
     # part failed; job[4:] nx_blocks' arguments src .. shi, as int64.
     v, b = "<16 x i32>", "<64 x i8>"
@@ -97,7 +100,7 @@ def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False, runs=0):
              "define i32 @nx_blocks(i8* %src, i64 %nw, i32* %gidx, i8* %perm, i64* %zm, i64* %outer, i64 %nblocks,",
              "    i64 %chunks, i64 %shift, i64 %copies, i32* %tabs, i32* %out, i64 %slo, i64 %shi, i64 %lo, i64 %hi) {",
              "entry:", "  %all = bitcast i16 -1 to <16 x i1>", "  %all8 = bitcast i8 -1 to <8 x i1>",
-             "  %words = mul i64 %chunks, 16"]
+             "  %words = mul i64 %chunks, 16", f"  %leads = udiv i64 %chunks, {share[0] if share else 1}"]
     for t in range(8 if luts else 0):
         lines += [f"  %tq{t} = getelementptr i32, i32* %tabs, i64 {16 * t}", f"  %tp{t} = bitcast i32* %tq{t} to {v}*",
                   f"  %T{t} = load {v}, {v}* %tp{t}, align 4"]
@@ -119,19 +122,24 @@ def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False, runs=0):
               "chkok:", "  %cb1 = add i64 %cb, 1", "  %cbmore = icmp slt i64 %cb1, %kend",
               "  br i1 %cbmore, label %chk, label %chunk.pre",
               "chunk.pre:", "  br label %chunk",
-              "chunk:", "  %c = phi i64 [0, %chunk.pre], [%c1, %cnext]",
+              "chunk:", "  %li = phi i64 [0, %chunk.pre], [%li1, %cnext]",
               # each block's words of the chunk `ahead` chunks on (past its end: those of the block a group on)
               # asked for before its gathers, which alone left the source's lines to be fetched when read
-              f"  %fc0 = add i64 %c, {ahead}", "  %fover = icmp sge i64 %fc0, %chunks",
-              "  %fc1 = sub i64 %fc0, %chunks",
-              "  %flast = sub i64 %chunks, 1", "  %fnext = icmp slt i64 %fc1, %chunks",
-              "  %fc2 = select i1 %fnext, i64 %fc1, i64 %flast", "  %fc = select i1 %fover, i64 %fc2, i64 %fc0",
+              f"  %fl0 = add i64 %li, {ahead}", "  %fover = icmp sge i64 %fl0, %leads",
+              "  %fl1 = sub i64 %fl0, %leads",
+              "  %flast = sub i64 %leads, 1", "  %fnext = icmp slt i64 %fl1, %leads",
+              "  %fl2 = select i1 %fnext, i64 %fl1, i64 %flast", "  %fl = select i1 %fover, i64 %fl2, i64 %fl0",
+              *_nx_lead("%c", "%li", share), *_nx_lead("%fc", "%fl", share),
               f"  %fg = mul i64 %fc, {16 * gathers}",
-              "  %gi = mul i64 %c, 16", f"  %gr = mul i64 %c, {16 * gathers}", "  %pi = mul i64 %c, 64",
-              "  %pq = getelementptr i8, i8* %perm, i64 %pi", f"  %pp = bitcast i8* %pq to {b}*",
-              f"  %pv = load {b}, {b}* %pp, align 1",
-              "  %zq = getelementptr i64, i64* %zm, i64 %c", "  %z = load i64, i64* %zq",
-              "  %zb = bitcast i64 %z to <64 x i1>"]
+              f"  %gr = mul i64 %c, {16 * gathers}"]
+    members = [""] if share is None else [f"s{m}." for m in range(share[0])]
+    for m, tag in enumerate(members):  # the chunks that share this one's gathers: its byte order and padding
+        lines += [f"  %c{tag} = add i64 %c, {m * share[1]}"] if share else []
+        lines += [f"  %gi{tag} = mul i64 %c{tag}, 16",
+                  f"  %pi{tag} = mul i64 %c{tag}, 64", f"  %pq{tag} = getelementptr i8, i8* %perm, i64 %pi{tag}",
+                  f"  %pp{tag} = bitcast i8* %pq{tag} to {b}*", f"  %pv{tag} = load {b}, {b}* %pp{tag}, align 1",
+                  f"  %zq{tag} = getelementptr i64, i64* %zm, i64 %c{tag}", f"  %z{tag} = load i64, i64* %zq{tag}",
+                  f"  %zb{tag} = bitcast i64 %z{tag} to <64 x i1>"]
     for h in range(gathers):  # gather h: the chunk's words 16h .. 16h + 15
         lines += [f"  %gs{h} = add i64 %gr, {16 * h}", f"  %gq{h} = getelementptr i32, i32* %gidx, i64 %gs{h}",
                   f"  %gp{h} = bitcast i32* %gq{h} to {v}*", f"  %iv{h} = load {v}, {v}* %gp{h}, align 4"]
@@ -180,28 +188,42 @@ def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False, runs=0):
             lines += [f"  %g{h} = call {v} @llvm.x86.avx512.mask.gather.dpi.512({v} zeroinitializer, i8* %sb, "
                       f"{v} %iv{h}, <16 x i1> %all, i32 4)", f"  %gb{h} = bitcast {v} %g{h} to {b}"]
     pick = f"call {b} @llvm.x86.avx512.vpermi2var.qi.512"  # byte p of two registers' 128 (p's low 7 bits)
-    if gathers == 1:
-        lines.append(f"  %sh = call {b} @llvm.x86.avx512.permvar.qi.512({b} %gb0, {b} %pv)")
-    elif gathers == 2:
-        lines.append(f"  %sh = {pick}({b} %gb0, {b} %pv, {b} %gb1)")
-    else:  # bit 7 of p: which pair of registers
-        lines += [f"  %sl = {pick}({b} %gb0, {b} %pv, {b} %gb1)", f"  %su = {pick}({b} %gb2, {b} %pv, {b} %gb3)",
-                  f"  %up = icmp ugt {b} %pv, <" + ", ".join(["i8 127"] * 64) + ">",
-                  f"  %sh = select <64 x i1> %up, {b} %su, {b} %sl"]
-    lines += [f"  %sz = select <64 x i1> %zb, {b} zeroinitializer, {b} %sh", f"  %w = bitcast {b} %sz to {v}"]
-    word = _nx_nibbles(lines, "") if luts else "%w"
-    lines += ["  %blkn = add i64 %eblk, %bk", "  %obase = mul i64 %blkn, %words", "  %oi = add i64 %obase, %gi",
-              "  %oq = getelementptr i32, i32* %out, i64 %oi", f"  %op = bitcast i32* %oq to {v}*",
-              f"  store {v} {word}, {v}* %op, " + ("align 64, !nontemporal !0" if stream else "align 4"),
-              "  %bk1 = add i64 %bk, 1",
+    lines += ["  %blkn = add i64 %eblk, %bk", "  %obase = mul i64 %blkn, %words"]
+    for t in members:
+        if gathers == 1:
+            lines.append(f"  %sh{t} = call {b} @llvm.x86.avx512.permvar.qi.512({b} %gb0, {b} %pv{t})")
+        elif gathers == 2:
+            lines.append(f"  %sh{t} = {pick}({b} %gb0, {b} %pv{t}, {b} %gb1)")
+        else:  # bit 7 of p: which pair of registers
+            lines += [f"  %sl{t} = {pick}({b} %gb0, {b} %pv{t}, {b} %gb1)",
+                      f"  %su{t} = {pick}({b} %gb2, {b} %pv{t}, {b} %gb3)",
+                      f"  %up{t} = icmp ugt {b} %pv{t}, <" + ", ".join(["i8 127"] * 64) + ">",
+                      f"  %sh{t} = select <64 x i1> %up{t}, {b} %su{t}, {b} %sl{t}"]
+        lines += [f"  %sz{t} = select <64 x i1> %zb{t}, {b} zeroinitializer, {b} %sh{t}",
+                  f"  %w{t} = bitcast {b} %sz{t} to {v}"]
+        word = _nx_nibbles(lines, t) if luts else f"%w{t}"
+        lines += [f"  %oi{t} = add i64 %obase, %gi{t}", f"  %oq{t} = getelementptr i32, i32* %out, i64 %oi{t}",
+                  f"  %op{t} = bitcast i32* %oq{t} to {v}*",
+                  f"  store {v} {word}, {v}* %op{t}, " + ("align 64, !nontemporal !0" if stream else "align 4")]
+    lines += ["  %bk1 = add i64 %bk, 1",
               "  %bkmore = icmp slt i64 %bk1, %kend",
               "  br i1 %bkmore, label %blk, label %cnext",
-              "cnext:", "  %c1 = add i64 %c, 1", "  %cmore = icmp slt i64 %c1, %chunks",
+              "cnext:", "  %li1 = add i64 %li, 1", "  %cmore = icmp slt i64 %li1, %leads",
               "  br i1 %cmore, label %chunk, label %cnext.done",
               "cnext.done:", "  br label %khead",
               "elatch:", "  %e1 = add i64 %e, 1", "  br label %ehead",
               "done:", "  ret i32 0", "fail:", "  ret i32 1", "}", ""]
     return "\n".join(lines + _nx_body_ir() + (["!0 = !{i32 1}"] if stream else [])) + "\n"
+
+
+def _nx_lead(chunk, lead, share):
+    # IR setting `chunk` to the chunk number of lead number `lead`: itself, or where `share` = (S, D), the lead's
+    # (q, d) = divmod(lead, D) as chunk q S D + d
+    if share is None:
+        return [f"  {chunk} = add i64 {lead}, 0"]
+    n, d = share
+    return [f"  {chunk}.q = udiv i64 {lead}, {d}", f"  {chunk}.d = urem i64 {lead}, {d}",
+            f"  {chunk}.s = mul i64 {chunk}.q, {n * d}", f"  {chunk} = add i64 {chunk}.s, {chunk}.d"]
 
 
 def _nx_on():
@@ -216,9 +238,10 @@ def _nx_on():
     return _NX_STATE["host"] is not None
 
 
-def _nx_kernel(luts, gathers=1, group=None, pairs=False, stream=False, tile=0, runs=0, cols=False):
+def _nx_kernel(luts, gathers=1, group=None, pairs=False, stream=False, tile=0, runs=0, cols=False, share=None):
     """The SIMD kernel (``_nx_ir(luts, _NX_AHEAD, gathers, group, pairs, stream)``, ``group`` by default
-    ``_NX_GROUP``; ``runs``: 0 or 4, 8, 16, the gathers' form with loads of runs; where ``tile`` (2 or 4: the
+    ``_NX_GROUP``; ``runs``: 0 or 4, 8, 16, the gathers' form with loads of runs; ``share``: None or (S, D), that
+    form with gathers shared by S chunks D apart; where ``tile`` (2 or 4: the
     piece), ``_nx_tile_ir(luts, _NX_AHEAD, stream, tile)``; where ``cols``, ``_nx_cols_ir(luts, stream)``), compiled
     for the host on first use: its engine, ``nx_body``'s address, a ctypes function of it), or None where it does
     not run: ``LAYOUTC_SIMD=0``, no llvmlite, a host other than x86-64 with AVX-512 VBMI."""
@@ -233,12 +256,15 @@ def _nx_kernel(luts, gathers=1, group=None, pairs=False, stream=False, tile=0, r
         raise ValueError("the SIMD kernel's loads of runs take chunks of 16 words in runs of 4, 8 or 16")
     if cols and (tile or runs or gathers != 1):
         raise ValueError("the SIMD kernel's columns form takes chunks of 16 words, neither tiles nor runs")
+    if share is not None and (tile or runs or cols or share[0] not in (2, 4, 8) or share[1] < 1):
+        raise ValueError("the SIMD kernel shares gathers among 2, 4 or 8 chunks of the gathers' form")
     key = (("nx", bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream)) + (("tile", tile) if tile else ())
-           + (("runs", runs) if runs else ()) + (("cols",) if cols else ()))
+           + (("runs", runs) if runs else ()) + (("cols",) if cols else ())
+           + (("share",) + tuple(share) if share is not None else ()))
     if key not in _NX_STATE:
         ir = (_nx_tile_ir(bool(luts), _NX_AHEAD, bool(stream), tile) if tile
               else _nx_cols_ir(bool(luts), bool(stream)) if cols
-              else _nx_ir(bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream), runs))
+              else _nx_ir(bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream), runs, share))
         engine = _fp_jit(*_NX_STATE["host"], ir)
         body = engine.get_function_address("nx_body")
         _NX_STATE[key] = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
@@ -387,7 +413,8 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
     runs = 0 if tile or not pairs or gidx.shape[1] != 16 else next(
         (r for r in (16, 8, 4) if _nx_memo("nx runs", gidx, r, lambda r=r: _nx_runs_of(gidx, r))), 0)
     cols = not (tile or runs) and gidx.shape[1] == 16 and _nx_memo("nx cols", gidx, None, lambda: _nx_columns(gidx))
-    kernel = _nx_kernel(not isinstance(tabs, str), gidx.shape[1] // 16, group, pairs, stream, tile, runs, cols)
+    share = None if tile or runs or cols else _nx_memo("nx shared", gidx, None, lambda: _nx_shared(gidx))
+    kernel = _nx_kernel(not isinstance(tabs, str), gidx.shape[1] // 16, group, pairs, stream, tile, runs, cols, share)
 
     tabs = tabs if not isinstance(tabs, str) else torch.zeros(0, dtype=torch.int32)
     threads = max(1, min(torch.get_num_threads(), blocks, out.numel() // _NX_MIN_SPLIT))
@@ -439,6 +466,23 @@ def _nx_columns(gidx):
     spans = first.view(-1, 2, 8)
     return bool((groups == first + torch.arange(8).view(1, 8, 1)).all()
                 and (spans == spans[:, :, :1] + 8 * torch.arange(8)).all())
+
+
+def _nx_shared(gidx):
+    # (S, D) where, for every chunk c with (c // D) % S == 0, chunks c + s D (s < S) read chunk c's words (a byte
+    # transpose's output rows that take bytes 0-3 of the same words), S 8, 4 or 2, the most that hold; else None.
+    # Not for D = 1 (consecutive chunks, whose words the gathers find in L1 anyway: AITER's and hopper's scales took
+    # 1.0-1.5x the time shared; Marlin's, 32 chunks apart, 0.47-0.65x)
+    same = (gidx[1:] == gidx[:1]).all(1).nonzero().flatten()
+    if not same.numel() or int(same[0]) == 0:
+        return None
+    d, n = int(same[0]) + 1, gidx.shape[0]
+    for s in (8, 4, 2):
+        if n % (s * d) == 0:
+            rows = gidx.view(n // (s * d), s, d, gidx.shape[1])
+            if bool((rows == rows[:, :1]).all()):
+                return s, d
+    return None
 
 
 def _nx_runs_of(gidx, piece):

@@ -248,6 +248,47 @@ def test_the_columns_form_is_taken_only_for_its_pattern(ns):
         ns["_nx_kernel"](True, 1, 4, True, False, 0, 4, True)
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), q=st.integers(1, 3), share=st.sampled_from([2, 4, 8]), d=st.integers(2, 5),
+       blocks=st.integers(1, 6), copies=st.integers(1, 3), luts=st.booleans(), threads=st.integers(1, 3),
+       gathers=st.sampled_from([1, 2, 4]))
+def test_shared_gathers_equal_the_definition(ns, seed, q, share, d, blocks, copies, luts, threads, gathers):
+    # A byte transpose's pattern: chunks c + s d (s < share) read chunk c's words for every c with (c // d) % share
+    # == 0, each with its own byte order and padding; the words at random otherwise; the shared kernel ran
+    g = torch.Generator().manual_seed(seed)
+    span = 200
+    lead = torch.randint(0, span, (q, 1, d, 16 * gathers), generator=g, dtype=torch.int32)
+    gidx = lead.expand(q, share, d, 16 * gathers).reshape(-1, 16 * gathers).contiguous()
+    chunks = gidx.shape[0]
+    perm = torch.randint(0, 64 * gathers, (chunks, 64), generator=g, dtype=torch.uint8)
+    zm = torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
+        torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))
+    outer = torch.randint(0, 100, (blocks,), generator=g)
+    shift = 400
+    src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 100 + span,), generator=g, dtype=torch.int32)
+    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
+    out = torch.full((copies * blocks * chunks * 16,), 7, dtype=torch.int32)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch, "get_num_threads", lambda: threads)
+        m.setitem(ns, "_NX_MIN_SPLIT", 1)
+        assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
+                             out, ns["_nb_gomp"]())
+    assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
+    assert ns["_nx_shared"](gidx) == (share, d) or (share == 2 and ns["_nx_shared"](gidx)[1] == d)
+    found = [k for k in ns["_NX_STATE"] if isinstance(k, tuple) and k[:1] == ("nx",) and "share" in k]
+    assert any(k[k.index("share") + 1:] == ns["_nx_shared"](gidx) for k in found)
+
+
+def test_shared_gathers_are_taken_only_for_their_pattern(ns):
+    rows = torch.randint(0, 99, (2, 1, 3, 16), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    assert ns["_nx_shared"](rows.expand(2, 4, 3, 16).reshape(-1, 16).contiguous()) == (4, 3)
+    assert ns["_nx_shared"](rows.expand(2, 4, 3, 16).reshape(-1, 16)[:20].contiguous()) is None  # not whole
+    assert ns["_nx_shared"](rows[:, :, :1].expand(2, 4, 1, 16).reshape(-1, 16).contiguous()) is None  # consecutive
+    assert ns["_nx_shared"](torch.arange(64, dtype=torch.int32).view(4, 16)) is None  # nothing shared
+    with pytest.raises(ValueError, match="shares gathers"):
+        ns["_nx_kernel"](False, 4, 4, False, False, 0, 0, False, (3, 2))
+
+
 def test_the_tile_form_is_taken_only_for_its_pattern(ns):
     rows = torch.arange(8, dtype=torch.int32).view(8, 1) * 256
     pairs = (rows + torch.tensor([0, 1], dtype=torch.int32)).reshape(1, 16)  # 8 pairs from 8 rows
@@ -553,6 +594,7 @@ def test_hopper_weights_take_loads_of_runs_and_equal_eager(ns, monkeypatch):
     want = spec.convert(x, lowering="eager", fingerprint=False)
     found = []
     runs_of = spec.module._nx_runs_of
+    monkeypatch.setitem(spec.module._NX_STATE, "nx runs", {})  # found again here (a cached plan may hold it)
     monkeypatch.setattr(spec.module, "_nx_runs_of", lambda gidx, r: found.append((r, runs_of(gidx, r))) or found[-1][1])
     assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, "triton_kernels_mxfp4_hopper")
     assert (8, True) in found, found  # its weights' chunks: two runs of 8 words
@@ -564,6 +606,20 @@ def test_gptq_weights_take_the_columns_form_and_equal_eager(ns, monkeypatch):
     want = spec.convert(x, lowering="eager", fingerprint=False)
     found = []
     columns = spec.module._nx_columns
+    monkeypatch.setitem(spec.module._NX_STATE, "nx cols", {})  # found again here (a cached plan may hold it)
     monkeypatch.setattr(spec.module, "_nx_columns", lambda gidx: found.append(columns(gidx)) or found[-1])
     assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, "marlin_gptq_int4")
     assert found.count(True) == 2, found  # both weights
+
+
+@pytest.mark.parametrize("name", ["marlin_mxfp4", "marlin_nvfp4"])
+def test_marlin_scales_share_their_gathers_and_equal_eager(ns, monkeypatch, name):
+    spec = _spec(name)
+    x = synthetic_inputs(spec, {"E": 1, "I": 1024, "H": 2048}, seed=3)
+    want = spec.convert(x, lowering="eager", fingerprint=False)
+    found = []
+    shared = spec.module._nx_shared
+    monkeypatch.setitem(spec.module._NX_STATE, "nx shared", {})  # found again here (a cached plan may hold it)
+    monkeypatch.setattr(spec.module, "_nx_shared", lambda gidx: found.append(shared(gidx)) or found[-1])
+    assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, name)
+    assert sum(f is not None and f[0] == 4 for f in found) == 2, found  # both scales: 4 output rows a word
