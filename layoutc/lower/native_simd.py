@@ -13,14 +13,17 @@ values; bit permutations are, with or without bits flipped). Each chunk first pr
 chunk by chunk (blocks of a group often read the same lines), of ``_NX_SHARED_GROUP`` where blocks less than a line
 apart surely do (:func:`_nx_group`). Where every chunk's words come in pairs (two consecutive words: all the shipped
 plans but GPTQ's), a gather is of eight 8-byte pairs (half the loads); outputs of ``_NX_STREAM_BYTES`` or more are
-stored past the caches. Where blocks and chunks have the tile pattern (:func:`_nx_tiled`: Marlin's and W4A8's
-weights, whose 8 or 4 neighbouring blocks read pieces of the same rows' lines), the tile form
-(:func:`_nx_tile_ir`) loads each chunk's runs of 16 words whole and transposes them in registers instead of
-gathering: every line read once a group. Kernel calls took 0.43-0.67x the numba kernels' time on the 2-core CPU
-machine, whole calls of the specs with such plans 0.60-0.71x, before the last four forms; with them, default calls
-0.55-0.85x of that (BENCHMARKS.md has both). One more kernel: the byte lookup of one-byte value conversions
-(:func:`_nx_lut8`: the 256-byte table in four registers, two VPERMI2B a 64-byte step; 2 MB in 0.04 ms where
-numba's took 0.54).
+stored past the caches. Forms that load instead of gathering, each taken where the plan's tables have its
+pattern (:mod:`layoutc.lower.simd_forms` holds their IR): the tile form (:func:`_nx_tiled`: Marlin's and W4A8's
+weights, whose 8 or 4 neighbouring blocks read pieces of the same rows' lines) loads each chunk's runs of 16 words
+whole and transposes them in registers; the columns form (:func:`_nx_columns`: GPTQ's weights, 8 chunks' words at
+a stride of 8) loads two spans of 64 words and transposes 16 x 8 words; chunks of runs of 4, 8 or 16 words
+(hopper's) load each run. And where chunks D apart gather the same words (:func:`_nx_shared`: byte transposes of
+scales, whose 4 output rows take bytes 0-3 of one word), one gather serves them all. Kernel calls took 0.43-0.67x
+the numba kernels' time on the 2-core CPU machine, whole calls of the specs with such plans 0.60-0.71x, before the
+later forms; with them, default calls 0.47-0.85x of that (BENCHMARKS.md has both). One more kernel: the byte
+lookup of one-byte value conversions (:func:`_nx_lut8`: the 256-byte table in four registers, two VPERMI2B a
+64-byte step; 2 MB in 0.04 ms where numba's took 0.54).
 
 The IR is written from values of this module (whether byte tables apply, the chunks ahead, the gathers a chunk,
 the blocks a group, pairs, streamed stores, the tile's piece) and compiled in the process by llvmlite's LLVM
