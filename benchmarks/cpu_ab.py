@@ -62,7 +62,9 @@ def main() -> None:
     print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
           f"{os.cpu_count()} cpus; threads {torch.get_num_threads()}; load average {os.getloadavg()}; shape {shape}; "
           f"fingerprint {args.fingerprint}")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # each writer imports its own tree's layoutc: PYTHONPATH keeps its other entries (a device's wheels), not a tree
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not (Path(p) / "layoutc").is_dir()))
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.specs.split(","):
             spec_path = ROOT / "specs" / f"{name}.lyt"

@@ -58,8 +58,6 @@ _FP_MIN_ROWS = {"cuda": 17}
 #: small ones: one GEMM). On the CPU each call costs ~0.13 ms whatever its rows (2.6 us a row after that):
 #: a layer's scales and biases took 4 of its 7 calls and a fifth of its fingerprint time.
 _FP_OWN_ROWS = {"cuda": 17, "cpu": 64}
-#: The same where the CPU's first product is the native kernel (_fp_native), whose call costs a few microseconds
-_FP_OWN_ROWS_NATIVE = 1
 _FP_SEED = b"layoutc fingerprint v1 "
 
 #: Rows of an int8 GEMM's first operand below which _fp_mm cuts its K axis into parts, per device type (none:
@@ -471,8 +469,6 @@ def _fp_products_torch(xs, device):
     # bytes, bulk rows, staged rows), Z).
     min_rows = _FP_MIN_ROWS.get(device.type, 1)
     own_rows = _FP_OWN_ROWS.get(device.type, min_rows)
-    if device.type == "cpu" and _fp_native() is not None:
-        own_rows = _FP_OWN_ROWS_NATIVE
     segs = []
     for j, part in _fp_segments(xs):
         full = part.numel() // _FP_ROW

@@ -95,14 +95,10 @@ def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows, ow
     assert fp._fingerprints(ts) == [reference(t) for t in ts]
 
 
-@pytest.mark.parametrize("own_native", [None, 64])
-def test_small_tensors_share_one_gemm_on_the_cpu(monkeypatch, own_native):
+def test_small_tensors_share_one_gemm_on_the_cpu(monkeypatch):
     # A layer's scales and biases (segments under _FP_OWN_ROWS rows) go through one staged first product (an int8
-    # GEMM), the large weight through its own, then the second product (a GEMM): three products where each tensor
-    # once took its own. With the native kernel (whose call costs microseconds, not a GEMM's 0.13 ms) every whole
-    # row is read where it lies (_FP_OWN_ROWS_NATIVE: 1) and only the rests are staged; at 64 it stages as a GEMM.
-    if own_native is not None:
-        monkeypatch.setattr(fp, "_FP_OWN_ROWS_NATIVE", own_native)
+    # GEMM, or the native kernel), the large weight through its own, then the second product (a GEMM): three
+    # products where each tensor once took its own.
     firsts, gemms = [], []
     first, int_mm = fp._fp_first, torch._int_mm
     monkeypatch.setattr(fp, "_fp_first", lambda a, y: firsts.append(a.shape[0]) or first(a, y))
@@ -111,10 +107,7 @@ def test_small_tensors_share_one_gemm_on_the_cpu(monkeypatch, own_native):
     row = fp._FP_ROW
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (row * 70, row * 30, row * 2 + 9, 100)]
     assert fp._fingerprints(ts) == [reference(t) for t in ts]
-    in_place = fp._fp_native() is not None and own_native is None
-    # in place: 70, 30 and 2 rows where they lie, the two rests staged (2 rows); else 30 + 3 + 1 rows staged (104
-    # rows of Y in all either way: a multiple of 8)
-    assert firsts == ([70, 30, 2, 2] if in_place else [70, 34]), firsts
+    assert firsts == [70, 34], firsts  # 30 + 3 + 1 staged rows (104 rows of Y in all: a multiple of 8)
     assert gemms[-1] == 4 * fp._FP_COLS and len(gemms) == (1 if fp._fp_native() is not None else 3), gemms
 
 
