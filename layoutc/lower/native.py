@@ -551,7 +551,9 @@ def _nb_words(x, plan, shape, table, conv=None):
     if whole and _nx_on():  # the SIMD kernel where the plan's chunks and tables allow
         tabs = _nx_memo("nx tables", luts, None, lambda: _nx_tables(luts))
         chunks = _nx_memo("nx chunks", inner, None, lambda: _nx_chunks(inner)) if tabs is not None else None
-        if chunks is not None and _nx_run(x.reshape(-1).view(torch.uint8).view(torch.int32), chunks, outer // 4,
+        words = _nx_memo("nx outer words", outer, None, lambda: (outer // 4).to(torch.int64).contiguous()) if (
+            chunks is not None) else None  # the plan's own tensor each call: the kernel's form is found once
+        if chunks is not None and _nx_run(x.reshape(-1).view(torch.uint8).view(torch.int32), chunks, words,
                                            shift // 4, copies, tabs, out, _nb_gomp()):
             return out
     if groups and groups[0] is not None and whole:

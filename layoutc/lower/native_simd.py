@@ -409,14 +409,8 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
     if not _nx_on():
         return False
     outer = outer.to(torch.int64).contiguous()
-    group = _nx_group(outer)
-    pairs = _nx_memo("nx pairs", gidx, None, lambda: bool((gidx[:, 1::2] == gidx[:, 0::2] + 1).all()))
+    group, pairs, tile, runs, cols, share = _nx_form_of(gidx, outer)
     stream = out.numel() * 4 >= _NX_STREAM_BYTES and out.data_ptr() % 64 == 0
-    tile = _nx_tiled(outer, gidx) if group == 8 and pairs and gidx.shape[1] == 16 else 0
-    runs = 0 if tile or not pairs or gidx.shape[1] != 16 else next(
-        (r for r in (16, 8, 4) if _nx_memo("nx runs", gidx, r, lambda r=r: _nx_runs_of(gidx, r))), 0)
-    cols = not (tile or runs) and gidx.shape[1] == 16 and _nx_memo("nx cols", gidx, None, lambda: _nx_columns(gidx))
-    share = None if tile or runs or cols else _nx_memo("nx shared", gidx, None, lambda: _nx_shared(gidx))
     kernel = _nx_kernel(not isinstance(tabs, str), gidx.shape[1] // 16, group, pairs, stream, tile, runs, cols, share)
 
     tabs = tabs if not isinstance(tabs, str) else torch.zeros(0, dtype=torch.int32)
@@ -432,6 +426,30 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
     if job[1]:
         raise IndexError("a run table reads outside its input (the converter's plan does not fit this tensor)")
     return True
+
+
+def _nx_form_of(gidx, outer):
+    # The kernel's form for these chunk tables and block offsets, (group, pairs, tile, runs, cols, share), found once
+    # while both tensors live (a plan's own: weak references, checked on every hit, so a tensor at a freed one's id
+    # is looked at again): each check is a few torch passes over the tables, tens of microseconds a call
+    import weakref
+
+    seen = _NX_STATE.setdefault("nx forms", {})
+    got = seen.get((id(gidx), id(outer)))
+    if got is not None and got[0]() is gidx and got[1]() is outer:
+        return got[2]
+    group = _nx_group(outer)
+    pairs = _nx_memo("nx pairs", gidx, None, lambda: bool((gidx[:, 1::2] == gidx[:, 0::2] + 1).all()))
+    tile = _nx_tiled(outer, gidx) if group == 8 and pairs and gidx.shape[1] == 16 else 0
+    runs = 0 if tile or not pairs or gidx.shape[1] != 16 else next(
+        (r for r in (16, 8, 4) if _nx_memo("nx runs", gidx, r, lambda r=r: _nx_runs_of(gidx, r))), 0)
+    cols = not (tile or runs) and gidx.shape[1] == 16 and _nx_memo("nx cols", gidx, None, lambda: _nx_columns(gidx))
+    share = None if tile or runs or cols else _nx_memo("nx shared", gidx, None, lambda: _nx_shared(gidx))
+    form = group, pairs, tile, runs, cols, share
+    if len(seen) >= 64:
+        seen.clear()
+    seen[(id(gidx), id(outer))] = (weakref.ref(gidx), weakref.ref(outer), form)
+    return form
 
 
 def _nx_group(outer):

@@ -583,6 +583,7 @@ def test_marlin_and_w4a8_weights_take_the_tile_form_and_equal_eager(ns, monkeypa
     want = spec.convert(x, lowering="eager", fingerprint=False)
     tiled = []
     check = spec.module._nx_tiled
+    monkeypatch.setitem(spec.module._NX_STATE, "nx forms", {})  # found again here (a cached plan may hold it)
     monkeypatch.setattr(spec.module, "_nx_tiled", lambda *a: tiled.append(check(*a)) or tiled[-1])
     assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, name)
     assert tiled.count(piece) == 2, tiled  # both weights
@@ -595,6 +596,7 @@ def test_hopper_weights_take_loads_of_runs_and_equal_eager(ns, monkeypatch):
     found = []
     runs_of = spec.module._nx_runs_of
     monkeypatch.setitem(spec.module._NX_STATE, "nx runs", {})  # found again here (a cached plan may hold it)
+    monkeypatch.setitem(spec.module._NX_STATE, "nx forms", {})
     monkeypatch.setattr(spec.module, "_nx_runs_of", lambda gidx, r: found.append((r, runs_of(gidx, r))) or found[-1][1])
     assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, "triton_kernels_mxfp4_hopper")
     assert (8, True) in found, found  # its weights' chunks: two runs of 8 words
@@ -607,6 +609,7 @@ def test_gptq_weights_take_the_columns_form_and_equal_eager(ns, monkeypatch):
     found = []
     columns = spec.module._nx_columns
     monkeypatch.setitem(spec.module._NX_STATE, "nx cols", {})  # found again here (a cached plan may hold it)
+    monkeypatch.setitem(spec.module._NX_STATE, "nx forms", {})
     monkeypatch.setattr(spec.module, "_nx_columns", lambda gidx: found.append(columns(gidx)) or found[-1])
     assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, "marlin_gptq_int4")
     assert found.count(True) == 2, found  # both weights
@@ -620,6 +623,7 @@ def test_marlin_scales_share_their_gathers_and_equal_eager(ns, monkeypatch, name
     found = []
     shared = spec.module._nx_shared
     monkeypatch.setitem(spec.module._NX_STATE, "nx shared", {})  # found again here (a cached plan may hold it)
+    monkeypatch.setitem(spec.module._NX_STATE, "nx forms", {})
     monkeypatch.setattr(spec.module, "_nx_shared", lambda gidx: found.append(shared(gidx)) or found[-1])
     assert_same_bits(spec.convert(x, lowering="gather", fingerprint=False), want, name)
     assert sum(f is not None and f[0] == 4 for f in found) == 2, found  # both scales: 4 output rows a word
