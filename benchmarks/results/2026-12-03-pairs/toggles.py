@@ -1,3 +1,12 @@
+"""The SIMD kernel's forms switched off one at a time, in one process (what ran for toggles_*.txt, 2026-12-03).
+
+    python benchmarks/results/2026-12-03-pairs/toggles.py SPEC[,SPEC...]   (from the repository root)
+
+Per spec: the default call and the conversion alone with every form, then without streamed stores, the tile form,
+the columns form, shared gathers, 8-byte gathers (and what needs them) or groups of 8, rounds in a shuffled order;
+printed as the time without the form over the time with all. It patches the converter's private functions: a record
+of a measurement on this tree, not a tool kept working.
+"""
 import os, sys, time, statistics, torch
 sys.path.insert(0, os.getcwd())
 import layoutc
