@@ -20,7 +20,7 @@ for name in sys.argv[1].split(","):
     orig = {k: getattr(m, k) for k in ("_nx_tiled", "_nx_columns", "_nx_shared", "_nx_memo", "_NX_STREAM_BYTES", "_NX_SHARED_GROUP")}
     def setv(v):
         for k, val in orig.items(): setattr(m, k, val)
-        for kind in ("nx cols", "nx shared", "nx pairs"): m._NX_STATE.pop(kind, None)
+        for kind in ("nx cols", "nx shared", "nx pairs", "nx forms"): m._NX_STATE.pop(kind, None)
         if v == "nostream": m._NX_STREAM_BYTES = 1 << 62
         if v == "notile": m._nx_tiled = lambda *a: 0
         if v == "nocols": m._nx_columns = lambda *a: False
