@@ -40,7 +40,7 @@ kernels, to the element gather and to the eager lowering.
 import ctypes
 
 from ..runtime.fingerprint import _fp_jit, _fp_llvm, _fp_run_job
-from .simd_forms import _nx_body_ir, _nx_cols_ir, _nx_nibbles, _nx_tile_ir
+from .simd_forms import _nx_body_ir, _nx_check_group, _nx_cols_ir, _nx_head, _nx_nibbles, _nx_tile_ir
 import torch
 
 #: ("nx", luts, ahead, gathers, group): a compiled kernel; "host": llvmlite and the host's features (None: it does
@@ -93,37 +93,20 @@ def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False, runs=0, share
     # nx_body(job): parts of job[3] blocks from an atomic counter (job[0]) while below job[2]; job[1] set where a
     # part failed; job[4:] nx_blocks' arguments src .. shi, as int64.
     v, b = "<16 x i32>", "<64 x i8>"
-    lines = ["declare void @llvm.prefetch.p0(i8*, i32, i32, i32)",
-             f"declare {v} @llvm.x86.avx512.mask.gather.dpi.512({v}, i8*, {v}, <16 x i1>, i32)",
-             f"declare {b} @llvm.x86.avx512.permvar.qi.512({b}, {b})",
-             f"declare {b} @llvm.x86.avx512.vpermi2var.qi.512({b}, {b}, {b})",
-             f"declare {v} @llvm.x86.avx512.permvar.si.512({v}, {v})",
-             "declare <8 x i64> @llvm.x86.avx512.mask.gather.dpq.512(<8 x i64>, i8*, <8 x i32>, <8 x i1>, i32)",
-             "",
-             "define i32 @nx_blocks(i8* %src, i64 %nw, i32* %gidx, i8* %perm, i64* %zm, i64* %outer, i64 %nblocks,",
-             "    i64 %chunks, i64 %shift, i64 %copies, i32* %tabs, i32* %out, i64 %slo, i64 %shi, i64 %lo, i64 %hi) {",
-             "entry:", "  %all = bitcast i16 -1 to <16 x i1>", "  %all8 = bitcast i8 -1 to <8 x i1>",
-             "  %words = mul i64 %chunks, 16", f"  %leads = udiv i64 %chunks, {share[0] if share else 1}"]
-    for t in range(8 if luts else 0):
-        lines += [f"  %tq{t} = getelementptr i32, i32* %tabs, i64 {16 * t}", f"  %tp{t} = bitcast i32* %tq{t} to {v}*",
-                  f"  %T{t} = load {v}, {v}* %tp{t}, align 4"]
-    lines += ["  br label %ehead",
-              "ehead:", "  %e = phi i64 [0, %entry], [%e1, %elatch]", "  %emore = icmp slt i64 %e, %copies",
-              "  br i1 %emore, label %kpre, label %done",
-              "kpre:", "  %eoff = mul i64 %e, %shift", "  %eblk = mul i64 %e, %nblocks", "  br label %khead",
-              "khead:", "  %k = phi i64 [%lo, %kpre], [%kend, %cnext.done]", "  %kmore = icmp slt i64 %k, %hi",
+    lines = _nx_head(luts, [f"declare {v} @llvm.x86.avx512.mask.gather.dpi.512({v}, i8*, {v}, <16 x i1>, i32)",
+                            f"declare {b} @llvm.x86.avx512.permvar.qi.512({b}, {b})",
+                            f"declare {b} @llvm.x86.avx512.vpermi2var.qi.512({b}, {b}, {b})",
+                            f"declare {v} @llvm.x86.avx512.permvar.si.512({v}, {v})",
+                            "declare <8 x i64> @llvm.x86.avx512.mask.gather.dpq.512(<8 x i64>, i8*, <8 x i32>, "
+                            "<8 x i1>, i32)"],
+                     ["  %all = bitcast i16 -1 to <16 x i1>", "  %all8 = bitcast i8 -1 to <8 x i1>",
+                      "  %words = mul i64 %chunks, 16", f"  %leads = udiv i64 %chunks, {share[0] if share else 1}"])
+    lines += ["khead:", "  %k = phi i64 [%lo, %kpre], [%kend, %cnext.done]", "  %kmore = icmp slt i64 %k, %hi",
               "  br i1 %kmore, label %kgroup, label %elatch",
               # a group of `group` blocks: every block's reads checked, then chunk by chunk, block by block (the
               # blocks of a group often read the same lines: Marlin's 8 consecutive blocks share each line)
               "kgroup:", f"  %kg0 = add i64 %k, {group}", "  %kover = icmp sgt i64 %kg0, %hi",
-              "  %kend = select i1 %kover, i64 %hi, i64 %kg0", "  br label %chk",
-              "chk:", "  %cb = phi i64 [%k, %kgroup], [%cb1, %chkok]",
-              "  %okp = getelementptr i64, i64* %outer, i64 %cb", "  %ok = load i64, i64* %okp",
-              "  %off = add i64 %ok, %eoff", "  %a0 = add i64 %slo, %off", "  %a1 = add i64 %shi, %off",
-              "  %bad0 = icmp slt i64 %a0, 0", "  %bad1 = icmp sge i64 %a1, %nw", "  %bad = or i1 %bad0, %bad1",
-              "  br i1 %bad, label %fail, label %chkok",
-              "chkok:", "  %cb1 = add i64 %cb, 1", "  %cbmore = icmp slt i64 %cb1, %kend",
-              "  br i1 %cbmore, label %chk, label %chunk.pre",
+              "  %kend = select i1 %kover, i64 %hi, i64 %kg0", *_nx_check_group(),
               "chunk.pre:", "  br label %chunk",
               "chunk:", "  %li = phi i64 [0, %chunk.pre], [%li1, %cnext]",
               # each block's words of the chunk `ahead` chunks on (past its end: those of the block a group on)

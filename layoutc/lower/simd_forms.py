@@ -12,6 +12,38 @@ form to the kernel's definition and the shipped specs that take it to the eager 
 """
 
 
+def _nx_head(luts, declares, entry):
+    # The start every form of nx_blocks shares: `declares` (its intrinsics) and the prefetch's, the function's
+    # signature (the same in every form: nx_body calls any), `entry` (lines of its entry block), the 8 nibble tables
+    # where `luts`, then the experts' loop (ehead; kpre sets %eoff and %eblk and goes to khead, which the form
+    # writes; the form ends an expert at elatch)
+    v = "<16 x i32>"
+    lines = ["declare void @llvm.prefetch.p0(i8*, i32, i32, i32)", *declares, "",
+             "define i32 @nx_blocks(i8* %src, i64 %nw, i32* %gidx, i8* %perm, i64* %zm, i64* %outer, i64 %nblocks,",
+             "    i64 %chunks, i64 %shift, i64 %copies, i32* %tabs, i32* %out, i64 %slo, i64 %shi, i64 %lo, i64 %hi) {",
+             "entry:", *entry]
+    for t in range(8 if luts else 0):
+        lines += [f"  %tq{t} = getelementptr i32, i32* %tabs, i64 {16 * t}", f"  %tp{t} = bitcast i32* %tq{t} to {v}*",
+                  f"  %T{t} = load {v}, {v}* %tp{t}, align 4"]
+    return lines + ["  br label %ehead",
+                    "ehead:", "  %e = phi i64 [0, %entry], [%e1, %elatch]", "  %emore = icmp slt i64 %e, %copies",
+                    "  br i1 %emore, label %kpre, label %done",
+                    "kpre:", "  %eoff = mul i64 %e, %shift", "  %eblk = mul i64 %e, %nblocks", "  br label %khead"]
+
+
+def _nx_check_group():
+    # Blocks %k .. %kend - 1 (from block kgroup), each block's reads (its least and largest word, moved by its
+    # offset and the expert's) checked against the nw source words before any is read: to fail, else chunk.pre
+    return ["  br label %chk",
+            "chk:", "  %cb = phi i64 [%k, %kgroup], [%cb1, %chkok]",
+            "  %okp = getelementptr i64, i64* %outer, i64 %cb", "  %ok = load i64, i64* %okp",
+            "  %off = add i64 %ok, %eoff", "  %a0 = add i64 %slo, %off", "  %a1 = add i64 %shi, %off",
+            "  %bad0 = icmp slt i64 %a0, 0", "  %bad1 = icmp sge i64 %a1, %nw", "  %bad = or i1 %bad0, %bad1",
+            "  br i1 %bad, label %fail, label %chkok",
+            "chkok:", "  %cb1 = add i64 %cb, 1", "  %cbmore = icmp slt i64 %cb1, %kend",
+            "  br i1 %cbmore, label %chk, label %chunk.pre"]
+
+
 def _nx_nibbles(lines, tag):
     # Appends to `lines` the nibble lookups of the words %w{tag} (tables %T0 .. %T7; value names suffixed by `tag`)
     # and returns the result's name: nibble t of each word indexes table t (VPERMD reads an index's low 4 bits);
@@ -67,29 +99,12 @@ def _nx_tile_ir(luts, ahead, stream, piece=2):
     runs = 16 // piece
     tiles = 8 // runs
     v, b, q = "<16 x i32>", "<64 x i8>", "<8 x i64>"
-    lines = ["declare void @llvm.prefetch.p0(i8*, i32, i32, i32)",
-             f"declare {b} @llvm.x86.avx512.permvar.qi.512({b}, {b})",
-             f"declare {v} @llvm.x86.avx512.permvar.si.512({v}, {v})", "",
-             "define i32 @nx_blocks(i8* %src, i64 %nw, i32* %gidx, i8* %perm, i64* %zm, i64* %outer, i64 %nblocks,",
-             "    i64 %chunks, i64 %shift, i64 %copies, i32* %tabs, i32* %out, i64 %slo, i64 %shi, i64 %lo, i64 %hi) {",
-             "entry:", "  %words = mul i64 %chunks, 16"]
-    for t in range(8 if luts else 0):
-        lines += [f"  %tq{t} = getelementptr i32, i32* %tabs, i64 {16 * t}", f"  %tp{t} = bitcast i32* %tq{t} to {v}*",
-                  f"  %T{t} = load {v}, {v}* %tp{t}, align 4"]
-    lines += ["  br label %ehead",
-              "ehead:", "  %e = phi i64 [0, %entry], [%e1, %elatch]", "  %emore = icmp slt i64 %e, %copies",
-              "  br i1 %emore, label %kpre, label %done",
-              "kpre:", "  %eoff = mul i64 %e, %shift", "  %eblk = mul i64 %e, %nblocks", "  br label %khead",
-              "khead:", "  %k = phi i64 [%lo, %kpre], [%kend, %chunk]", "  %kmore = icmp slt i64 %k, %hi",
+    lines = _nx_head(luts, [f"declare {b} @llvm.x86.avx512.permvar.qi.512({b}, {b})",
+                            f"declare {v} @llvm.x86.avx512.permvar.si.512({v}, {v})"],
+                     ["  %words = mul i64 %chunks, 16"])
+    lines += ["khead:", "  %k = phi i64 [%lo, %kpre], [%kend, %chunk]", "  %kmore = icmp slt i64 %k, %hi",
               "  br i1 %kmore, label %kgroup, label %elatch",
-              "kgroup:", "  %kend = add i64 %k, 8", "  br label %chk",
-              "chk:", "  %cb = phi i64 [%k, %kgroup], [%cb1, %chkok]",
-              "  %okp = getelementptr i64, i64* %outer, i64 %cb", "  %ok = load i64, i64* %okp",
-              "  %off = add i64 %ok, %eoff", "  %a0 = add i64 %slo, %off", "  %a1 = add i64 %shi, %off",
-              "  %bad0 = icmp slt i64 %a0, 0", "  %bad1 = icmp sge i64 %a1, %nw", "  %bad = or i1 %bad0, %bad1",
-              "  br i1 %bad, label %fail, label %chkok",
-              "chkok:", "  %cb1 = add i64 %cb, 1", "  %cbmore = icmp slt i64 %cb1, %kend",
-              "  br i1 %cbmore, label %chk, label %chunk.pre",
+              "kgroup:", "  %kend = add i64 %k, 8", *_nx_check_group(),
               "chunk.pre:", "  %nlast = icmp sge i64 %kend, %hi", "  %nk = select i1 %nlast, i64 %k, i64 %kend"]
     for t in range(tiles):  # each tile's offset, and the next group's (the chunks `ahead` past this group's end)
         lines += [f"  %tk{t} = add i64 %k, {t}", f"  %obp{t} = getelementptr i64, i64* %outer, i64 %tk{t}",
@@ -194,20 +209,10 @@ def _nx_cols_ir(luts, stream):
     # One block at a time (such blocks share no lines); each block checked before it reads; the next group's spans
     # prefetched. The caller guarantees the pattern (_nx_columns).
     v, b = "<16 x i32>", "<64 x i8>"
-    lines = ["declare void @llvm.prefetch.p0(i8*, i32, i32, i32)",
-             f"declare {b} @llvm.x86.avx512.permvar.qi.512({b}, {b})",
-             f"declare {v} @llvm.x86.avx512.permvar.si.512({v}, {v})", "",
-             "define i32 @nx_blocks(i8* %src, i64 %nw, i32* %gidx, i8* %perm, i64* %zm, i64* %outer, i64 %nblocks,",
-             "    i64 %chunks, i64 %shift, i64 %copies, i32* %tabs, i32* %out, i64 %slo, i64 %shi, i64 %lo, i64 %hi) {",
-             "entry:", "  %words = mul i64 %chunks, 16", "  %clast = sub i64 %chunks, 8"]
-    for t in range(8 if luts else 0):
-        lines += [f"  %tq{t} = getelementptr i32, i32* %tabs, i64 {16 * t}", f"  %tp{t} = bitcast i32* %tq{t} to {v}*",
-                  f"  %T{t} = load {v}, {v}* %tp{t}, align 4"]
-    lines += ["  br label %ehead",
-              "ehead:", "  %e = phi i64 [0, %entry], [%e1, %elatch]", "  %emore = icmp slt i64 %e, %copies",
-              "  br i1 %emore, label %kpre, label %done",
-              "kpre:", "  %eoff = mul i64 %e, %shift", "  %eblk = mul i64 %e, %nblocks", "  br label %khead",
-              "khead:", "  %k = phi i64 [%lo, %kpre], [%k1, %cgroup]", "  %kmore = icmp slt i64 %k, %hi",
+    lines = _nx_head(luts, [f"declare {b} @llvm.x86.avx512.permvar.qi.512({b}, {b})",
+                            f"declare {v} @llvm.x86.avx512.permvar.si.512({v}, {v})"],
+                     ["  %words = mul i64 %chunks, 16", "  %clast = sub i64 %chunks, 8"])
+    lines += ["khead:", "  %k = phi i64 [%lo, %kpre], [%k1, %cgroup]", "  %kmore = icmp slt i64 %k, %hi",
               "  br i1 %kmore, label %kblock, label %elatch",
               "kblock:", "  %okp = getelementptr i64, i64* %outer, i64 %k", "  %ok = load i64, i64* %okp",
               "  %off = add i64 %ok, %eoff", "  %a0 = add i64 %slo, %off", "  %a1 = add i64 %shi, %off",

@@ -90,6 +90,29 @@ def test_the_kernel_equals_its_definition(ns, seed, chunks, blocks, copies, luts
     assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
 
 
+def _against_definition(ns, g, gidx, outer, copies, luts, threads, stream=True, holes=True, out=None):
+    # The kernel over random source words, byte orders, padding (where `holes`) and nibble tables for these chunk
+    # words and block offsets, on `threads` threads in parts of any size, every output large enough to stream where
+    # `stream`; asserted equal to the definition. Returns whether its stores could be streamed (64-byte aligned).
+    chunks, lanes = gidx.shape
+    perm = torch.randint(0, 4 * lanes, (chunks, 64), generator=g, dtype=torch.uint8)
+    zm = (torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
+        torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))) if holes else torch.zeros(
+        chunks, dtype=torch.int64)  # about a quarter padding
+    shift = int(gidx.max()) + int(outer.max()) + 1  # an expert's words past the one before's
+    src = torch.randint(-2**31, 2**31 - 1, (shift * copies,), generator=g, dtype=torch.int32)
+    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
+    out = torch.full((copies * outer.numel() * chunks * 16,), 7, dtype=torch.int32) if out is None else out
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch, "get_num_threads", lambda: threads)
+        m.setitem(ns, "_NX_MIN_SPLIT", 1)
+        m.setitem(ns, "_NX_STREAM_BYTES", 1 if stream else 2**62)
+        assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
+                             out, ns["_nb_gomp"]())
+    assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
+    return stream and out.data_ptr() % 64 == 0
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**16), chunks=st.integers(1, 4), blocks=st.integers(1, 19), copies=st.integers(1, 3),
        luts=st.booleans(), threads=st.integers(1, 3), gathers=st.sampled_from([1, 2, 4]), near=st.booleans(),
@@ -97,32 +120,18 @@ def test_the_kernel_equals_its_definition(ns, seed, chunks, blocks, copies, luts
 def test_pairs_shared_lines_and_streamed_stores_equal_the_definition(ns, seed, chunks, blocks, copies, luts, threads,
                                                                        gathers, near, misaligned):
     # The kernel's other forms: every chunk's words in pairs (eight-byte gathers), blocks a line apart (groups of
-    # _NX_SHARED_GROUP) or far apart, and outputs stored past the caches (every output here counts as large) unless
-    # it is not aligned to 64 bytes. Each call's kernel is looked up in the state to show which form ran.
+    # _NX_SHARED_GROUP) or far apart, and outputs stored past the caches unless not aligned to 64 bytes. Each call's
+    # kernel is looked up in the state to show which form ran.
     g = torch.Generator().manual_seed(seed)
-    span = 40
-    first = torch.randint(0, span - 1, (chunks, 8 * gathers), generator=g, dtype=torch.int32)
+    first = torch.randint(0, 39, (chunks, 8 * gathers), generator=g, dtype=torch.int32)
     gidx = torch.stack([first, first + 1], dim=2).reshape(chunks, 16 * gathers).contiguous()
-    perm = torch.randint(0, 64 * gathers, (chunks, 64), generator=g, dtype=torch.uint8)
-    zm = torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
-        torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))
     outer = torch.arange(blocks) * (2 if near else 20)  # words: less than a line apart, or more
-    shift = 400
-    src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 400 + span,), generator=g, dtype=torch.int32)
-    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
     words = copies * blocks * chunks * 16
     store = torch.full((words + 16,), 7, dtype=torch.int32)
     at = (16 - store.data_ptr() // 4 % 16) % 16 + (1 if misaligned else 0)  # 64-byte aligned, or one word past it
-    out = store[at: at + words] if at + words <= store.numel() else torch.full((words,), 7, dtype=torch.int32)
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(torch, "get_num_threads", lambda: threads)
-        m.setitem(ns, "_NX_MIN_SPLIT", 1)
-        m.setitem(ns, "_NX_STREAM_BYTES", 1)
-        assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
-                             out, ns["_nb_gomp"]())
-    assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
+    streamed = _against_definition(ns, g, gidx, outer, copies, luts, threads, out=store[at: at + words])
     group = ns["_NX_SHARED_GROUP"] if near and blocks > 1 else ns["_NX_GROUP"]
-    streamed = out.data_ptr() % 64 == 0
+    assert streamed != misaligned
     assert ("nx", luts, ns["_NX_AHEAD"], gathers, group, True, streamed) in ns["_NX_STATE"]
 
 
@@ -137,28 +146,13 @@ def test_the_tile_form_equals_the_definition(ns, seed, chunks, groups, copies, l
     # t + 4, t + 6 at tile t's offset + 0, 4, 8, 12). Offsets at random (not a line apart), padding at random,
     # chunks past `ahead` (prefetches into the next group's offsets); the tile kernel is the one that ran.
     g = torch.Generator().manual_seed(seed)
-    span = 300
     runs = 16 // piece
-    first = torch.randint(0, span, (chunks, runs, 1), generator=g, dtype=torch.int32)
+    first = torch.randint(0, 300, (chunks, runs, 1), generator=g, dtype=torch.int32)
     gidx = (first + torch.arange(piece, dtype=torch.int32)).reshape(chunks, 16).contiguous()
-    perm = torch.randint(0, 64, (chunks, 64), generator=g, dtype=torch.uint8)
-    zm = (torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
-        torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))) if holes else torch.zeros(
-        chunks, dtype=torch.int64)
     starts = torch.randint(0, 100, (groups, 1, 8 // runs), generator=g) * 3  # any word, not only a line's first
     outer = (starts + (torch.arange(runs) * piece).view(1, -1, 1)).reshape(-1)  # [group, j, tile]
-    shift = 700
-    src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 320 + span,), generator=g, dtype=torch.int32)
-    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
-    out = torch.full((copies * outer.numel() * chunks * 16,), 7, dtype=torch.int32)
-    assert out.data_ptr() % 64 == 0  # torch's CPU allocations: the streamed form's alignment
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(torch, "get_num_threads", lambda: threads)
-        m.setitem(ns, "_NX_MIN_SPLIT", 1)
-        m.setitem(ns, "_NX_STREAM_BYTES", 1 if stream else 2**62)
-        assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
-                             out, ns["_nb_gomp"]())
-    assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
+    streamed = _against_definition(ns, g, gidx, outer, copies, luts, threads, stream, holes)
+    assert streamed == stream  # torch's CPU allocations are 64-byte aligned: the streamed form's alignment
     assert ("nx", luts, ns["_NX_AHEAD"], 1, 8, True, stream, "tile", piece) in ns["_NX_STATE"]
 
 
@@ -170,26 +164,10 @@ def test_loads_of_runs_equal_the_definition(ns, seed, chunks, blocks, copies, lu
     # lanes are runs of `run` consecutive words starting anywhere (not aligned); the blocks far apart (no tile):
     # one vector load a run instead of a gather, the kernel of that form the one that ran
     g = torch.Generator().manual_seed(seed)
-    span = 300
-    first = torch.randint(0, span, (chunks, 16 // run, 1), generator=g, dtype=torch.int32)
+    first = torch.randint(0, 300, (chunks, 16 // run, 1), generator=g, dtype=torch.int32)
     gidx = (first + torch.arange(run, dtype=torch.int32)).reshape(chunks, 16).contiguous()
-    perm = torch.randint(0, 64, (chunks, 64), generator=g, dtype=torch.uint8)
-    zm = torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
-        torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))
     outer = torch.randperm(blocks, generator=g) * 37  # words, more than a line apart
-    shift = 700
-    src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 37 * blocks + span + 16,), generator=g,
-                        dtype=torch.int32)
-    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
-    out = torch.full((copies * blocks * chunks * 16,), 7, dtype=torch.int32)
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(torch, "get_num_threads", lambda: threads)
-        m.setitem(ns, "_NX_MIN_SPLIT", 1)
-        m.setitem(ns, "_NX_STREAM_BYTES", 1 if stream else 2**62)
-        assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
-                             out, ns["_nb_gomp"]())
-    assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
-    streamed = stream and out.data_ptr() % 64 == 0
+    streamed = _against_definition(ns, g, gidx, outer, copies, luts, threads, stream)
     assert ("nx", luts, ns["_NX_AHEAD"], 1, ns["_NX_GROUP"], True, streamed, "runs", run) in ns["_NX_STATE"]
 
 
@@ -199,8 +177,7 @@ def test_the_columns_network_transposes_a_16_by_8_matrix(ns):
     rounds = ns["_nx_cols_network"]()
     assert [len(r) for r in rounds] == [8, 8, 8]
     for shuffles in rounds:
-        regs = [(regs[low] + regs[high]) and [(regs[low] + regs[high])[i] for i in picks]
-                for _, low, high, picks in sorted(shuffles)]
+        regs = [[(regs[low] + regs[high])[i] for i in picks] for _, low, high, picks in sorted(shuffles)]
     assert regs == [[(r, c) for r in range(16)] for c in range(8)]
 
 
@@ -211,28 +188,11 @@ def test_the_columns_form_equals_the_definition(ns, seed, groups, blocks, copies
     # GPTQ's pattern: chunks in groups of 8, chunk j reading the group's first's words + j, whose lanes are two spans
     # of 8 words 8 apart, anywhere (not aligned); blocks anywhere; the columns kernel the one that ran
     g = torch.Generator().manual_seed(seed)
-    span = 400
-    starts = torch.randint(0, span, (groups, 1, 2, 1), generator=g, dtype=torch.int32)
+    starts = torch.randint(0, 400, (groups, 1, 2, 1), generator=g, dtype=torch.int32)
     first = starts + 8 * torch.arange(8, dtype=torch.int32)  # [group, 1, span, 8]
     gidx = (first + torch.arange(8, dtype=torch.int32).view(1, 8, 1, 1)).reshape(groups * 8, 16).contiguous()
-    chunks = gidx.shape[0]
-    perm = torch.randint(0, 64, (chunks, 64), generator=g, dtype=torch.uint8)
-    zm = (torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
-        torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))) if holes else torch.zeros(
-        chunks, dtype=torch.int64)
     outer = torch.randint(0, 300, (blocks,), generator=g)
-    shift = 900
-    src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 300 + span + 128,), generator=g, dtype=torch.int32)
-    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
-    out = torch.full((copies * blocks * chunks * 16,), 7, dtype=torch.int32)
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(torch, "get_num_threads", lambda: threads)
-        m.setitem(ns, "_NX_MIN_SPLIT", 1)
-        m.setitem(ns, "_NX_STREAM_BYTES", 1 if stream else 2**62)
-        assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
-                             out, ns["_nb_gomp"]())
-    assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
-    streamed = stream and out.data_ptr() % 64 == 0
+    streamed = _against_definition(ns, g, gidx, outer, copies, luts, threads, stream, holes)
     group = ns["_nx_group"](outer)
     assert ("nx", luts, ns["_NX_AHEAD"], 1, group, False, streamed, "cols") in ns["_NX_STATE"]
 
@@ -256,27 +216,14 @@ def test_shared_gathers_equal_the_definition(ns, seed, q, share, d, blocks, copi
     # A byte transpose's pattern: chunks c + s d (s < share) read chunk c's words for every c with (c // d) % share
     # == 0, each with its own byte order and padding; the words at random otherwise; the shared kernel ran
     g = torch.Generator().manual_seed(seed)
-    span = 200
-    lead = torch.randint(0, span, (q, 1, d, 16 * gathers), generator=g, dtype=torch.int32)
+    lead = torch.randint(0, 200, (q, 1, d, 16 * gathers), generator=g, dtype=torch.int32)
     gidx = lead.expand(q, share, d, 16 * gathers).reshape(-1, 16 * gathers).contiguous()
-    chunks = gidx.shape[0]
-    perm = torch.randint(0, 64 * gathers, (chunks, 64), generator=g, dtype=torch.uint8)
-    zm = torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64) & (
-        torch.randint(-2**62, 2**62, (chunks,), generator=g, dtype=torch.int64))
     outer = torch.randint(0, 100, (blocks,), generator=g)
-    shift = 400
-    src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 100 + span,), generator=g, dtype=torch.int32)
-    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
-    out = torch.full((copies * blocks * chunks * 16,), 7, dtype=torch.int32)
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(torch, "get_num_threads", lambda: threads)
-        m.setitem(ns, "_NX_MIN_SPLIT", 1)
-        assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
-                             out, ns["_nb_gomp"]())
-    assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
-    assert ns["_nx_shared"](gidx) == (share, d) or (share == 2 and ns["_nx_shared"](gidx)[1] == d)
-    found = [k for k in ns["_NX_STATE"] if isinstance(k, tuple) and k[:1] == ("nx",) and "share" in k]
-    assert any(k[k.index("share") + 1:] == ns["_nx_shared"](gidx) for k in found)
+    _against_definition(ns, g, gidx, outer, copies, luts, threads)
+    found = ns["_nx_shared"](gidx)
+    assert found == (share, d) or (share == 2 and found[1] == d)
+    kernels = [k for k in ns["_NX_STATE"] if isinstance(k, tuple) and k[:1] == ("nx",) and "share" in k]
+    assert any(k[k.index("share") + 1:] == found for k in kernels)
 
 
 def test_shared_gathers_are_taken_only_for_their_pattern(ns):
