@@ -25,8 +25,9 @@ later forms; with them, default calls 0.47-0.85x of that (BENCHMARKS.md has both
 lookup of one-byte value conversions (:func:`_nx_lut8`: the 256-byte table in four registers, two VPERMI2B a
 64-byte step; 2 MB in 0.04 ms where numba's took 0.54).
 
-The IR is written from values of this module (whether byte tables apply, the chunks ahead, the gathers a chunk,
-the blocks a group, pairs, streamed stores, the tile's piece) and compiled in the process by llvmlite's LLVM
+The IR is written from values of this module and of a plan's form (whether byte tables apply, the chunks ahead,
+the gathers a chunk, the blocks a group, pairs, streamed stores, a tile's piece, runs, columns, shared S and D)
+and compiled in the process by llvmlite's LLVM
 (numba's own dependency; ``_fp_jit`` of :mod:`layoutc.runtime.fingerprint`, never cached on disk), where llvmlite
 imports and the host is x86-64 with AVX-512 F, BW and VBMI; ``LAYOUTC_SIMD=0`` (read per call) turns it off. The
 kernel checks every block's reads (its least and largest word, moved by its offset) against the source before the
@@ -43,8 +44,9 @@ from ..runtime.fingerprint import _fp_jit, _fp_llvm, _fp_run_job
 from .simd_forms import _nx_body_ir, _nx_check_group, _nx_cols_ir, _nx_head, _nx_nibbles, _nx_tile_ir
 import torch
 
-#: ("nx", luts, ahead, gathers, group): a compiled kernel; "host": llvmlite and the host's features (None: it does
-#: not run here); memo tables by kind
+#: ("nx", luts, ahead, gathers, group, pairs, stream[, "tile", piece][, "runs", n][, "cols"][, "share", S, D]): a
+#: compiled kernel; "nl": the byte lookup; "host": llvmlite and the host's features (None: it does not run here);
+#: memo tables by kind ("nx forms": each plan's form)
 _NX_STATE = {}
 _NX_MIN_SPLIT = 1 << 16  # words of output under which a call runs on the calling thread alone
 _NX_PARTS_PER_THREAD = 8  # parts a thread takes in turn (a slowed thread takes fewer)
@@ -60,8 +62,8 @@ _NX_GROUP = 4
 _NX_SHARED_GROUP = 8
 #: output bytes from which the kernel stores with non-temporal stores (the output is written once and read later, by
 #: the fingerprint or a copy: storing it past the caches saves reading each line before it is written and keeps the
-#: source's lines in them; whole calls 0.9-0.95x on the seven specs with such plans; an output no larger than a
-#: core's L2 is left in the caches, where the fingerprint reads it next)
+#: source's lines in them; default calls 0.79-0.94x on the seven specs with such plans, BENCHMARKS.md's toggles; an
+#: output no larger than a core's L2 is left in the caches, where the fingerprint reads it next)
 _NX_STREAM_BYTES = 1 << 21
 
 #: host features the SIMD kernel needs (LLVM's names): 512-bit gathers, byte and dword permutes (VPERMB: VBMI)

@@ -1,8 +1,9 @@
 """LLVM IR text of the SIMD kernel's forms that load whole runs of words and transpose them in registers.
 
 Pieces of :mod:`layoutc.lower.native_simd`'s kernel, which chooses among its forms from a plan's tables: here the
-text of the two that load instead of gathering, each for one pattern of its tables, and two helpers every form
-shares (the nibble lookups of a word's bytes, the parts loop ``nx_body``). The tile form (:func:`_nx_tile_ir`): 8
+text of the two that load instead of gathering, each for one pattern of its tables, and what every form shares
+(the function's start and its experts' loop, the check of a group's reads, the nibble lookups of a word's bytes,
+the parts loop ``nx_body``). The tile form (:func:`_nx_tile_ir`): 8
 blocks' pieces of the same rows (Marlin's and CUTLASS W4A8's weights) as n runs of 16 words loaded whole and an
 n x n transpose of pieces; the columns form (:func:`_nx_cols_ir`): 8 chunks' strided words (GPTQ's) as two spans
 of 64 words and a 16 x 8 transpose of words (:func:`_nx_cols_network`). The functions build strings from integers
