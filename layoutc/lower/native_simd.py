@@ -415,26 +415,20 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
 
 def _nx_form_of(gidx, outer):
     # The kernel's form for these chunk tables and block offsets, (group, pairs, tile, runs, cols, share), found once
-    # while both tensors live (a plan's own: weak references, checked on every hit, so a tensor at a freed one's id
-    # is looked at again): each check is a few torch passes over the tables, tens of microseconds a call
-    import weakref
+    # while both tensors live (a plan's own): each check is a few torch passes over the tables, tens of microseconds
+    return _nx_memo("nx forms", (gidx, outer), None, lambda: _nx_form(gidx, outer))
 
-    seen = _NX_STATE.setdefault("nx forms", {})
-    got = seen.get((id(gidx), id(outer)))
-    if got is not None and got[0]() is gidx and got[1]() is outer:
-        return got[2]
+
+def _nx_form(gidx, outer):
+    # the checks of _nx_form_of, in the order the forms are preferred: a tile, runs, columns, shared gathers
     group = _nx_group(outer)
-    pairs = _nx_memo("nx pairs", gidx, None, lambda: bool((gidx[:, 1::2] == gidx[:, 0::2] + 1).all()))
+    pairs = bool((gidx[:, 1::2] == gidx[:, 0::2] + 1).all())
     tile = _nx_tiled(outer, gidx) if group == 8 and pairs and gidx.shape[1] == 16 else 0
     runs = 0 if tile or not pairs or gidx.shape[1] != 16 else next(
-        (r for r in (16, 8, 4) if _nx_memo("nx runs", gidx, r, lambda r=r: _nx_runs_of(gidx, r))), 0)
-    cols = not (tile or runs) and gidx.shape[1] == 16 and _nx_memo("nx cols", gidx, None, lambda: _nx_columns(gidx))
-    share = None if tile or runs or cols else _nx_memo("nx shared", gidx, None, lambda: _nx_shared(gidx))
-    form = group, pairs, tile, runs, cols, share
-    if len(seen) >= 64:
-        seen.clear()
-    seen[(id(gidx), id(outer))] = (weakref.ref(gidx), weakref.ref(outer), form)
-    return form
+        (r for r in (16, 8, 4) if _nx_runs_of(gidx, r)), 0)
+    cols = not (tile or runs) and gidx.shape[1] == 16 and _nx_columns(gidx)
+    share = None if tile or runs or cols else _nx_shared(gidx)
+    return group, pairs, tile, runs, cols, share
 
 
 def _nx_group(outer):
@@ -454,7 +448,7 @@ def _nx_tiled(outer, gidx):
         return 0
     for piece in (2, 4):
         runs = 16 // piece
-        if not _nx_memo("nx runs", gidx, piece, lambda: _nx_runs_of(gidx, piece)):
+        if not _nx_runs_of(gidx, piece):
             continue
         tiles = outer.view(-1, runs, 8 // runs)  # [group, j, t]: block t + (8 / runs) j of the group
         if bool((tiles - tiles[:, :1, :] == (torch.arange(runs) * piece).view(1, -1, 1)).all()):
@@ -497,20 +491,22 @@ def _nx_runs_of(gidx, piece):
     return bool((lanes == lanes[:, :, :1] + torch.arange(piece)).all())
 
 
-def _nx_memo(kind, tensor, extra, make):
-    # make() once per (kind, tensor, extra) while `tensor` lives (a weak reference: a plan's table of the run
-    # cache, not copied per call; a new tensor at a freed one's id is made again)
+def _nx_memo(kind, tensors, extra, make):
+    # make() once per (kind, tensors, extra) while `tensors` (a tensor, or a tuple of them) live: weak references,
+    # each checked on a hit, so a tensor at a freed one's id is made again (a plan's tables of the run cache, not
+    # copied per call)
     import weakref
 
+    tensors = tensors if isinstance(tensors, tuple) else (tensors,)
     seen = _NX_STATE.setdefault(kind, {})
-    key = (id(tensor), extra)
+    key = (tuple(id(t) for t in tensors), extra)
     got = seen.get(key)
-    if got is not None and got[0]() is tensor:
+    if got is not None and all(ref() is t for ref, t in zip(got[0], tensors)):
         return got[1]
     value = make()
     if len(seen) >= 64:
         seen.clear()
-    seen[key] = (weakref.ref(tensor), value)
+    seen[key] = (tuple(weakref.ref(t) for t in tensors), value)
     return value
 
 

@@ -17,15 +17,16 @@ for name in sys.argv[1].split(","):
     spec = layoutc.compile_file(f"specs/{name}.lyt")
     m = spec.module
     x = synthetic_inputs(spec, {"E": 8, "I": 1024, "H": 2048}, seed=0)
-    orig = {k: getattr(m, k) for k in ("_nx_tiled", "_nx_columns", "_nx_shared", "_nx_memo", "_NX_STREAM_BYTES", "_NX_SHARED_GROUP")}
+    orig_form = m._nx_form
+    orig = {k: getattr(m, k) for k in ("_nx_tiled", "_nx_columns", "_nx_shared", "_nx_form", "_NX_STREAM_BYTES", "_NX_SHARED_GROUP")}
     def setv(v):
         for k, val in orig.items(): setattr(m, k, val)
-        for kind in ("nx cols", "nx shared", "nx pairs", "nx forms"): m._NX_STATE.pop(kind, None)
+        m._NX_STATE.pop("nx forms", None)
         if v == "nostream": m._NX_STREAM_BYTES = 1 << 62
         if v == "notile": m._nx_tiled = lambda *a: 0
         if v == "nocols": m._nx_columns = lambda *a: False
         if v == "noshare": m._nx_shared = lambda *a: None
-        if v == "nopairs": m._nx_memo = lambda kind, t, e, make: False if kind == "nx pairs" else orig["_nx_memo"](kind, t, e, make)
+        if v == "nopairs": m._nx_form = lambda g, o: (lambda f: (f[0], False, 0, 0) + f[4:])(orig_form(g, o))
         if v == "g4": m._NX_SHARED_GROUP = 4
     res = {}
     import random
