@@ -22,7 +22,10 @@ cut into parts summed afterwards (:func:`_fp_mm`: more thread blocks for cuBLAS,
 and Z is copied to pinned host memory in the stream's order, so reading it back waits on nothing else.
 On the CPU, where llvmlite imports and the CPU is x86-64 with AVX-512 VNNI, the first product is a kernel of our
 own instead (``_fp_native_ir``: LLVM IR compiled in the process, no text from outside in it; ``LAYOUTC_FP_NATIVE=0``
-turns it off): the same exact int32 sums in half oneDNN's time, on torch's OpenMP threads.
+turns it off): the same exact int32 sums in half oneDNN's time, on torch's OpenMP threads; every first product of a
+batch (a layer's tensors) in one run of it (one table of segments, one OpenMP region), each segment's whole rows
+where they lie and only the rests of rows staged: 0.86-0.93x the time of a run per tensor with small ones staged,
+0.68-0.85x on a 16-core host (BENCHMARKS.md).
 On CUDA, where Triton imports, the two products run as two Triton kernels instead (``_fp_rows_kernel``, one launch
 per segment, its last row's padding a load mask; ``_fp_z_kernel``, one launch for every segment): the same exact
 int32 sums, with no staging copy, no transposed copy of Y and no cuBLAS call per segment.
@@ -56,7 +59,8 @@ _FP_SEGMENT_ROWS = 1 << 16
 _FP_MIN_ROWS = {"cuda": 17}
 #: Fewest rows a segment goes through an int8 GEMM of its own with, per device type (else staged with the other
 #: small ones: one GEMM). On the CPU each call costs ~0.13 ms whatever its rows (2.6 us a row after that):
-#: a layer's scales and biases took 4 of its 7 calls and a fifth of its fingerprint time.
+#: a layer's scales and biases took 4 of its 7 calls and a fifth of its fingerprint time. (Not for the CPU's native
+#: kernel, which takes every whole row where it lies, all segments in one run.)
 _FP_OWN_ROWS = {"cuda": 17, "cpu": 64}
 _FP_SEED = b"layoutc fingerprint v1 "
 
@@ -198,13 +202,23 @@ def _fp_native_ir(row, group, chains):
                   f"  %z{j} = sub {v} %t{j}.{chains - 1}, %u{j}",
                   f"  %yo{j} = mul i64 %m{j}, 16", f"  %yi{j} = getelementptr i32, i32* %y, i64 %yo{j}",
                   f"  %yp{j} = bitcast i32* %yi{j} to {v}*", f"  store {v} %z{j}, {v}* %yp{j}, align 4"]
-    lines += ["  ret void", "}", "", "define void @fp_body(i64* %job) {", "entry:"]
-    for i, name in enumerate(("groups", "x", "r", "y", "n"), 1):
-        lines += [f"  %{name}.at = getelementptr i64, i64* %job, i64 {i}", f"  %{name}.v = load i64, i64* %{name}.at"]
-    lines += ["  %x = inttoptr i64 %x.v to i8*", "  %r = inttoptr i64 %r.v to i8*", "  %y = inttoptr i64 %y.v to i32*",
-              "  br label %take", "take:", "  %k = atomicrmw add i64* %job, i64 1 monotonic",
-              "  %more = icmp slt i64 %k, %groups.v", "  br i1 %more, label %run, label %out", "run:",
-              f"  %g = mul i64 %k, {group}", "  call void @fp_group(i8* %x, i8* %r, i32* %y, i64 %g, i64 %n.v)",
+    # fp_body: the job is (counter, groups, R', then per segment: groups up to its end, X, Y, rows); a group number
+    # from the counter is found in the segments' table by a scan (a layer has a few segments; a group is 8 rows)
+    lines += ["  ret void", "}", "", "define void @fp_body(i64* %job) {", "entry:",
+              "  %groups.at = getelementptr i64, i64* %job, i64 1", "  %groups = load i64, i64* %groups.at",
+              "  %r.at = getelementptr i64, i64* %job, i64 2", "  %r.v = load i64, i64* %r.at",
+              "  %r = inttoptr i64 %r.v to i8*", "  br label %take", "take:",
+              "  %k = atomicrmw add i64* %job, i64 1 monotonic",
+              "  %more = icmp slt i64 %k, %groups", "  br i1 %more, label %find, label %out", "find:",
+              "  %at = phi i64 [3, %take], [%at1, %find]", "  %from = phi i64 [0, %take], [%end, %find]",
+              "  %end.at = getelementptr i64, i64* %job, i64 %at", "  %end = load i64, i64* %end.at",
+              "  %at1 = add i64 %at, 4", "  %here = icmp slt i64 %k, %end", "  br i1 %here, label %run, label %find",
+              "run:"]
+    for i, name in enumerate(("x", "y", "n"), 1):
+        lines += [f"  %{name}.o = add i64 %at, {i}", f"  %{name}.at = getelementptr i64, i64* %job, i64 %{name}.o",
+                  f"  %{name}.v = load i64, i64* %{name}.at"]
+    lines += ["  %x = inttoptr i64 %x.v to i8*", "  %y = inttoptr i64 %y.v to i32*", "  %kk = sub i64 %k, %from",
+              f"  %g = mul i64 %kk, {group}", "  call void @fp_group(i8* %x, i8* %r, i32* %y, i64 %g, i64 %n.v)",
               "  br label %take", "out:", "  ret void", "}"]
     return "\n".join(lines) + "\n"
 
@@ -280,19 +294,30 @@ def _fp_gomp():
 
 def _fp_rows_native(a, y, native):
     # y = a @ R by the native kernel: a [rows, _FP_ROW] int8 and y [rows, _FP_COLS] int32, contiguous CPU tensors
-    # (the kernel reads and writes exactly those bytes). Groups of rows in parts on torch's threads: one OpenMP
-    # region of torch's runtime where it has one (its threads, spinning after a parallel op, take the parts at
-    # once), else the calling thread and Python threads (the ctypes call releases the GIL).
-    rows = a.shape[0]
-    if not (a.device.type == y.device.type == "cpu" and a.dtype == torch.int8 and y.dtype == torch.int32
-            and a.is_contiguous() and y.is_contiguous() and tuple(a.shape) == (rows, _FP_ROW)
-            and tuple(y.shape) == (rows, _FP_COLS)):
-        raise ValueError(f"fingerprint kernel: {tuple(a.shape)} {a.dtype} @ R into {tuple(y.shape)} {y.dtype}")
-    if not rows:
+    # (the kernel reads and writes exactly those bytes). One pair of _fp_rows_native_many's.
+    _fp_rows_native_many([(a, y)], native)
+
+
+def _fp_rows_native_many(pairs, native):
+    # y = a @ R for every (a, y) of `pairs` (each as _fp_rows_native's) by one run of the native kernel: groups of
+    # rows of every pair from one counter, on torch's threads: one OpenMP region of torch's runtime where it has one
+    # (its threads, spinning after a parallel op, take the parts at once), else the calling thread and Python
+    # threads (the ctypes call releases the GIL). One region for a layer's tensors, not one each: on 16 threads a
+    # region per tensor took 1.2x the time of three (BENCHMARKS.md).
+    table, groups = [], 0
+    for a, y in pairs:
+        rows = a.shape[0]
+        if not (a.device.type == y.device.type == "cpu" and a.dtype == torch.int8 and y.dtype == torch.int32
+                and a.is_contiguous() and y.is_contiguous() and tuple(a.shape) == (rows, _FP_ROW)
+                and tuple(y.shape) == (rows, _FP_COLS)):
+            raise ValueError(f"fingerprint kernel: {tuple(a.shape)} {a.dtype} @ R into {tuple(y.shape)} {y.dtype}")
+        if rows:
+            groups += -(-rows // _FP_NATIVE_GROUP)
+            table += [groups, a.data_ptr(), y.data_ptr(), rows]
+    if not groups:
         return
     _, body, call, packed = native
-    groups = -(-rows // _FP_NATIVE_GROUP)
-    job = (ctypes.c_int64 * 6)(0, groups, a.data_ptr(), packed.data_ptr(), y.data_ptr(), rows)
+    job = (ctypes.c_int64 * (3 + len(table)))(0, groups, packed.data_ptr(), *table)
     threads = max(1, min(torch.get_num_threads(), groups))
     _fp_run_job(body, call, job, threads, _fp_gomp() if threads > 1 else None)
 
@@ -325,13 +350,9 @@ def _fp_on_threads(fn, threads):
 
 
 def _fp_first(a, y):
-    # y = a @ R (the first product) for a [rows, _FP_ROW] int8 and y [rows, _FP_COLS] int32: the native kernel on
-    # the CPU where it runs, else an int8 GEMM (_fp_mm)
-    native = _fp_native() if a.device.type == "cpu" else None
-    if native is not None:
-        _fp_rows_native(a, y, native)
-    else:
-        _fp_mm(a, lambda c: _fp_matrix(b"R", _FP_ROW, a.device, c), y)
+    # y = a @ R (the first product) for a [rows, _FP_ROW] int8 and y [rows, _FP_COLS] int32 by an int8 GEMM (_fp_mm):
+    # where the native kernel does not run (_fp_products_torch runs every first product of a batch by it at once)
+    _fp_mm(a, lambda c: _fp_matrix(b"R", _FP_ROW, a.device, c), y)
 
 
 def _fp_matrix(which, rows, device, split=1):
@@ -468,7 +489,11 @@ def _fp_products_torch(xs, device):
     # rows are staged, a row's place in R2 being its place in the tensor. Returns (segments as (tensor index,
     # bytes, bulk rows, staged rows), Z).
     min_rows = _FP_MIN_ROWS.get(device.type, 1)
-    own_rows = _FP_OWN_ROWS.get(device.type, min_rows)
+    # the native kernel takes every segment's whole rows where they lie, all in one run (its cost per call is a
+    # job table and one OpenMP region, not oneDNN's ~0.13 ms): only the rests of rows are staged
+    native = _fp_native() if device.type == "cpu" else None
+    own_rows = 1 if native is not None else _FP_OWN_ROWS.get(device.type, min_rows)
+    firsts = []  # (X, Y) of every first product, run at the end: one run of the native kernel, or a GEMM each
     segs = []
     for j, part in _fp_segments(xs):
         full = part.numel() // _FP_ROW
@@ -485,7 +510,7 @@ def _fp_products_torch(xs, device):
     at = 0
     for _, part, bulk, _ in segs:
         if bulk:
-            _fp_first(part[: bulk * _FP_ROW].view(bulk, _FP_ROW), y[at: at + bulk])
+            firsts.append((part[: bulk * _FP_ROW].view(bulk, _FP_ROW), y[at: at + bulk]))
             at += bulk
     if staged:
         # The rests one after the other, each from a row's start, zeros between and after: one copy (torch.cat
@@ -497,9 +522,14 @@ def _fp_products_torch(xs, device):
                 pieces += [rest, _fp_zeros(st * _FP_ROW - rest.numel(), device)]
         pieces.append(_fp_zeros((pad - staged) * _FP_ROW, device))
         buf = torch.cat([p for p in pieces if p.numel()]).view(pad, _FP_ROW)
-        _fp_first(buf, y[bulk_rows:])
+        firsts.append((buf, y[bulk_rows:]))
     elif pad:
         y[bulk_rows:].zero_()
+    if native is not None:
+        _fp_rows_native_many(firsts, native)
+    else:
+        for a, part_y in firsts:
+            _fp_first(a, part_y)
     layout = tuple((bulk, st) for _, _, bulk, st in segs)
     return segs, _fp_mm(y.view(torch.int8).t().contiguous(), lambda c: _fp_blocks(layout, rows, bulk_rows, device, c))
 

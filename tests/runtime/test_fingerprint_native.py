@@ -85,10 +85,13 @@ def test_fingerprints_through_the_kernel_are_the_definition(native, monkeypatch)
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
           for n in (1, 7, 32768, 32768 * 9 + 3, 32768 * 64, 32768 * 70 + 5)]
     ts += [torch.randn(3, 5, generator=g).to(torch.bfloat16), torch.empty(0)]
-    calls, run = [], fp._fp_rows_native
-    monkeypatch.setattr(fp, "_fp_rows_native", lambda a, y, n: calls.append(a.shape[0]) or run(a, y, n))
+    calls, run = [], fp._fp_rows_native_many
+    monkeypatch.setattr(fp, "_fp_rows_native_many",
+                        lambda pairs, n: calls.append([a.shape[0] for a, _ in pairs]) or run(pairs, n))
     assert fp._fingerprints(ts) == [reference(t) for t in ts]
-    assert 64 in calls and 70 in calls  # the bulk of the two large ones (the rest staged: one more call)
+    # one run of the kernel: every whole row where it lies (1, 9, 64, 70 rows), then the staged rests of rows (1, 7,
+    # 3, 5 bytes and the bfloat16's 30: five rows) and zero rows up to a multiple of 8 rows of Y (149 -> 152)
+    assert calls == [[1, 9, 64, 70, 8]], calls
 
 
 def test_segments_and_small_rows_through_the_kernel(monkeypatch):
@@ -102,6 +105,34 @@ def test_segments_and_small_rows_through_the_kernel(monkeypatch):
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (5, 256 * 24, 256 * 24 + 1,
                                                                                 256 * 60 + 9)]
     assert fp._fingerprints(ts) == [reference(t) for t in ts]
+
+
+def test_rows_read_in_place_at_any_address(native):
+    # whole rows are read where the tensor lies, whatever its alignment (a slice of a byte buffer at an odd offset,
+    # a scale tensor of one row): the same fingerprint as an aligned copy and as the definition
+    g = torch.Generator().manual_seed(11)
+    buf = torch.randint(0, 256, (32768 * 5 + 70,), dtype=torch.uint8, generator=g)
+    ts = [buf[3: 3 + 32768 * 3 + 5], buf[1: 1 + 32768], buf[64: 64 + 32768 * 2]]
+    assert [t.data_ptr() % 64 for t in ts] == [(buf.data_ptr() + o) % 64 for o in (3, 1, 64)]
+    assert fp._fingerprints(ts) == [reference(t) for t in ts] == fp._fingerprints([t.clone() for t in ts])
+
+
+def test_one_run_for_many_pairs_is_each_pairs_product(native, monkeypatch):
+    # the job's table of segments: groups numbered across pairs, a short last group in each, empty pairs skipped,
+    # and one OpenMP region for them all
+    pairs = [(_rows(n, 20 + n), torch.full((n, fp._FP_COLS), -1, dtype=torch.int32)) for n in (3, 0, 8, 17, 1)]
+    gomp = fp._fp_gomp()
+    regions = []
+    if gomp is not None:
+        monkeypatch.setitem(fp._FP_NATIVE_STATE, "gomp", lambda *args: regions.append(args) or gomp(*args))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    fp._fp_rows_native_many(pairs, native)
+    for a, y in pairs:
+        assert torch.equal(y, _int_mm(a))
+    assert len(regions) == (1 if gomp is not None else 0)
+    bad = [pairs[0], (pairs[2][0], pairs[2][1][:7])]
+    with pytest.raises(ValueError, match="fingerprint kernel"):
+        fp._fp_rows_native_many(bad, native)
 
 
 def test_the_openmp_region_and_python_threads_give_the_same(native, monkeypatch):

@@ -60,9 +60,19 @@ SIZES = [1, 7, 4096, 32768 * 17, 32768 * 17 + 5, 32768 * 20 + 32767, 100003]
 ROWS = [(1, 1), (17, 17), (1, 64)]
 
 
+def _without_native(monkeypatch, native):
+    # native=False: the CPU's first products by int8 GEMMs (staging by _FP_OWN_ROWS, as where the native kernel does
+    # not run); True: as this host has it (the native kernel takes every whole row in place where it runs)
+    if not native:
+        monkeypatch.setitem(fp._FP_NATIVE_STATE,
+                            (fp._FP_ROW, fp._FP_COLS, fp._FP_NATIVE_GROUP, fp._FP_NATIVE_CHAINS), None)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "gemm"])
 @pytest.mark.parametrize("min_rows, own_rows", ROWS)
 @pytest.mark.parametrize("split", [None, 1 << 20])  # 1 << 20: the K parts of the GEMMs CUDA takes, run here
-def test_the_fingerprint_is_its_definition(monkeypatch, min_rows, own_rows, split):
+def test_the_fingerprint_is_its_definition(monkeypatch, min_rows, own_rows, split, native):
+    _without_native(monkeypatch, native)
     monkeypatch.setitem(fp._FP_MIN_ROWS, "cpu", min_rows)
     monkeypatch.setitem(fp._FP_OWN_ROWS, "cpu", own_rows)
     if split is not None:
@@ -78,9 +88,10 @@ def test_the_fingerprint_is_its_definition(monkeypatch, min_rows, own_rows, spli
     assert len(set(batch)) == len(batch)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "gemm"])
 @pytest.mark.parametrize("min_rows, own_rows", ROWS)
 @pytest.mark.parametrize("split", [None, 1 << 20])
-def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows, own_rows, split):
+def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows, own_rows, split, native):
     # 2 GiB segments cannot be tried here: the same code with 64-byte rows and 24-row segments
     monkeypatch.setitem(fp._FP_MIN_ROWS, "cpu", min_rows)
     monkeypatch.setitem(fp._FP_OWN_ROWS, "cpu", min(own_rows, 20))  # 20: some segments of 24 rows go alone
@@ -89,6 +100,7 @@ def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows, ow
         monkeypatch.setitem(fp._FP_ROWS_MULTIPLE, "cpu", 256)
     monkeypatch.setattr(fp, "_FP_ROW", 64)
     monkeypatch.setattr(fp, "_FP_SEGMENT_ROWS", 24)
+    _without_native(monkeypatch, native)  # the kernel of 64-byte rows, or none
     g = torch.Generator().manual_seed(1)
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (5, 64 * 17, 64 * 24, 64 * 24 + 1,
                                                                                  64 * 60 + 9, 64 * 100)]
@@ -96,9 +108,12 @@ def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows, ow
 
 
 def test_small_tensors_share_one_gemm_on_the_cpu(monkeypatch):
-    # A layer's scales and biases (segments under _FP_OWN_ROWS rows) go through one staged first product (an int8
-    # GEMM, or the native kernel), the large weight through its own, then the second product (a GEMM): three
-    # products where each tensor once took its own.
+    # Without the native kernel, a layer's scales and biases (segments under _FP_OWN_ROWS rows) go through one staged
+    # first product (an int8 GEMM), the large weight through its own, then the second product (a GEMM): three
+    # products where each tensor once took its own. (The native kernel takes every whole row where it lies, in one
+    # run: tests/runtime/test_fingerprint_native.py.)
+    monkeypatch.setitem(fp._FP_NATIVE_STATE, (fp._FP_ROW, fp._FP_COLS, fp._FP_NATIVE_GROUP, fp._FP_NATIVE_CHAINS),
+                        None)
     firsts, gemms = [], []
     first, int_mm = fp._fp_first, torch._int_mm
     monkeypatch.setattr(fp, "_fp_first", lambda a, y: firsts.append(a.shape[0]) or first(a, y))
@@ -108,7 +123,7 @@ def test_small_tensors_share_one_gemm_on_the_cpu(monkeypatch):
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (row * 70, row * 30, row * 2 + 9, 100)]
     assert fp._fingerprints(ts) == [reference(t) for t in ts]
     assert firsts == [70, 34], firsts  # 30 + 3 + 1 staged rows (104 rows of Y in all: a multiple of 8)
-    assert gemms[-1] == 4 * fp._FP_COLS and len(gemms) == (1 if fp._fp_native() is not None else 3), gemms
+    assert gemms[-1] == 4 * fp._FP_COLS and len(gemms) == 3, gemms
 
 
 @pytest.mark.parametrize("at", [0, 1, 32768 * 17 - 1, 32768 * 17, -1])
