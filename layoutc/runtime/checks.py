@@ -491,18 +491,24 @@ def _prepare(key, compiled, programs, consts, out, args, apart):
     names, ys = list(out), list(out.values())
     shapes = tuple((tuple(y.shape), y.dtype) for y in ys)
     device = ys[0].device if ys else None
+    protos = [None]  # made by the first run that allocates (a run into out= never needs them)
     copies = tuple((i, args[2 * i].dtype, args[2 * i + 1].dtype) for i in apart)
     launch = _direct(compiled, programs) if programs else None
     constants = tuple(consts.values())
 
     def run(xs, outs=None):
-        # torch.empty, as the full call: plain tensors whatever the inputs' class (x.new_empty would keep
-        # a tensor subclass; it took 0.7 us less per output on the H200, benchmarks/host_time.py); or the
-        # caller's out= tensors (checked by _check_out: shapes, aliases, contiguous and aligned).
+        # New contiguous plain tensors, as the full call's torch.empty (x.new_empty would keep a tensor subclass):
+        # torch.empty_like of a prototype (_empty_proto), ~40% less host time than torch.empty of a shape on the
+        # H200 host, before the launch (six outputs: 10-20 us against 17-31, benchmarks/results/2026-12-03-fprun);
+        # or the caller's out= tensors (checked by _check_out: shapes, aliases, contiguous and aligned).
         if outs is not None:
             ys = [outs[name] for name in names]
         else:
-            ys = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
+            made = protos[0]
+            if made is None:  # two threads may both make them: the same prototypes
+                made = protos[0] = [_empty_proto(shape, dtype, device) for shape, dtype in shapes]
+            ys = [torch.empty_like(p) if isinstance(p, torch.Tensor) else torch.empty(p[0], dtype=p[1], device=device)
+                  for p in made]
         for i, vx, vy in copies:
             ys[i].view(vy).copy_(xs[i].view(vx))
         if launch is not None:
@@ -515,6 +521,20 @@ def _prepare(key, compiled, programs, consts, out, args, apart):
     if len(_PREPARED) >= 256:
         _PREPARED.clear()
     _PREPARED[key] = run
+
+
+def _empty_proto(shape, dtype, device):
+    # What a prepared run allocates an output of `shape` from: one element of `dtype` on `device` expanded to the
+    # shape (torch.empty_like of it is a new contiguous tensor of the shape: sizes read from the tensor, not parsed
+    # from a tuple), where that gives torch.empty's strides (checked once here); else (shape, dtype) for
+    # torch.empty (no elements: empty_like of an expanded tensor gives zero strides).
+    if not shape or 0 in shape:
+        return shape, dtype
+    proto = torch.empty(1, dtype=dtype, device=device).expand(shape)
+    probe = torch.empty_like(proto)
+    want = torch.empty(shape, dtype=dtype, device="meta")
+    same = probe.is_contiguous() and probe.stride() == want.stride() and type(probe) is torch.Tensor
+    return proto if same else (shape, dtype)
 
 
 #: A tensor the layer copies as is, of at least this many bytes, is copied by torch (the device's

@@ -147,11 +147,35 @@ def test_a_warm_call_of_the_same_shapes_allocates_and_launches_what_the_full_cal
     assert args[1:2 * len(first):2] == seconds and not set(seconds) & set(firsts)  # fresh outputs
     assert args[2 * len(first):] == full[0][1][2 * len(first):]  # constexpr values
     assert [(t.shape, t.dtype) for t in first.values()] == [(t.shape, t.dtype) for t in second.values()]
+    # allocated from prototypes (runtime._empty_proto): plain contiguous tensors with the full call's strides
+    assert [(t.stride(), type(t), t.device, t.requires_grad) for t in second.values()] == \
+        [(t.stride(), torch.Tensor, t.device, False) for t in first.values()]
+    third = layer(x, d)
+    assert not {t.data_ptr() for t in third.values()} & set(seconds)  # every warm call's outputs its own
     copied = [n for n, t in first.items() if t.dtype == x[n].dtype and t.shape == x[n].shape]
     for n in copied if apart else []:
         assert torch.equal(second[n], x[n])  # copied apart on the warm call too
     if apart:
         assert copied
+
+
+@pytest.mark.parametrize("shape", [(2, 256, 128), (3,), (2, 1, 4, 1), (1, 1), (), (0, 4), (5, 0, 2)])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float8_e4m3fn, torch.int32])
+def test_a_prepared_runs_prototype_allocates_what_torch_empty_does(shape, dtype):
+    # torch.empty_like of the prototype where it gives torch.empty's tensor; torch.empty itself for shapes without
+    # elements or dims (empty_like of an expanded tensor would give zero strides there)
+    from layoutc.runtime import checks
+
+    p = checks._empty_proto(shape, dtype, torch.device("cpu"))
+    want = torch.empty(shape, dtype=dtype)
+    if not shape or 0 in shape:
+        assert p == (shape, dtype)
+        return
+    assert isinstance(p, torch.Tensor) and p.untyped_storage().nbytes() == p.element_size()  # one element held
+    got = torch.empty_like(p)
+    assert (got.shape, got.stride(), got.dtype, type(got), got.is_contiguous()) == \
+        (want.shape, want.stride(), want.dtype, torch.Tensor, True)
+    assert got.data_ptr() != p.data_ptr()
 
 
 def test_no_prepared_launch_without_a_compiled_kernel_or_for_unaligned_inputs(monkeypatch):
