@@ -65,6 +65,11 @@ _NX_SHARED_GROUP = 8
 #: source's lines in them; default calls 0.79-0.94x on the seven specs with such plans, BENCHMARKS.md's toggles; an
 #: output no larger than a core's L2 is left in the caches, where the fingerprint reads it next)
 _NX_STREAM_BYTES = 1 << 21
+#: the least chunk distance D at which chunks that read the same words share their gathers (_nx_shared). Not D = 1
+#: (consecutive chunks, whose words the gathers find in L1 anyway): hopper's scales took 0.59x the time shared in the
+#: kernel alone, but whole calls of hopper and AITER 0.95-1.03x, within their noise (1.0-1.5x in an earlier
+#: measure); Marlin's scales, D = 32, 0.47-0.65x (BENCHMARKS.md)
+_NX_SHARE_LEAST_D = 2
 
 #: host features the SIMD kernel needs (LLVM's names): 512-bit gathers, byte and dword permutes (VPERMB: VBMI)
 _NX_NEEDS = ("avx512f", "avx512bw", "avx512vbmi")
@@ -470,11 +475,10 @@ def _nx_columns(gidx):
 
 def _nx_shared(gidx):
     # (S, D) where, for every chunk c with (c // D) % S == 0, chunks c + s D (s < S) read chunk c's words (a byte
-    # transpose's output rows that take bytes 0-3 of the same words), S 8, 4 or 2, the most that hold; else None.
-    # Not for D = 1 (consecutive chunks, whose words the gathers find in L1 anyway: AITER's and hopper's scales took
-    # 1.0-1.5x the time shared; Marlin's, 32 chunks apart, 0.47-0.65x)
+    # transpose's output rows that take bytes 0-3 of the same words), S 8, 4 or 2, the most that hold, and D is at
+    # least _NX_SHARE_LEAST_D; else None
     same = (gidx[1:] == gidx[:1]).all(1).nonzero().flatten()
-    if not same.numel() or int(same[0]) == 0:
+    if not same.numel() or int(same[0]) + 1 < _NX_SHARE_LEAST_D:
         return None
     d, n = int(same[0]) + 1, gidx.shape[0]
     for s in (8, 4, 2):

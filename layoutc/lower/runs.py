@@ -265,6 +265,8 @@ def _run_gather(flat, plan, shape, fill):
         return out
     if plan[0] == "simd":
         return _run_simd_gather(flat, plan, shape)
+    if plan[0] != "table":  # a plan _run_plan never makes: a caller's mistake, not a table to unpack
+        raise ValueError(f"a run plan of an unknown kind: {plan[0]!r} (view, simd or table)")
     _, g, table, bad, aligned, varied = plan
     out = torch.empty((table.numel(), g), dtype=flat.dtype, device=flat.device)
     word = _RUN_WORDS.get(g * flat.element_size())

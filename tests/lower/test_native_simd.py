@@ -230,7 +230,13 @@ def test_shared_gathers_are_taken_only_for_their_pattern(ns):
     rows = torch.randint(0, 99, (2, 1, 3, 16), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
     assert ns["_nx_shared"](rows.expand(2, 4, 3, 16).reshape(-1, 16).contiguous()) == (4, 3)
     assert ns["_nx_shared"](rows.expand(2, 4, 3, 16).reshape(-1, 16)[:20].contiguous()) is None  # not whole
-    assert ns["_nx_shared"](rows[:, :, :1].expand(2, 4, 1, 16).reshape(-1, 16).contiguous()) is None  # consecutive
+    consecutive = rows[:, :, :1].expand(2, 4, 1, 16).reshape(-1, 16).contiguous()
+    assert ns["_nx_shared"](consecutive) is None  # D = 1: below _NX_SHARE_LEAST_D
+    ns["_NX_SHARE_LEAST_D"], least = 1, ns["_NX_SHARE_LEAST_D"]
+    try:
+        assert ns["_nx_shared"](consecutive) == (4, 1)  # the same pattern where the constant allows D = 1
+    finally:
+        ns["_NX_SHARE_LEAST_D"] = least
     assert ns["_nx_shared"](torch.arange(64, dtype=torch.int32).view(4, 16)) is None  # nothing shared
     with pytest.raises(ValueError, match="shares gathers"):
         ns["_nx_kernel"](False, 4, 4, False, False, 0, 0, False, (3, 2))

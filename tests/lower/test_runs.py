@@ -335,3 +335,10 @@ def test_expert_zero_tables_moved_per_expert_equal_the_whole_map(seed):
         assert whole[1] == moved[1] and whole[4] == moved[4] and torch.equal(whole[2], moved[2])
         for a, b in ((whole[3], moved[3]), (whole[5], moved[5])):
             assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
+def test_a_run_plan_of_an_unknown_kind_raises():
+    # _run_gather takes the three kinds _run_plan makes; anything else is an error, never unpacked as a table
+    flat = torch.arange(8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="unknown kind: 'rows'"):
+        runs._run_gather(flat, ("rows", 2, torch.tensor([0], dtype=torch.int32), None, True, None), (2,), 0)
