@@ -9,8 +9,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 # the CPU wheels of torch (a few hundred MB instead of the CUDA build's gigabytes); the plain index
-# is the fallback where this one cannot be reached
+# is the fallback where this one cannot be reached. One retry and a 15 s timeout for it: where its host
+# cannot be resolved (CI here), pip's default five retries per package took 76 s before the local index
+# answered, one retry 1 s
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIP   ?= --retries 1 --timeout 15
 RUN_STAMP  := $(VENV)/.layoutc-run
 TEST_STAMP := $(VENV)/.layoutc-test
 SLOW_STAMP := $(VENV)/.layoutc-slow
@@ -24,7 +27,7 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 $(RUN_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q torch==2.13.0 --index-url $(TORCH_INDEX) || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q $(TORCH_PIP) torch==2.13.0 --index-url $(TORCH_INDEX) || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e .
 	touch $(RUN_STAMP)
 

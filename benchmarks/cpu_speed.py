@@ -1,7 +1,7 @@
 """Every shipped spec on the CPU: a warm call and the first call of a fresh process against a clone (issue 25).
 
     python benchmarks/cpu_speed.py [--old DIR] [--specs a,b] [--shape E=8,I=1024,H=2048] [--reps 15] [--json F]
-                                   [--kept-heap]
+                                   [--kept-heap] [--rounds N]
 
 For each spec (``specs/*.lyt``, the flashinfer_* first) and each tree (``--old DIR``: another
 checkout's root, e.g. ``git archive 0d8fa64 layoutc | tar -x -C DIR``; then this checkout), in
@@ -32,6 +32,10 @@ without it, a clone or an output of 27 MB sometimes comes from new pages and som
 adaptive threshold and heap trimming), and on this VM, whose free memory goes back to its host, a new page costs
 about as much again as its copy: a clone of the same bytes moved 1.2 -> 5.5 ms between rows of one run. With it,
 clone and conversions both reuse their previous call's pages: the warm case the ratio is meant to compare.
+
+``--rounds N``: every (tree, spec) in N processes, every spec once a round (so a slow minute falls on one round
+of each, not on N rounds of one spec); the last table's figures are each the median of its N rounds, and the
+targets are counted on those. On the 2-core VM a row's ratio moved 1.0-6.1 between single runs (BENCHMARKS.md).
 
 Each (tree, spec) runs in its own process. Not a test: timings depend on the machine and on what
 else runs on it (say which, with the load average).
@@ -143,6 +147,11 @@ def worker(tree: str, spec_path: str, shape: dict, reps: int, kept_heap: bool = 
             "path": _path(spec.module)}
 
 
+def _print_row(r: dict) -> None:
+    print(f"{r['spec']:34} {r['tree']:4} {r['mb']:6.1f} {r['clone_ms']:9.2f} {r['warm_ms']:9.2f} {r['ratio']:7.1f} "
+          f"{r['nofp_ms']:9.2f} {r['nofp_ratio']:7.1f} {r['first_s']:8.2f}  {r['sha']}  {r['path']}", flush=True)
+
+
 def specs(names: str | None) -> list[Path]:
     found = sorted((ROOT / "specs").glob("*.lyt"), key=lambda p: (not p.stem.startswith("flashinfer_"), p.stem))
     if names:
@@ -159,6 +168,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", help="write the rows here too")
     ap.add_argument("--kept-heap", action="store_true", help="malloc keeps freed memory in the timing processes")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="processes per (spec, tree), every spec once a round: each row the median of its rounds")
     ap.add_argument("--worker", nargs=2, metavar=("TREE", "SPEC"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     shape = {k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(","))}
@@ -169,24 +180,33 @@ def main() -> None:
     print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; "
           f"machine: {platform.machine()}, {os.cpu_count()} cpus; load average at start: {os.getloadavg()}")
     print(f"shape: {shape}; trees: {trees}; kept heap: {args.kept_heap}")
-    rows = []
-    print(f"{'spec':34} {'tree':4} {'MB':>6} {'clone ms':>9} {'warm ms':>9} {'ratio':>7} {'no-fp ms':>9} "
-          f"{'ratio':>7} {'first s':>8}  sha               path")
-    for path in specs(args.specs):
-        for label, tree in trees:
-            run = subprocess.run([sys.executable, __file__, "--worker", tree, str(path), "--shape", args.shape,
-                                  "--reps", str(args.reps)] + (["--kept-heap"] if args.kept_heap else []),
-                                 capture_output=True, text=True,
-                                 env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-            if run.returncode:
-                print(f"{path.stem:34} {label:4} FAILED: {run.stderr.strip().splitlines()[-1:]}")
-                continue
-            r = json.loads(run.stdout.strip().splitlines()[-1]) | {"tree": label, "load": os.getloadavg()[0]}
-            rows.append(r)
-            print(f"{r['spec']:34} {label:4} {r['mb']:6.1f} {r['clone_ms']:9.2f} {r['warm_ms']:9.2f} "
-                  f"{r['ratio']:7.1f} {r['nofp_ms']:9.2f} {r['nofp_ratio']:7.1f} {r['first_s']:8.2f}  {r['sha']}  "
-                  f"{r['path']}",
-                  flush=True)
+    rows, runs = [], {}
+    header = (f"{'spec':34} {'tree':4} {'MB':>6} {'clone ms':>9} {'warm ms':>9} {'ratio':>7} {'no-fp ms':>9} "
+              f"{'ratio':>7} {'first s':>8}  sha               path")
+    for rnd in range(args.rounds):
+        print(f"round {rnd + 1} of {args.rounds}" if args.rounds > 1 else "", header, sep="\n" if args.rounds > 1 else "")
+        for path in specs(args.specs):
+            for label, tree in trees:
+                run = subprocess.run([sys.executable, __file__, "--worker", tree, str(path), "--shape", args.shape,
+                                      "--reps", str(args.reps)] + (["--kept-heap"] if args.kept_heap else []),
+                                     capture_output=True, text=True,
+                                     env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+                if run.returncode:
+                    print(f"{path.stem:34} {label:4} FAILED: {run.stderr.strip().splitlines()[-1:]}")
+                    continue
+                r = json.loads(run.stdout.strip().splitlines()[-1]) | {"tree": label, "load": os.getloadavg()[0],
+                                                                       "round": rnd}
+                runs.setdefault((r["spec"], label), []).append(r)
+                _print_row(r)
+    for (spec, label), got in runs.items():  # a row per (spec, tree): each figure the median of its rounds
+        rows.append(dict(got[0], **{k: statistics.median(g[k] for g in got)
+                                    for k in ("clone_ms", "warm_ms", "ratio", "nofp_ms", "nofp_ratio", "first_s")},
+                         rounds=len(got), sha=",".join(sorted({g["sha"] for g in got}))))
+    if args.rounds > 1:
+        print(f"medians of {args.rounds} rounds (each figure apart, a ratio the median of the rounds' ratios)", header,
+              sep="\n")
+        for r in rows:
+            _print_row(r)
     print(f"load average at end: {os.getloadavg()}")
     new = [r for r in rows if r["tree"] == "new"]
     print(f"targets (issue 25, idle machine): warm <= 3x a clone: {sum(r['ratio'] <= 3 for r in new)}/{len(new)}; "
