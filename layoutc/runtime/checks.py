@@ -418,12 +418,17 @@ _RUNNER_LINES = ("launch_metadata = self.launch_metadata(grid, stream, *args)",
 _RUNNER_CHECKED = {}
 
 
-def _direct(compiled, programs):
+def _direct(compiled, programs, pointers=0):
     # The launch of a prepared call. compiled[grid] makes a runner on every call that looks up the device,
     # the stream and Triton's launch hooks through its driver proxy (~11 us per launch of a layer kernel on
     # the H200 host, benchmarks/host_time.py). Where the installed Triton's runner is the one read above,
     # its launcher, kernel function and metadata are bound once; a call reads the current stream and
-    # takes Triton's own runner whenever a launch hook is set (a profiler's).
+    # takes Triton's own runner whenever a launch hook is set (a profiler's). The first `pointers`
+    # arguments are tensors on the device the launch is bound to (the prepared run's inputs, which the call's
+    # checks put on one device, and its outputs, allocated there or checked to be there): they go to the
+    # launcher as their addresses, which it takes as they are, where for a tensor it calls data_ptr and asks
+    # the driver (cuPointerGetAttribute) whether the address is a device's, one driver call per tensor before
+    # the launch (benchmarks/prelaunch.py).
     runner = compiled[(programs, 1, 1)]
     try:
         import inspect
@@ -447,7 +452,8 @@ def _direct(compiled, programs):
     def launch(*args):
         if _hooked(knobs.launch_enter_hook) or _hooked(knobs.launch_exit_hook):
             return runner(*args)
-        return run(programs, 1, 1, stream(device), function, packed, None, None, None, *args)
+        return run(programs, 1, 1, stream(device), function, packed, None, None, None,
+                   *[t.data_ptr() for t in args[:pointers]], *args[pointers:])
 
     return launch
 
@@ -493,7 +499,7 @@ def _prepare(key, compiled, programs, consts, out, args, apart):
     device = ys[0].device if ys else None
     protos = [None]  # made by the first run that allocates (a run into out= never needs them)
     copies = tuple((i, args[2 * i].dtype, args[2 * i + 1].dtype) for i in apart)
-    launch = _direct(compiled, programs) if programs else None
+    launch = _direct(compiled, programs, 2 * len(names)) if programs else None
     constants = tuple(consts.values())
 
     def run(xs, outs=None):

@@ -325,6 +325,43 @@ def test_the_prepared_launch_calls_tritons_launcher_itself_unless_a_hook_is_set(
     assert c.runner_calls == [("x0", "y0", 4, 7)]
 
 
+def test_the_prepared_launch_hands_its_tensors_to_the_launcher_as_addresses(monkeypatch):
+    # Triton's launcher calls data_ptr of a tensor and asks the driver about the address, one driver call per
+    # tensor before the launch; an integer it takes as it is. The leading `pointers` arguments go as addresses,
+    # the rest as they are; Triton's own runner (a hook set) still gets the tensors.
+    triton = pytest.importorskip("triton")
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 777 + device, raising=False)
+    monkeypatch.setattr(runtime, "_RUNNER_CHECKED", {})
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(triton.knobs.runtime, "launch_exit_hook", None)
+    x, y = torch.arange(6, dtype=torch.int32), torch.empty(6, dtype=torch.int32)
+    c = RunnerCompiled()
+    launch = runtime._direct(c, 9, 2)
+    launch(x, y, 4, 7)
+    assert c.runs == [(9, 1, 1, 777, 1234, ("meta",), None, None, None, x.data_ptr(), y.data_ptr(), 4, 7)]
+    assert all(type(a) is int for a in c.runs[0][9:])
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    c.launch_metadata = lambda *a: None
+    with pytest.raises(NameError):  # Triton's runner (this fake's reads `knobs`): the tensors themselves
+        launch(x, y, 4, 7)
+    assert c.runner_calls[0][0] is x and c.runner_calls[0][1] is y
+
+
+def test_a_prepared_run_launches_with_every_input_and_output_as_an_address(monkeypatch):
+    # _prepare binds the launch to the 2 * outputs leading arguments (input, output, input, output, ...).
+    bound = []
+    monkeypatch.setattr(runtime, "_direct", lambda compiled, programs, pointers=0: bound.append(pointers)
+                        or (lambda *a: None))
+    x = {"a": torch.zeros(4), "b": torch.zeros(8)}
+    out = {"a": torch.empty(4), "b": torch.empty(8)}
+    args = [x["a"], out["a"], x["b"], out["b"]]
+    runtime._prepare(("k-addresses",), object(), 3, {"C": 5}, out, args, [])
+    try:
+        assert bound == [4]
+    finally:
+        runtime._PREPARED.pop(("k-addresses",), None)
+
+
 def test_a_runner_of_another_convention_is_used_as_it_is(monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setattr(runtime, "_RUNNER_CHECKED", {})
