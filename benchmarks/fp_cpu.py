@@ -3,12 +3,13 @@
     python benchmarks/fp_cpu.py [--mb 27] [--reps 21] [--threads N]
 
 Per round, alternating: a clone of the bytes (the floor of a pass over them), ``_fingerprints`` with the native
-first product (``layoutc.runtime.fingerprint._fp_rows_native``: AVX-512 VNNI through llvmlite), the same with
-``torch._int_mm`` (the form that runs where the kernel does not), and the first product alone in each form. Then
-the instruction's own throughput on this machine in the same minute: a loop of VPDPBUSD on registers and
-broadcast loads from L1, 12 independent chains (``peak``), against which the kernel's rate is given (16 byte
-products a byte of input, 64 an instruction). Medians of ``--reps`` rounds. Not a test: timings depend on the
-machine and on what else runs on it (the load average is printed).
+first product (``layoutc.runtime.fingerprint._fp_rows_native``: AVX-512 VNNI or AVX2 through llvmlite), the same
+with ``torch._int_mm`` (the form that runs where the kernel does not), and the first product alone in each form.
+Then the byte products a second of the host's form (16 a byte of input) and, for the VNNI form, the instruction's
+own throughput on this machine in the same minute: a loop of VPDPBUSD on registers and broadcast loads from L1, 12
+independent chains (``peak``), against which the kernel's rate is given (64 products an instruction). Medians of
+``--reps`` rounds. Not a test: timings depend on the machine and on what else runs on it (the load average is
+printed).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     native = fp._fp_native()
     if native is None:
-        sys.exit("the native fingerprint kernel does not run here (llvmlite, x86-64 with AVX-512 VNNI)")
+        sys.exit("the native fingerprint kernel does not run here (llvmlite, x86-64 with AVX-512 VNNI or AVX2)")
+    form = next(f for f in fp._FP_NATIVE_FORMS if fp._fp_native(f) is native)
     import llvmlite.binding as llvm
 
     x = torch.randint(-128, 128, (int(args.mb * 2**20),), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
@@ -83,7 +85,7 @@ def main() -> None:
     state = fp._FP_NATIVE_STATE
 
     def fingerprint(on):
-        key = (fp._FP_ROW, fp._FP_COLS, fp._FP_NATIVE_GROUP, fp._FP_NATIVE_CHAINS)
+        key = (fp._FP_ROW, fp._FP_COLS, None)
         state[key] = native if on else None
         try:
             return fp._fingerprints([x])[0]
@@ -109,11 +111,15 @@ def main() -> None:
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     for k, ms in med.items():
         print(f"{k:26} {ms:7.3f} ms  ({ms / med['clone']:4.1f}x the clone)")
-    peak = _peak(llvm)
-    threads = min(torch.get_num_threads(), -(-rows // fp._FP_NATIVE_GROUP))
-    rate = rows * fp._FP_ROW * fp._FP_COLS / 64 / (med["first product native"] / 1e3)
-    print(f"VPDPBUSD alone: {peak / 1e9:.2f} G/s on one thread; the kernel: {rate / 1e9:.2f} G/s on {threads} "
-          f"threads = {rate / threads / peak:.0%} of the instruction's rate a thread; load {os.getloadavg()[0]:.2f}")
+    threads = min(torch.get_num_threads(), -(-rows // native[4]))
+    products = rows * fp._FP_ROW * fp._FP_COLS / (med["first product native"] / 1e3)
+    print(f"form {form}: {products / 1e9:.1f} G byte products a second on {threads} threads, "
+          f"{products / threads / 1e9:.1f} G a thread; load {os.getloadavg()[0]:.2f}")
+    if form == "vnni":  # the instruction's own rate (64 products each), where the host has it
+        peak = _peak(llvm)
+        rate = products / 64
+        print(f"VPDPBUSD alone: {peak / 1e9:.2f} G/s on one thread; the kernel: {rate / 1e9:.2f} G/s on {threads} "
+              f"threads = {rate / threads / peak:.0%} of the instruction's rate a thread")
 
 
 if __name__ == "__main__":

@@ -32,12 +32,12 @@ from ..algebra import expr as ex
 from ..lang.compiler import Chain, Compiled, Constraint, Variant, shape_axes
 from ..lang.ir import TensorSpec
 from . import pywrap, registry
-from ..runtime import fingerprint, guard_rt, warm, checks as runtime
+from ..runtime import cpu_kernels, fingerprint, guard_rt, warm, checks as runtime
 from ..front.text import comment
 from ..lang.versions import distribution
 
 #: The run-time modules copied whole into every converter, in this order.
-RUNTIME_MODULES = (dimsolve, runtime, warm, fingerprint, guard_rt)
+RUNTIME_MODULES = (dimsolve, runtime, warm, cpu_kernels, fingerprint, guard_rt)
 #: What the copied modules may import (the converter imports these at its top).
 RUNTIME_IMPORTS = frozenset({"ctypes", "difflib", "hashlib", "importlib.metadata", "importlib.util", "itertools",
                              "linecache", "os", "sys", "types", "fractions", "torch"})

@@ -55,8 +55,8 @@ first use only); ``tests/lower/test_native.py`` holds each kernel to the torch f
 """
 
 # not copied into converters (torch_emit.native_source copies what follows `import torch`): they carry
-# layoutc.runtime.fingerprint whole
-from ..runtime.fingerprint import _fp_gomp, _fp_on_threads
+# layoutc.runtime.cpu_kernels whole
+from ..runtime.cpu_kernels import _fp_gomp, _fp_on_threads
 from .native_simd import _nx_chunks, _nx_lut8, _nx_memo, _nx_on, _nx_quads_table, _nx_run, _nx_tables
 import torch
 
@@ -311,7 +311,7 @@ def _nb_run(name, args, total, weight):
                     return failed
                 failed |= kernel(*args, cut[k], cut[k + 1])
 
-        bad = _fp_on_threads(take, threads)  # layoutc.runtime.fingerprint: its worker threads
+        bad = _fp_on_threads(take, threads)  # layoutc.runtime.cpu_kernels: its worker threads
     if any(bad):
         raise IndexError("a run table reads outside its input (the converter's plan does not fit this tensor)")
 
@@ -327,7 +327,7 @@ def _nb_gomp():
 
     got = None
     if os.environ.get("LAYOUTC_NUMBA_OMP", "1").strip() != "0":
-        got = _fp_gomp()  # torch's runtime's GOMP_parallel (layoutc.runtime.fingerprint: its CPU kernel's too)
+        got = _fp_gomp()  # torch's runtime's GOMP_parallel (layoutc.runtime.cpu_kernels: the fingerprint kernel's too)
         try:  # the body's intrinsics are LLVM IR (llvmlite: numba's own dependency)
             from llvmlite import ir
             from numba.core.extending import intrinsic

@@ -28,7 +28,7 @@ lookup of one-byte value conversions (:func:`_nx_lut8`: the 256-byte table in fo
 The IR is written from values of this module and of a plan's form (whether byte tables apply, the chunks ahead,
 the gathers a chunk, the blocks a group, pairs, streamed stores, a tile's piece, runs, columns, shared S and D)
 and compiled in the process by llvmlite's LLVM
-(numba's own dependency; ``_fp_jit`` of :mod:`layoutc.runtime.fingerprint`, never cached on disk), where llvmlite
+(numba's own dependency; ``_fp_jit`` of :mod:`layoutc.runtime.cpu_kernels`, never cached on disk), where llvmlite
 imports and the host is x86-64 with AVX-512 F, BW and VBMI; ``LAYOUTC_SIMD=0`` (read per call) turns it off. The
 kernel checks every block's reads (its least and largest word, moved by its offset) against the source before the
 block reads any; a call that would read outside raises. Copied into converters with :mod:`layoutc.lower.native`
@@ -37,10 +37,10 @@ kernels, to the element gather and to the eager lowering.
 """
 
 # not copied into converters (torch_emit.native_source copies what follows `import torch`): they carry
-# layoutc.runtime.fingerprint whole
+# layoutc.runtime.cpu_kernels whole
 import ctypes
 
-from ..runtime.fingerprint import _fp_jit, _fp_llvm, _fp_run_job
+from ..runtime.cpu_kernels import _fp_jit, _fp_llvm, _fp_run_job
 from .simd_forms import _nx_body_ir, _nx_check_group, _nx_cols_ir, _nx_head, _nx_nibbles, _nx_tile_ir
 import torch
 

@@ -20,9 +20,11 @@ no rounding anywhere, so the CPU and the GPU compute the same integers. The only
 reading back Z (4 KiB per 2 GiB segment) and one sha256 of it, once. On CUDA a product's K axis is
 cut into parts summed afterwards (:func:`_fp_mm`: more thread blocks for cuBLAS, the same integers),
 and Z is copied to pinned host memory in the stream's order, so reading it back waits on nothing else.
-On the CPU, where llvmlite imports and the CPU is x86-64 with AVX-512 VNNI, the first product is a kernel of our
-own instead (``_fp_native_ir``: LLVM IR compiled in the process, no text from outside in it; ``LAYOUTC_FP_NATIVE=0``
-turns it off): the same exact int32 sums in half oneDNN's time, on torch's OpenMP threads; every first product of a
+On the CPU, where llvmlite imports and the CPU is x86-64 with AVX-512 VNNI or AVX2, the first product is a kernel of
+our own instead (``_fp_native_ir`` for VNNI, ``_fp_native_ir_avx2`` for AVX2: LLVM IR compiled in the process, no text
+from outside in it; ``LAYOUTC_FP_NATIVE=0`` turns it off): the same exact int32 sums, in half oneDNN's time with VNNI
+and ~40 times faster than torch's int8 GEMM without it (which has no fast path there: 0.06-0.12 GB/s on a 2-core
+Zen 3 machine, the AVX2 kernel 5 GB/s), on torch's OpenMP threads; every first product of a
 batch (a layer's tensors) in one run of it (one table of segments, one OpenMP region), each segment's whole rows
 where they lie and only the rests of rows staged: 0.86-0.93x the time of a run per tensor with small ones staged,
 0.68-0.85x on a 16-core host (BENCHMARKS.md).
@@ -46,6 +48,8 @@ import linecache
 import os
 
 import torch
+
+from .cpu_kernels import _FP_NATIVE_FORMS, _FP_NATIVE_STATE, _fp_gomp, _fp_jit, _fp_llvm, _fp_run_job
 
 _FP_SCHEME = "layoutc-fp1"
 #: Bytes per row of the first product (a multiple of 8, at most 2^17 for exact int32 sums).
@@ -134,161 +138,35 @@ _FP_TRITON_BLOCK_R = 256
 _FP_TRITON_WARPS = 4
 
 
-#: On the CPU, the first product by a kernel of our own (_fp_native_ir, compiled by llvmlite's LLVM for the host) where
-#: the host is x86-64 with AVX-512 VNNI and llvmlite imports, unless LAYOUTC_FP_NATIVE=0 (read at import): oneDNN's
-#: int8 GEMM of 16 columns (torch._int_mm) took 1.3-1.4 ms for the first product of a 27 MiB layer on the 2-core
-#: CPU machine, the kernel 0.64-0.74 ms (one VPDPBUSD, 64 byte products, for 4 bytes of X and the 16 columns;
-#: BENCHMARKS.md).
+#: On the CPU, the first product by a kernel of our own (layoutc.runtime.cpu_kernels, compiled by llvmlite's LLVM for
+#: the host) where the host is x86-64 with AVX-512 VNNI or AVX2 and llvmlite imports, unless LAYOUTC_FP_NATIVE=0 (read
+#: at import): oneDNN's int8 GEMM of 16 columns (torch._int_mm) took 1.3-1.4 ms for the first product of a 27 MiB
+#: layer on the 2-core Zen 5 machine, the VNNI kernel 0.64-0.74 ms; on the 2-core Zen 3 machine (AVX2, no VNNI)
+#: torch's took 225-425 ms, the AVX2 kernel 5.3-5.6 ms (BENCHMARKS.md).
 _FP_NATIVE = os.environ.get("LAYOUTC_FP_NATIVE", "1") != "0"
-#: Rows of X one step of the kernel reads together (each 4 bytes of R's 16 columns, loaded once, serve all of
-#: them); 16 row streams at the rows' 32 KiB stride took twice the time (one L1 set for all of them).
-_FP_NATIVE_GROUP = 8
-_FP_NATIVE_CHAINS = 2  # accumulators a row (sums in flight: VPDPBUSD's latency)
-_FP_NATIVE_STATE = {}  # (row, cols, group, chains): the kernel (or None: it does not run here); "gomp", "pool"
 
-
-def _fp_native_ir(row, group, chains):
-    # LLVM IR (x86-64, AVX-512 VNNI) of Y = X @ R for X's rows of `row` bytes (a multiple of 64), made from the three
-    # integers only. VPDPBUSD multiplies unsigned bytes by signed ones, 4 products summed into each int32 lane: for
-    # 4 bytes x[k..k+3] of a row, broadcast to 16 lanes, and R's rows k..k+3 packed as lane c's 4 bytes (R'[k / 4,
-    # c, i] = R[k + i, c] + 128, unsigned), the lanes gain sum_i x[k + i] * (R[k + i, c] + 128). So a row's lanes
-    # end as Y[m, c] + 128 * sum(x[m]); the row's byte sum (VPDPBUSD of its 64-byte vectors against bytes of 1,
-    # in the same loop) is taken away. Exact: the int32 lanes wrap modulo 2^32 (VPDPBUSD, not its saturating form)
-    # and Y fits in int32 (the definition's bound); at the shipped row no lane even wraps (<= row * 255 * 128).
-    # fp_group(x, r, y, g, n): rows g .. g + group - 1 of the n rows (one past the last reads and writes the last
-    # row again: the same values); a loop turn takes 64 bytes of each row, its 16 quads of bytes summed into
-    # `chains` accumulators in turn (group * chains chains of VPDPBUSD in flight: one chain waits its latency).
-    # fp_body(job): groups from an atomic counter until none is left (job: counter, groups, then the addresses of X,
-    # R' and Y and n as int64).
-    v, dot = "<16 x i32>", "@llvm.x86.avx512.vpdpbusd.512"
-    ones = "<" + ", ".join(["i32 16843009"] * 16) + ">"  # 0x01010101: four unsigned bytes of 1 a lane
-    rows, sets = range(group), range(chains)
-    lines = [f"declare {v} {dot}({v}, {v}, {v})", f"declare i32 @llvm.vector.reduce.add.v16i32({v})", "",
-             "define void @fp_group(i8* %x, i8* %r, i32* %y, i64 %g, i64 %n) {", "entry:", "  %last = sub i64 %n, 1"]
-    for j in rows:
-        lines += [f"  %i{j} = add i64 %g, {j}", f"  %in{j} = icmp slt i64 %i{j}, %n",
-                  f"  %m{j} = select i1 %in{j}, i64 %i{j}, i64 %last", f"  %o{j} = mul i64 %m{j}, {row}",
-                  f"  %p{j} = getelementptr i8, i8* %x, i64 %o{j}"]
-    lines += ["  br label %loop", "loop:", "  %k = phi i64 [0, %entry], [%k1, %loop]"]
-    lines += [f"  %a{j}.{h} = phi {v} [zeroinitializer, %entry], [%a{j}.{h}.e, %loop]" for j in rows for h in sets]
-    lines += [f"  %s{j} = phi {v} [zeroinitializer, %entry], [%s{j}.e, %loop]" for j in rows]
-    last = {(j, h): f"%a{j}.{h}" for j in rows for h in sets}  # each accumulator's latest value
-    for i in range(16):
-        h = i % chains
-        lines += [f"  %k.{i} = add i64 %k, {4 * i}", f"  %ro.{i} = mul i64 %k.{i}, 16",
-                  f"  %rp.{i} = getelementptr i8, i8* %r, i64 %ro.{i}", f"  %rq.{i} = bitcast i8* %rp.{i} to {v}*",
-                  f"  %rv.{i} = load {v}, {v}* %rq.{i}, align 64"]
-        for j in rows:
-            got = f"%a{j}.{h}.e" if i + chains >= 16 else f"%b{j}.{i}"  # the turn's last use of this accumulator
-            lines += [f"  %q{j}.{i} = getelementptr i8, i8* %p{j}, i64 %k.{i}",
-                      f"  %w{j}.{i} = bitcast i8* %q{j}.{i} to i32*",
-                      f"  %e{j}.{i} = load i32, i32* %w{j}.{i}, align 1",
-                      f"  %f{j}.{i} = insertelement {v} undef, i32 %e{j}.{i}, i32 0",
-                      f"  %x{j}.{i} = shufflevector {v} %f{j}.{i}, {v} undef, {v} zeroinitializer",
-                      f"  {got} = call {v} {dot}({v} {last[j, h]}, {v} %rv.{i}, {v} %x{j}.{i})"]
-            last[j, h] = got
-    for j in rows:
-        lines += [f"  %sq{j} = getelementptr i8, i8* %p{j}, i64 %k", f"  %sp{j} = bitcast i8* %sq{j} to {v}*",
-                  f"  %sv{j} = load {v}, {v}* %sp{j}, align 1",
-                  f"  %s{j}.e = call {v} {dot}({v} %s{j}, {v} {ones}, {v} %sv{j})"]
-    lines += ["  %k1 = add i64 %k, 64", f"  %end = icmp eq i64 %k1, {row}", "  br i1 %end, label %rest, label %loop",
-              "rest:"]
-    for j in rows:
-        lines += [f"  %t{j}.0 = add {v} %a{j}.0.e, zeroinitializer"]
-        lines += [f"  %t{j}.{h} = add {v} %t{j}.{h - 1}, %a{j}.{h}.e" for h in sets if h]
-        lines += [f"  %S{j} = call i32 @llvm.vector.reduce.add.v16i32({v} %s{j}.e)", f"  %c{j} = mul i32 %S{j}, 128",
-                  f"  %d{j} = insertelement {v} undef, i32 %c{j}, i32 0",
-                  f"  %u{j} = shufflevector {v} %d{j}, {v} undef, {v} zeroinitializer",
-                  f"  %z{j} = sub {v} %t{j}.{chains - 1}, %u{j}",
-                  f"  %yo{j} = mul i64 %m{j}, 16", f"  %yi{j} = getelementptr i32, i32* %y, i64 %yo{j}",
-                  f"  %yp{j} = bitcast i32* %yi{j} to {v}*", f"  store {v} %z{j}, {v}* %yp{j}, align 4"]
-    # fp_body: the job is (counter, groups, R', then per segment: groups up to its end, X, Y, rows); a group number
-    # from the counter is found in the segments' table by a scan (a layer has a few segments; a group is 8 rows)
-    lines += ["  ret void", "}", "", "define void @fp_body(i64* %job) {", "entry:",
-              "  %groups.at = getelementptr i64, i64* %job, i64 1", "  %groups = load i64, i64* %groups.at",
-              "  %r.at = getelementptr i64, i64* %job, i64 2", "  %r.v = load i64, i64* %r.at",
-              "  %r = inttoptr i64 %r.v to i8*", "  br label %take", "take:",
-              "  %k = atomicrmw add i64* %job, i64 1 monotonic",
-              "  %more = icmp slt i64 %k, %groups", "  br i1 %more, label %find, label %out", "find:",
-              "  %at = phi i64 [3, %take], [%at1, %find]", "  %from = phi i64 [0, %take], [%end, %find]",
-              "  %end.at = getelementptr i64, i64* %job, i64 %at", "  %end = load i64, i64* %end.at",
-              "  %at1 = add i64 %at, 4", "  %here = icmp slt i64 %k, %end", "  br i1 %here, label %run, label %find",
-              "run:"]
-    for i, name in enumerate(("x", "y", "n"), 1):
-        lines += [f"  %{name}.o = add i64 %at, {i}", f"  %{name}.at = getelementptr i64, i64* %job, i64 %{name}.o",
-                  f"  %{name}.v = load i64, i64* %{name}.at"]
-    lines += ["  %x = inttoptr i64 %x.v to i8*", "  %y = inttoptr i64 %y.v to i32*", "  %kk = sub i64 %k, %from",
-              f"  %g = mul i64 %kk, {group}", "  call void @fp_group(i8* %x, i8* %r, i32* %y, i64 %g, i64 %n.v)",
-              "  br label %take", "out:", "  ret void", "}"]
-    return "\n".join(lines) + "\n"
-
-
-def _fp_native():
-    # (engine, fp_body's address, a ctypes function of it, R' on the CPU) for the current _FP_ROW, or None where
-    # the kernel does not run here (LAYOUTC_FP_NATIVE=0, no llvmlite, not x86-64 with AVX-512 VNNI, a row that
-    # is not a multiple of 64, other than 16 columns). Built once per process (a race builds it twice: the same).
-    key = (_FP_ROW, _FP_COLS, _FP_NATIVE_GROUP, _FP_NATIVE_CHAINS)
+def _fp_native(form=None):
+    # (engine, fp_body's address, a ctypes function of it, R packed for the form, rows a group) of the native kernel
+    # for the current _FP_ROW: of `form` (a name in _FP_NATIVE_FORMS), or where None the first form the host runs;
+    # None where it does not run here (LAYOUTC_FP_NATIVE=0, no llvmlite, not x86-64 with the form's features, a row
+    # that is not a multiple of 64, other than 16 columns). Built once per process (a race builds it twice: the same).
+    if not _FP_NATIVE:
+        return None
+    key = (_FP_ROW, _FP_COLS, form)
     if key in _FP_NATIVE_STATE:
         return _FP_NATIVE_STATE[key]
     got = None
-    if _FP_NATIVE and _FP_ROW % 64 == 0 and 16 % _FP_NATIVE_CHAINS == 0 and _FP_COLS == 16:
-        host = _fp_llvm(("avx512f", "avx512bw", "avx512vnni"))
+    if form is None:  # the first form that runs here (each built once: the same object as asked for by name)
+        got = next((k for k in map(_fp_native, _FP_NATIVE_FORMS) if k is not None), None)
+    elif _FP_ROW % 64 == 0 and _FP_COLS == 16:
+        features, group, make_ir, pack = _FP_NATIVE_FORMS[form]
+        host = _fp_llvm(features)
         if host is not None:
-            engine = _fp_jit(*host, _fp_native_ir(_FP_ROW, _FP_NATIVE_GROUP, _FP_NATIVE_CHAINS))
+            engine = _fp_jit(*host, make_ir(_FP_ROW, group))
             body = engine.get_function_address("fp_body")
-            r = _fp_matrix(b"R", _FP_ROW, torch.device("cpu")).contiguous()
-            packed = (r.to(torch.int16).view(_FP_ROW // 4, 4, _FP_COLS).permute(0, 2, 1) + 128).to(torch.uint8)
-            got = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body), packed.contiguous()
+            packed = pack(_fp_matrix(b"R", _FP_ROW, torch.device("cpu")).contiguous()).contiguous()
+            got = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body), packed, group
     _FP_NATIVE_STATE[key] = got
-    return got
-
-
-def _fp_llvm(needs):
-    """``(llvmlite.binding, the host's features)`` where llvmlite imports and the host is x86-64 with every
-    feature named in ``needs`` (as LLVM names them: what the CPU and the OS's saved registers support), else
-    None. The kernels of our own (this one, :mod:`layoutc.lower.native`'s SIMD one) are LLVM IR for such hosts."""
-    try:
-        import llvmlite.binding as llvm
-    except ImportError:
-        return None
-    if llvm.get_process_triple().split("-")[0] not in ("x86_64", "amd64"):
-        return None
-    features = llvm.get_host_cpu_features()
-    return (llvm, features) if all(features.get(f, False) for f in needs) else None
-
-
-def _fp_jit(llvm, features, ir):
-    """An MCJIT engine of the LLVM IR text ``ir``, compiled for the host CPU (kept by the caller: it owns the
-    machine code). Never cached on disk."""
-    try:
-        llvm.initialize()  # llvmlite < 0.45 needs it; later ones initialise themselves and raise here
-    except RuntimeError:
-        pass
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    machine = llvm.Target.from_default_triple().create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=3)
-    module = llvm.parse_assembly(ir)
-    module.verify()
-    engine = llvm.create_mcjit_compiler(module, machine)
-    engine.finalize_object()
-    return engine
-
-
-def _fp_gomp():
-    """``GOMP_parallel`` of the OpenMP runtime torch runs its CPU ops on (a ctypes function), or None: torch's
-    parallel backend is not OpenMP, or the process has no such symbol (not Linux or macOS). Looked up once."""
-    got = _FP_NATIVE_STATE.get("gomp", False)
-    if got is False:
-        got = None
-        if "parallel backend: OpenMP" in torch.__config__.parallel_info():
-            try:  # the runtime torch loaded (its libgomp's symbols are global in the process)
-                got = ctypes.CDLL(None).GOMP_parallel
-                got.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
-                got.restype = None
-            except (OSError, AttributeError, TypeError):
-                got = None
-        _FP_NATIVE_STATE["gomp"] = got
     return got
 
 
@@ -312,41 +190,14 @@ def _fp_rows_native_many(pairs, native):
                 and tuple(y.shape) == (rows, _FP_COLS)):
             raise ValueError(f"fingerprint kernel: {tuple(a.shape)} {a.dtype} @ R into {tuple(y.shape)} {y.dtype}")
         if rows:
-            groups += -(-rows // _FP_NATIVE_GROUP)
+            groups += -(-rows // native[4])
             table += [groups, a.data_ptr(), y.data_ptr(), rows]
     if not groups:
         return
-    _, body, call, packed = native
+    _, body, call, packed, _ = native
     job = (ctypes.c_int64 * (3 + len(table)))(0, groups, packed.data_ptr(), *table)
     threads = max(1, min(torch.get_num_threads(), groups))
     _fp_run_job(body, call, job, threads, _fp_gomp() if threads > 1 else None)
-
-
-def _fp_run_job(body, call, job, threads, gomp):
-    """A kernel of our own's body (its address ``body`` and a ctypes function ``call`` of it, each taking the job's
-    address) on ``threads`` threads, each taking its share of the job from the job's own counter: the calling thread
-    alone, one region of ``gomp`` (torch's ``GOMP_parallel``), or, where None, the calling thread and Python worker
-    threads (the ctypes call releases the GIL). ``job``: a ctypes array, alive until this returns."""
-    at = ctypes.addressof(job)
-    if threads == 1:
-        call(at)
-    elif gomp is not None:
-        gomp(body, at, threads, 0)
-    else:
-        _fp_on_threads(lambda: call(at), threads)
-
-
-def _fp_on_threads(fn, threads):
-    """``fn()`` at once on the calling thread and on ``threads - 1`` Python worker threads (one pool a process,
-    grown as needed; also the native conversion kernels' where they do not run on OpenMP): the results, the
-    calling thread's first. ``fn`` takes its share of the work itself (a shared counter)."""
-    pool = _FP_NATIVE_STATE.get("pool")
-    if pool is None or pool._max_workers < threads - 1:
-        import concurrent.futures
-
-        pool = _FP_NATIVE_STATE["pool"] = concurrent.futures.ThreadPoolExecutor(threads - 1)
-    futures = [pool.submit(fn) for _ in range(threads - 1)]
-    return [fn()] + [f.result() for f in futures]
 
 
 def _fp_first(a, y):

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from layoutc.convert.synthckpt import synthetic_inputs
 from layoutc.lower import codegen, native, torch_emit
-from layoutc.runtime import fingerprint
+from layoutc.runtime import cpu_kernels, fingerprint
 from tests.helpers import assert_same_bits
 from tests.helpers import spec as _spec
 
@@ -43,8 +43,10 @@ def _numba_kernels_only():
 
 def _namespace(on: bool) -> dict:
     namespace = {"torch": torch, "__name__": "native_test_namespace"}
-    # the fingerprint's run time, which every converter carries (the native code takes its GOMP_parallel look-up)
-    exec("import ctypes, hashlib, linecache, os\n" + codegen.module_text(fingerprint), namespace)
+    # the CPU kernels' and the fingerprint's run time, which every converter carries (the native code takes its
+    # GOMP_parallel look-up and threads from the first)
+    runtime = codegen.module_text(cpu_kernels) + codegen.module_text(fingerprint)
+    exec("import ctypes, hashlib, linecache, os\n" + runtime, namespace)
     exec(torch_emit.runs_source(), namespace)  # the text generated converters carry
     exec(torch_emit.native_source(), namespace)
     exec(torch_emit.bit_tables_source(), namespace)

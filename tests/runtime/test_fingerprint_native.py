@@ -1,8 +1,10 @@
-"""The fingerprint's first product by its native CPU kernel (LLVM IR for AVX-512 VNNI) gives the definition's integers.
+"""The fingerprint's first product by its native CPU kernels (LLVM IR for AVX-512 VNNI, and for AVX2) gives the
+definition's integers.
 
-The kernel runs where the host is x86-64 with AVX-512 VNNI and llvmlite imports (the CPU machine and CI do): there
-these tests fail if it does not run, so a broken look-up cannot pass as a skip. Each is held to torch's int8 GEMM
-and to the definition computed in int64 (``reference``), through the OpenMP region and through Python threads.
+Each form runs where the host is x86-64 with its features and llvmlite imports (the CPU machines and CI have AVX2 at
+least): there these tests fail if it does not run, so a broken look-up cannot pass as a skip. Each is held to torch's
+int8 GEMM and to the definition computed in int64 (``reference``), through the OpenMP region and through Python
+threads; every test runs for each form the host has.
 """
 
 from __future__ import annotations
@@ -19,22 +21,38 @@ from layoutc.runtime import fingerprint as fp
 from tests.helpers import cpu_flags
 from tests.runtime.test_guard_copies import reference
 
+#: The forms and the CPU flags (as /proc/cpuinfo names them) each needs.
+FORMS = {"vnni": {"avx512f", "avx512bw", "avx512_vnni"}, "avx2": {"avx2"}}
 
-def _native():
+
+def _native(form):
     try:
         import llvmlite.binding  # noqa: F401
     except ImportError:
         pytest.skip("llvmlite is not installed (the kernel's compiler)")
-    if not {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags():
-        pytest.skip("this CPU has no AVX-512 VNNI")
-    got = fp._fp_native()
-    assert got is not None, "x86-64 with AVX-512 VNNI and llvmlite, but the native kernel was not built"
+    if not FORMS[form] <= cpu_flags():
+        pytest.skip(f"this CPU has no {form.upper()}")
+    got = fp._fp_native(form)
+    assert got is not None, f"x86-64 with {form.upper()} and llvmlite, but the native kernel was not built"
     return got
 
 
-@pytest.fixture
-def native():
-    return _native()
+@pytest.fixture(params=list(FORMS))
+def native(request, monkeypatch):
+    # the form under test is also the one _fingerprints takes (the host's best, unless told)
+    got = _native(request.param)
+    monkeypatch.setitem(fp._FP_NATIVE_STATE, (fp._FP_ROW, fp._FP_COLS, None), got)
+    return got
+
+
+def test_the_host_takes_its_best_form():
+    # VNNI where the host has it, else AVX2; the group of rows the form was built with
+    flags = cpu_flags()
+    best = next((f for f, need in FORMS.items() if need <= flags), None)
+    if best is None:
+        pytest.skip("this CPU has neither form")
+    got = _native(best)
+    assert fp._fp_native() is got and got[4] == fp._FP_NATIVE_FORMS[best][1]
 
 
 def _rows(n, seed, fill=None):
@@ -47,9 +65,9 @@ def _int_mm(a):
     return torch._int_mm(a, fp._fp_matrix(b"R", fp._FP_ROW, torch.device("cpu")))
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 9, 16, 17, 70])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 8, 9, 16, 17, 70])
 def test_the_kernels_rows_are_int8_gemms(native, n):
-    # groups of 8 rows with a short last one (rows past the last read and write the last row again)
+    # groups of 8 (VNNI) or 3 (AVX2) rows with a short last one (rows past the last read and write the last row again)
     a = _rows(n, n)
     y = torch.full((n, fp._FP_COLS), -1, dtype=torch.int32)
     fp._fp_rows_native(a, y, native)
@@ -66,9 +84,12 @@ def test_extreme_bytes(native, fill):
 
 
 @settings(max_examples=12, deadline=None)
-@given(n=st.integers(1, 24), seed=st.integers(0, 2**31 - 1), threads=st.sampled_from([1, 2, 3]))
-def test_any_rows_on_any_threads(n, seed, threads):
-    native = _native()
+@given(n=st.integers(1, 24), seed=st.integers(0, 2**31 - 1), threads=st.sampled_from([1, 2, 3]),
+       form=st.sampled_from(list(FORMS)))
+def test_any_rows_on_any_threads(n, seed, threads, form):
+    if not FORMS[form] <= cpu_flags():
+        return  # another form's rows: that host's run
+    native = _native(form)
     a = _rows(n, seed)
     y = torch.empty((n, fp._FP_COLS), dtype=torch.int32)
     before = torch.get_num_threads()
@@ -94,13 +115,13 @@ def test_fingerprints_through_the_kernel_are_the_definition(native, monkeypatch)
     assert calls == [[1, 9, 64, 70, 8]], calls
 
 
-def test_segments_and_small_rows_through_the_kernel(monkeypatch):
+@pytest.mark.parametrize("form", list(FORMS))
+def test_segments_and_small_rows_through_the_kernel(monkeypatch, form):
     # 256-byte rows (a kernel of its own), 24-row segments: every segment's rows, in order
     monkeypatch.setattr(fp, "_FP_ROW", 256)
     monkeypatch.setattr(fp, "_FP_SEGMENT_ROWS", 24)
     monkeypatch.setitem(fp._FP_OWN_ROWS, "cpu", 1)
-    if fp._fp_native() is None:
-        pytest.skip("no native kernel here")
+    monkeypatch.setitem(fp._FP_NATIVE_STATE, (256, fp._FP_COLS, None), _native(form))
     g = torch.Generator().manual_seed(6)
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (5, 256 * 24, 256 * 24 + 1,
                                                                                 256 * 60 + 9)]
@@ -172,7 +193,7 @@ def test_the_switch_turns_the_kernel_off():
         out[flag] = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                    check=True).stdout.split()
     assert out["0"][0] == "True" and out["0"][1] == out["1"][1]
-    if {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags() and out["1"][0] == "True":
+    if any(need <= cpu_flags() for need in FORMS.values()) and out["1"][0] == "True":
         pytest.importorskip("llvmlite")
         pytest.fail("the kernel runs here but was not built with LAYOUTC_FP_NATIVE=1")
 

@@ -64,8 +64,7 @@ def _without_native(monkeypatch, native):
     # native=False: the CPU's first products by int8 GEMMs (staging by _FP_OWN_ROWS, as where the native kernel does
     # not run); True: as this host has it (the native kernel takes every whole row in place where it runs)
     if not native:
-        monkeypatch.setitem(fp._FP_NATIVE_STATE,
-                            (fp._FP_ROW, fp._FP_COLS, fp._FP_NATIVE_GROUP, fp._FP_NATIVE_CHAINS), None)
+        monkeypatch.setattr(fp, "_FP_NATIVE", False)
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "gemm"])
@@ -112,8 +111,7 @@ def test_small_tensors_share_one_gemm_on_the_cpu(monkeypatch):
     # first product (an int8 GEMM), the large weight through its own, then the second product (a GEMM): three
     # products where each tensor once took its own. (The native kernel takes every whole row where it lies, in one
     # run: tests/runtime/test_fingerprint_native.py.)
-    monkeypatch.setitem(fp._FP_NATIVE_STATE, (fp._FP_ROW, fp._FP_COLS, fp._FP_NATIVE_GROUP, fp._FP_NATIVE_CHAINS),
-                        None)
+    monkeypatch.setattr(fp, "_FP_NATIVE", False)
     firsts, gemms = [], []
     first, int_mm = fp._fp_first, torch._int_mm
     monkeypatch.setattr(fp, "_fp_first", lambda a, y: firsts.append(a.shape[0]) or first(a, y))
