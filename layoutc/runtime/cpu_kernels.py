@@ -49,13 +49,8 @@ def _fp_native_ir(row, group, chains):
     v, dot = "<16 x i32>", "@llvm.x86.avx512.vpdpbusd.512"
     ones = "<" + ", ".join(["i32 16843009"] * 16) + ">"  # 0x01010101: four unsigned bytes of 1 a lane
     rows, sets = range(group), range(chains)
-    lines = [f"declare {v} {dot}({v}, {v}, {v})", f"declare i32 @llvm.vector.reduce.add.v16i32({v})", "",
-             "define void @fp_group(i8* %x, i8* %r, i32* %y, i64 %g, i64 %n) {", "entry:", "  %last = sub i64 %n, 1"]
-    for j in rows:
-        lines += [f"  %i{j} = add i64 %g, {j}", f"  %in{j} = icmp slt i64 %i{j}, %n",
-                  f"  %m{j} = select i1 %in{j}, i64 %i{j}, i64 %last", f"  %o{j} = mul i64 %m{j}, {row}",
-                  f"  %p{j} = getelementptr i8, i8* %x, i64 %o{j}"]
-    lines += ["  br label %loop", "loop:", "  %k = phi i64 [0, %entry], [%k1, %loop]"]
+    lines = [f"declare {v} {dot}({v}, {v}, {v})", f"declare i32 @llvm.vector.reduce.add.v16i32({v})", ""]
+    lines += _fp_group_entry_ir(row, group)
     lines += [f"  %a{j}.{h} = phi {v} [zeroinitializer, %entry], [%a{j}.{h}.e, %loop]" for j in rows for h in sets]
     lines += [f"  %s{j} = phi {v} [zeroinitializer, %entry], [%s{j}.e, %loop]" for j in rows]
     last = {(j, h): f"%a{j}.{h}" for j in rows for h in sets}  # each accumulator's latest value
@@ -105,13 +100,7 @@ def _fp_native_ir_avx2(row, group):
     # of the n rows (one past the last reads and writes the last row again), each with two accumulators of 8 lanes.
     v, h, dot = "<8 x i32>", "<16 x i16>", "@llvm.x86.avx2.pmadd.wd"
     rows = range(group)
-    lines = [f"declare {v} {dot}({h}, {h})", "",
-             "define void @fp_group(i8* %x, i8* %r, i32* %y, i64 %g, i64 %n) {", "entry:", "  %last = sub i64 %n, 1"]
-    for j in rows:
-        lines += [f"  %i{j} = add i64 %g, {j}", f"  %in{j} = icmp slt i64 %i{j}, %n",
-                  f"  %m{j} = select i1 %in{j}, i64 %i{j}, i64 %last", f"  %o{j} = mul i64 %m{j}, {row}",
-                  f"  %p{j} = getelementptr i8, i8* %x, i64 %o{j}"]
-    lines += ["  br label %loop", "loop:", "  %k = phi i64 [0, %entry], [%k1, %loop]"]
+    lines = [f"declare {v} {dot}({h}, {h})", ""] + _fp_group_entry_ir(row, group)
     lines += [f"  %a{j}.{b} = phi {v} [zeroinitializer, %entry], [%a{j}.{b}.7, %loop]" for j in rows for b in (0, 1)]
     lines += ["  %rk = mul i64 %k, 32"]
     for j in rows:
@@ -143,6 +132,17 @@ def _fp_native_ir_avx2(row, group):
                       f"  store {v} %a{j}.{b}.7, {v}* %yp{j}.{b}, align 4"]
     lines += ["  ret void", "}"]
     return "\n".join(lines) + "\n" + _fp_body_ir(group)
+
+
+def _fp_group_entry_ir(row, group):
+    # The start of fp_group(x, r, y, g, n) in either form, to its loop's counter: row j of the group is %m{j} (row
+    # g + j, or the last row where that is past it) at %p{j}; the loop's %k counts bytes of a row from 0.
+    lines = ["define void @fp_group(i8* %x, i8* %r, i32* %y, i64 %g, i64 %n) {", "entry:", "  %last = sub i64 %n, 1"]
+    for j in range(group):
+        lines += [f"  %i{j} = add i64 %g, {j}", f"  %in{j} = icmp slt i64 %i{j}, %n",
+                  f"  %m{j} = select i1 %in{j}, i64 %i{j}, i64 %last", f"  %o{j} = mul i64 %m{j}, {row}",
+                  f"  %p{j} = getelementptr i8, i8* %x, i64 %o{j}"]
+    return lines + ["  br label %loop", "loop:", "  %k = phi i64 [0, %entry], [%k1, %loop]"]
 
 
 def _fp_body_ir(group):
