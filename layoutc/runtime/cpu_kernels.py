@@ -180,6 +180,18 @@ def _fp_pack_avx2(r):
     return r.to(torch.int16).view(r.shape[0] // 2, 2, 2, 8).permute(0, 2, 3, 1)
 
 
+def _fp_aligned(t, align=64):
+    # t, or a copy of it at an address that is a multiple of `align` bytes: both forms load R with aligned vector
+    # loads (align 64 / 32 in their IR), which fault on another address. torch's CPU allocator gives 64-byte
+    # aligned storage, so this copies nothing unless that ever changes.
+    if t.data_ptr() % align == 0:
+        return t
+    room = torch.empty(t.numel() * t.element_size() + align, dtype=torch.uint8)
+    skip = -room.data_ptr() % align
+    out = room[skip: skip + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+    return out.copy_(t)
+
+
 #: The native kernel's forms, best first: name -> (LLVM features the host needs, rows a group, the IR from the row
 #: and the group, R packed for it). VNNI: one VPDPBUSD for 4 bytes of a row and 16 columns (64 products), 8 rows
 #: a group (16 accumulators of 32 zmm registers); AVX2: two VPMADDWD for 2 bytes of a row (32 products), 3 rows

@@ -23,7 +23,7 @@ and Z is copied to pinned host memory in the stream's order, so reading it back 
 On the CPU, where llvmlite imports and the CPU is x86-64 with AVX-512 VNNI or AVX2, the first product is a kernel of
 our own instead (``_fp_native_ir`` for VNNI, ``_fp_native_ir_avx2`` for AVX2: LLVM IR compiled in the process, no text
 from outside in it; ``LAYOUTC_FP_NATIVE=0`` turns it off): the same exact int32 sums, in half oneDNN's time with VNNI
-and ~40 times faster than torch's int8 GEMM without it (which has no fast path there: 0.06-0.12 GB/s on a 2-core
+and ~36 times faster than torch's int8 GEMM without it (which has no fast path there: 0.06-0.12 GB/s on a 2-core
 Zen 3 machine, the AVX2 kernel 5 GB/s), on torch's OpenMP threads; every first product of a
 batch (a layer's tensors) in one run of it (one table of segments, one OpenMP region), each segment's whole rows
 where they lie and only the rests of rows staged: 0.86-0.93x the time of a run per tensor with small ones staged,
@@ -49,7 +49,7 @@ import os
 
 import torch
 
-from .cpu_kernels import _FP_NATIVE_FORMS, _FP_NATIVE_STATE, _fp_gomp, _fp_jit, _fp_llvm, _fp_run_job
+from .cpu_kernels import _FP_NATIVE_FORMS, _FP_NATIVE_STATE, _fp_aligned, _fp_gomp, _fp_jit, _fp_llvm, _fp_run_job
 
 _FP_SCHEME = "layoutc-fp1"
 #: Bytes per row of the first product (a multiple of 8, at most 2^17 for exact int32 sums).
@@ -164,7 +164,7 @@ def _fp_native(form=None):
         if host is not None:
             engine = _fp_jit(*host, make_ir(_FP_ROW, group))
             body = engine.get_function_address("fp_body")
-            packed = pack(_fp_matrix(b"R", _FP_ROW, torch.device("cpu")).contiguous()).contiguous()
+            packed = _fp_aligned(pack(_fp_matrix(b"R", _FP_ROW, torch.device("cpu")).contiguous()).contiguous())
             got = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body), packed, group
     _FP_NATIVE_STATE[key] = got
     return got
