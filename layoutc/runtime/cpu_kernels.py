@@ -26,10 +26,12 @@ import torch
 #: them); 16 row streams at the rows' 32 KiB stride took twice the time (one L1 set for all of them).
 _FP_NATIVE_GROUP = 8
 _FP_NATIVE_CHAINS = 2  # accumulators a row (sums in flight: VPDPBUSD's latency)
-#: Rows a group of the AVX2 form: two accumulators of 8 lanes a row, of 16 ymm registers in all. 2, 3 and 4 rows
-#: ran at 2.4-2.8 GB/s a core on the 2-core Zen 3 machine (VPMADDWD's rate: 16 products a cycle), 4 with registers
-#: spilled; 1 row at 1.7-1.9 (BENCHMARKS.md).
+#: Rows a group of the AVX2 form: two accumulators of 8 lanes a row, of 16 ymm registers in all (BENCHMARKS.md has
+#: 2, 3 and 4 rows).
 _FP_NATIVE_AVX2_GROUP = 3
+#: Bytes of a row the AVX2 form sign-extends to the stack at a time (a group's chunks stay in L1 between its two
+#: loops; BENCHMARKS.md has 64 to 4096).
+_FP_AVX2_CHUNK = 128
 _FP_NATIVE_STATE = {}  # (row, cols, form): the kernel (or None: it does not run here); "gomp", "pool"
 
 
@@ -87,49 +89,70 @@ def _fp_native_ir(row, group, chains):
     return "\n".join(lines) + "\n" + _fp_body_ir(group)
 
 
-def _fp_native_ir_avx2(row, group):
-    # LLVM IR (x86-64, AVX2) of Y = X @ R for X's rows of `row` bytes (a multiple of 16), made from the two integers
+def _fp_native_ir_avx2(row, group, chunk=None):
+    # LLVM IR (x86-64, AVX2) of Y = X @ R for X's rows of `row` bytes (a multiple of 16), made from the integers
     # only: the form for hosts without AVX-512 VNNI, where torch's int8 GEMM takes its slow path (~0.06-0.12 GB/s on
     # a 2-core AVX2 machine, BENCHMARKS.md). VPMADDWD multiplies 16-bit lanes in pairs and sums each pair into an
-    # int32 lane. A turn takes 16 bytes of each row, sign-extended to 16 bits (8 pairs of bytes); for pair q, the
-    # pair x[k + 2q], x[k + 2q + 1] is broadcast to the 8 lanes and multiplied with R's rows k + 2q, k + 2q + 1
-    # packed as lane c's two 16-bit values (R16[p, b, c, i] = R[2p + i, 8b + c], 64 bytes a pair p: columns 0-7
-    # then 8-15), so lane c of the row's accumulator b gains x[k + 2q] R[k + 2q, 8b + c] + x[k + 2q + 1] R[k + 2q +
-    # 1, 8b + c]. Exact: every product and pair fits (|x R| <= 2^14), and the sums are the definition's int32 Y
-    # (lanes wrap modulo 2^32 where they would not fit; they fit). fp_group(x, r, y, g, n): rows g .. g + group - 1
-    # of the n rows (one past the last reads and writes the last row again), each with two accumulators of 8 lanes.
+    # int32 lane: for pair q of a row (bytes x[2q], x[2q + 1], sign-extended, broadcast to the 8 lanes) and R's rows
+    # 2q, 2q + 1 packed as lane c's two 16-bit values (R16[p, b, c, i] = R[2p + i, 8b + c], 64 bytes a pair p:
+    # columns 0-7 then 8-15), lane c of the row's accumulator b gains x[2q] R[2q, 8b + c] + x[2q + 1] R[2q + 1, 8b +
+    # c]. Exact: every product and pair fits (|x R| <= 2^14), and the sums are the definition's int32 Y.
+    # The row goes in chunks of `chunk` bytes (a power of two dividing the row): a first loop sign-extends the
+    # chunk of each row of the group into a buffer on the stack, the second broadcasts each pair from there (a
+    # broadcast load: no shuffle). Broadcasting pairs from a register took a cross-lane shuffle or two each, the
+    # kernel's bound (0.7x the speed, BENCHMARKS.md). fp_group(x, r, y, g, n): rows g .. g + group - 1 of the n rows
+    # (one past the last reads and writes the last row again), each with two accumulators of 8 lanes.
+    chunk = chunk or _FP_AVX2_CHUNK
+    while row % chunk:  # the largest power of two dividing both (16 at least: the row is a multiple of 16)
+        chunk //= 2
     v, h, dot = "<8 x i32>", "<16 x i16>", "@llvm.x86.avx2.pmadd.wd"
-    rows = range(group)
-    lines = [f"declare {v} {dot}({h}, {h})", ""] + _fp_group_entry_ir(row, group)
-    lines += [f"  %a{j}.{b} = phi {v} [zeroinitializer, %entry], [%a{j}.{b}.7, %loop]" for j in rows for b in (0, 1)]
-    lines += ["  %rk = mul i64 %k, 32"]
+    rows, acc = range(group), [(j, b) for j in range(group) for b in (0, 1)]
+    entry = _fp_group_entry_ir(row, group)
+    assert entry[-3:] == ["  br label %loop", "loop:", "  %k = phi i64 [0, %entry], [%k1, %loop]"]
+    lines = [f"declare {v} {dot}({h}, {h})", ""] + entry[:-3]
+    lines += [f"  %buf = alloca [{group * chunk} x i16], align 64",
+              f"  %bb = bitcast [{group * chunk} x i16]* %buf to i16*", "  br label %chunk", "chunk:",
+              "  %c0 = phi i64 [0, %entry], [%c1, %chunk.end]"]
+    lines += [f"  %A{j}.{b} = phi {v} [zeroinitializer, %entry], [%a{j}.{b}.7, %chunk.end]" for j, b in acc]
+    # the chunk of each row, sign-extended into the buffer (row j at j * chunk), 16 bytes a turn
+    lines += ["  br label %widen", "widen:", "  %kw = phi i64 [0, %chunk], [%kw1, %widen]", "  %kx = add i64 %c0, %kw"]
     for j in rows:
-        lines += [f"  %q{j} = getelementptr i8, i8* %p{j}, i64 %k", f"  %w{j} = bitcast i8* %q{j} to <16 x i8>*",
-                  f"  %xv{j} = load <16 x i8>, <16 x i8>* %w{j}, align 1",
-                  f"  %xs{j} = sext <16 x i8> %xv{j} to {h}", f"  %xi{j} = bitcast {h} %xs{j} to {v}"]
-    last = {(j, b): f"%a{j}.{b}" for j in rows for b in (0, 1)}
+        lines += [f"  %q{j} = getelementptr i8, i8* %p{j}, i64 %kx", f"  %w{j} = bitcast i8* %q{j} to <16 x i8>*",
+                  f"  %xv{j} = load <16 x i8>, <16 x i8>* %w{j}, align 1", f"  %xs{j} = sext <16 x i8> %xv{j} to {h}",
+                  f"  %bo{j} = add i64 %kw, {j * chunk}", f"  %bq{j} = getelementptr i16, i16* %bb, i64 %bo{j}",
+                  f"  %bp{j} = bitcast i16* %bq{j} to {h}*", f"  store {h} %xs{j}, {h}* %bp{j}, align 32"]
+    lines += ["  %kw1 = add i64 %kw, 16", f"  %wend = icmp eq i64 %kw1, {chunk}",
+              "  br i1 %wend, label %loop.pre, label %widen", "loop.pre:", "  br label %loop", "loop:",
+              "  %k = phi i64 [0, %loop.pre], [%k1, %loop]"]
+    lines += [f"  %a{j}.{b} = phi {v} [%A{j}.{b}, %loop.pre], [%a{j}.{b}.7, %loop]" for j, b in acc]
+    lines += ["  %kr = add i64 %c0, %k", "  %rk = mul i64 %kr, 32"]
+    last = {(j, b): f"%a{j}.{b}" for j, b in acc}
     for q in range(8):
-        splat = "<" + ", ".join([f"i32 {q}"] * 8) + ">"
         for b in (0, 1):
             lines += [f"  %ro{q}.{b} = add i64 %rk, {64 * q + 32 * b}",
                       f"  %rp{q}.{b} = getelementptr i8, i8* %r, i64 %ro{q}.{b}",
                       f"  %rq{q}.{b} = bitcast i8* %rp{q}.{b} to {h}*",
                       f"  %rv{q}.{b} = load {h}, {h}* %rq{q}.{b}, align 32"]
         for j in rows:
-            lines += [f"  %s{j}.{q} = shufflevector {v} %xi{j}, {v} undef, {v} {splat}",
+            lines += [f"  %eo{j}.{q} = add i64 %k, {j * chunk + 2 * q}",
+                      f"  %eq{j}.{q} = getelementptr i16, i16* %bb, i64 %eo{j}.{q}",
+                      f"  %ep{j}.{q} = bitcast i16* %eq{j}.{q} to i32*",
+                      f"  %e{j}.{q} = load i32, i32* %ep{j}.{q}, align 4",
+                      f"  %f{j}.{q} = insertelement {v} undef, i32 %e{j}.{q}, i32 0",
+                      f"  %s{j}.{q} = shufflevector {v} %f{j}.{q}, {v} undef, {v} zeroinitializer",
                       f"  %t{j}.{q} = bitcast {v} %s{j}.{q} to {h}"]
             for b in (0, 1):
                 lines += [f"  %d{j}.{q}.{b} = call {v} {dot}({h} %t{j}.{q}, {h} %rv{q}.{b})",
                           f"  %a{j}.{b}.{q} = add {v} {last[j, b]}, %d{j}.{q}.{b}"]
                 last[j, b] = f"%a{j}.{b}.{q}"
-    lines += ["  %k1 = add i64 %k, 16", f"  %end = icmp eq i64 %k1, {row}", "  br i1 %end, label %rest, label %loop",
-              "rest:"]
-    for j in rows:
-        for b in (0, 1):
-            lines += [f"  %yo{j}.{b} = mul i64 %m{j}, 16", f"  %yb{j}.{b} = add i64 %yo{j}.{b}, {8 * b}",
-                      f"  %yi{j}.{b} = getelementptr i32, i32* %y, i64 %yb{j}.{b}",
-                      f"  %yp{j}.{b} = bitcast i32* %yi{j}.{b} to {v}*",
-                      f"  store {v} %a{j}.{b}.7, {v}* %yp{j}.{b}, align 4"]
+    lines += ["  %k1 = add i64 %k, 16", f"  %end = icmp eq i64 %k1, {chunk}",
+              "  br i1 %end, label %chunk.end, label %loop", "chunk.end:", f"  %c1 = add i64 %c0, {chunk}",
+              f"  %cend = icmp eq i64 %c1, {row}", "  br i1 %cend, label %rest, label %chunk", "rest:"]
+    for j, b in acc:
+        lines += [f"  %yo{j}.{b} = mul i64 %m{j}, 16", f"  %yb{j}.{b} = add i64 %yo{j}.{b}, {8 * b}",
+                  f"  %yi{j}.{b} = getelementptr i32, i32* %y, i64 %yb{j}.{b}",
+                  f"  %yp{j}.{b} = bitcast i32* %yi{j}.{b} to {v}*",
+                  f"  store {v} %a{j}.{b}.7, {v}* %yp{j}.{b}, align 4"]
     lines += ["  ret void", "}"]
     return "\n".join(lines) + "\n" + _fp_body_ir(group)
 

@@ -108,20 +108,22 @@ def test_segments_and_staged_rows_with_small_constants(monkeypatch, min_rows, ow
 
 def test_small_tensors_share_one_gemm_on_the_cpu(monkeypatch):
     # Without the native kernel, a layer's scales and biases (segments under _FP_OWN_ROWS rows) go through one staged
-    # first product (an int8 GEMM), the large weight through its own, then the second product (a GEMM): three
-    # products where each tensor once took its own. (The native kernel takes every whole row where it lies, in one
-    # run: tests/runtime/test_fingerprint_native.py.)
+    # first product (an int8 GEMM), the large weight through its own, then the second product (on the CPU a float64
+    # GEMM: exact, faster than the int8 one without VNNI): three products where each tensor once took its own. (The
+    # native kernel takes every whole row where it lies, in one run: tests/runtime/test_fingerprint_native.py.)
     monkeypatch.setattr(fp, "_FP_NATIVE", False)
-    firsts, gemms = [], []
-    first, int_mm = fp._fp_first, torch._int_mm
+    firsts, gemms, mms = [], [], []
+    first, int_mm, mm = fp._fp_first, torch._int_mm, torch.mm
     monkeypatch.setattr(fp, "_fp_first", lambda a, y: firsts.append(a.shape[0]) or first(a, y))
     monkeypatch.setattr(torch, "_int_mm", lambda a, b, **k: gemms.append(a.shape[0]) or int_mm(a, b, **k))
+    monkeypatch.setattr(torch, "mm", lambda a, b, **k: mms.append((a.shape, a.dtype, b.dtype)) or mm(a, b, **k))
     g = torch.Generator().manual_seed(2)
     row = fp._FP_ROW
     ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in (row * 70, row * 30, row * 2 + 9, 100)]
     assert fp._fingerprints(ts) == [reference(t) for t in ts]
     assert firsts == [70, 34], firsts  # 30 + 3 + 1 staged rows (104 rows of Y in all: a multiple of 8)
-    assert gemms[-1] == 4 * fp._FP_COLS and len(gemms) == 3, gemms
+    assert len(gemms) == 2, gemms
+    assert mms == [((4 * fp._FP_COLS, 104), torch.float64, torch.float64)], mms
 
 
 @pytest.mark.parametrize("at", [0, 1, 32768 * 17 - 1, 32768 * 17, -1])
