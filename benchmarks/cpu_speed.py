@@ -17,7 +17,8 @@ alternation so both see the same load:
   generated converter module (written by that tree's ``layoutc``) and calls ``convert`` once: the
   time from the import to the result (module import, plans, tables, the call);
 * ``sha``: sha256 of the outputs' bytes (old and new must agree);
-* ``path``: which CPU path ran: ``native:words,wquads,wpairs,quads`` (the numba kernels of ``layoutc/lower/native.py``
+* ``path``: which CPU path ran: ``ir:...`` (the IR kernels of ``layoutc/lower/native_ir.py``),
+  ``native:words,wquads,wpairs,quads`` (the numba kernels of ``layoutc/lower/native.py``
   this process compiled and called) or ``torch`` (numba not installed, ``LAYOUTC_NUMBA=0``, a tree without
   them, or a spec none of whose plans takes them). ``LAYOUTC_NUMBA=0 python benchmarks/cpu_speed.py``
   times the torch forms of this tree.
@@ -71,14 +72,15 @@ print(time.perf_counter() - t0)
 
 
 def _path(module) -> str:
-    """The CPU path the module's calls took: the SIMD kernel's forms and the numba kernels it called (compiled in
-    this process), or torch."""
+    """The CPU path the module's calls took: the SIMD kernel's forms, the numba kernels and the IR kernels
+    (layoutc/lower/native_ir.py) it called (compiled in this process), or torch."""
     state = getattr(module, "_NB_STATE", {}).get("kernels") or {}
     used = [k for k, v in state.items() if getattr(v, "signatures", None)]  # the kernels compiled (each a dispatcher)
     simd = sorted(f"{'luts' if k[1] else 'bytes'}x{k[3]}" for k in getattr(module, "_NX_STATE", {})
                   if isinstance(k, tuple) and k[0] == "nx")  # (luts, ahead, gathers, group) of each form compiled
+    ir = sorted({k[0] for k in getattr(module, "_NI_STATE", {}) if isinstance(k, tuple)})  # (name, types) compiled
     parts = (["simd:" + ",".join(simd)] if simd else []) + (["native:" + ",".join(used)] if used else [])
-    return " ".join(parts) or "torch"
+    return " ".join(parts + (["ir:" + ",".join(ir)] if ir else [])) or "torch"
 
 
 def _alternating_ms(fns, reps: int) -> list[float]:

@@ -57,6 +57,7 @@ first use only); ``tests/lower/test_native.py`` holds each kernel to the torch f
 # not copied into converters (torch_emit.native_source copies what follows `import torch`): they carry
 # layoutc.runtime.cpu_kernels whole
 from ..runtime.cpu_kernels import _fp_gomp, _fp_on_threads
+from .native_ir import _ni_on, _ni_run
 from .native_simd import _nx_chunks, _nx_lut8, _nx_memo, _nx_on, _nx_quads_table, _nx_run, _nx_tables
 import torch
 
@@ -197,7 +198,8 @@ def _nb_quads_k(src, rows, quads, step, unread, luts, out, lo, hi):
             continue
         if quads == 0:
             continue
-        if min(a0, a1, a2, a3) < 0 or max(a0, a1, a2, a3) + last >= n or min(a0, a1, a2, a3) + last < 0:
+        lo_a, hi_a = min(a0, a1, a2, a3), max(a0, a1, a2, a3)  # both ends of each word's run (a step may be < 0)
+        if lo_a < 0 or hi_a >= n or lo_a + last < 0 or hi_a + last >= n:
             return 1
         d0 = r * quads * 4
         for q in range(quads):
@@ -268,8 +270,9 @@ def _nb_jit(numba, fn, cache):
 
 
 def _nb_on(device):
-    """Whether the native kernels run for tensors on ``device``."""
-    return torch.device(device).type == "cpu" and _nb() is not None
+    """Whether the native kernels run for tensors on ``device``: the IR ones (:mod:`layoutc.lower.native_ir`) or,
+    where those do not run, numba's."""
+    return torch.device(device).type == "cpu" and (_ni_on() or _nb() is not None)
 
 
 def _nb_array(t, dtype):
@@ -280,7 +283,13 @@ def _nb_array(t, dtype):
 def _nb_run(name, args, total, weight):
     """The kernel ``name``'s ``kernel(*args, lo, hi)`` over [0, total) in parts on the calling thread and
     worker threads, one part per intra-op thread torch uses (``weight``: words a unit writes; small calls
-    run on one thread); raises where a part read out of range."""
+    run on one thread); raises where a part read out of range. The IR kernel of the same name where it runs
+    (:mod:`layoutc.lower.native_ir`: no numba imported, nothing compiled by it), else numba's."""
+    if _ni_on():
+        threads = max(1, min(torch.get_num_threads(), total, total * weight // _NB_MIN_SPLIT))
+        if _ni_run(name, args, total, threads):
+            raise IndexError("a run table reads outside its input (the converter's plan does not fit this tensor)")
+        return
     kernels = _nb()
     kernel = kernels[name]
     try:  # compiled (or loaded from numba's cache) here, for these types, before the threads call it
@@ -664,7 +673,7 @@ def _nb_values(y, convert):
         out = torch.empty(y.shape, dtype=lut.dtype)
         if _nx_lut8(x, lut, out, _nb_gomp()):
             return out
-    if lut.element_size() == 1 and lut.is_contiguous() and y.device.type == "cpu" and _nb() is not None:
+    if lut.element_size() == 1 and lut.is_contiguous() and _nb_on(y.device):
         x = y.contiguous()  # one byte in, one byte out: the native lookup (_nb_lut8_k), on torch's threads
         out = torch.empty(y.shape, dtype=lut.dtype)
         _nb_run("lut8", (_nb_array(x, torch.uint8), _nb_array(lut, torch.uint8), _nb_array(out, torch.uint8)),

@@ -42,7 +42,7 @@ The functions here are copied whole into generated converters (torch and builtin
 ``tests/lower/test_runs.py`` holds every path to the element gather bit for bit.
 """
 
-from .native import _nb, _nb_blocks, _nb_gomp, _nb_word_quads  # copied beside this module into converters
+from .native import _nb, _nb_blocks, _nb_gomp, _nb_on, _nb_word_quads  # copied beside this module into converters
 from .native_simd import _nx_chunks, _nx_on, _nx_run
 import torch
 
@@ -118,7 +118,7 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None, words=False
     checked it on the map's expressions); then the addresses of expert 0 are evaluated and the
     others are theirs plus e * expert_stride. ``words``: the source bytes of a words plan, whose
     table the native kernel reads where numba runs (``("native", ...)``; layoutc.lower.native)."""
-    native = words and _nb() is not None  # native plans, kept apart from the torch forms'
+    native = words and _nb_on("cpu")  # native plans (IR or numba kernels), kept apart from the torch forms'
     simd = not words and _nx_on()  # "simd" plans, kept apart too (LAYOUTC_SIMD=0: none)
 
     key = tuple(key) + (native, simd)

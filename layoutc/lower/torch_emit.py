@@ -22,7 +22,8 @@ from ..algebra import expr as ex
 from ..lang.ops.conversion import known
 from .plan import Affine, Copy, Gather, Plan, Rows, Words, affine_strides, linear, unknown
 from .terms import collect_and_name, is_size
-from . import native as native_module, native_simd as native_simd_module, runs as runs_module
+from . import native as native_module, native_ir as native_ir_module, native_simd as native_simd_module
+from . import runs as runs_module
 from . import simd_forms as simd_forms_module
 
 #: The line after the coordinates are bound: where the named terms of the coordinates go.
@@ -279,10 +280,11 @@ def runs_source() -> str:
 
 def native_source() -> str:
     """Module-level helpers of the native CPU kernels: :mod:`layoutc.lower.simd_forms` (no imports: all after its
-    docstring), :mod:`layoutc.lower.native_simd` and :mod:`layoutc.lower.native` without their docstrings and
-    imports."""
+    docstring), :mod:`layoutc.lower.native_simd`, :mod:`layoutc.lower.native_ir` and :mod:`layoutc.lower.native`
+    without their docstrings and imports."""
     head = "\nimport torch\n"
-    forms, simd, numba = (inspect.getsource(m) for m in (simd_forms_module, native_simd_module, native_module))
+    forms, simd, scalar, numba = (inspect.getsource(m) for m in (simd_forms_module, native_simd_module,
+                                                                  native_ir_module, native_module))
     docstring = ast.parse(forms).body[0]
     if not (isinstance(docstring, ast.Expr) and isinstance(docstring.value, ast.Constant)):
         raise AssertionError("layoutc.lower.simd_forms begins with its docstring")
@@ -290,6 +292,8 @@ def native_source() -> str:
             + "\n".join(forms.splitlines()[docstring.end_lineno:]).strip() + "\n\n\n"
             + "# a SIMD kernel of our own (LLVM IR, AVX-512 VBMI): the code of layoutc.lower.native_simd\n"
             + simd[simd.index(head) + len(head):].strip() + "\n\n\n"
+            + "# the native kernels as scalar LLVM IR of our own: the code of layoutc.lower.native_ir\n"
+            + scalar[scalar.index(head) + len(head):].strip() + "\n\n\n"
             + "# native CPU kernels through numba, where it is installed: the code of layoutc.lower.native\n"
             + numba[numba.index(head) + len(head):].strip() + "\n")
 

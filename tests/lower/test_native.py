@@ -36,8 +36,11 @@ numba = pytest.importorskip("numba")
 def _numba_kernels_only():
     # The numba kernels themselves here: the SIMD kernel (LLVM IR, its switch read per call) would take the plans
     # whose chunks it can; tests/lower/test_native_simd.py holds it to the same forms.
+    # The IR kernels of the same names (layoutc.lower.native_ir, switch read per call) are off too:
+    # tests/lower/test_native_ir.py runs these tests with them on.
     with pytest.MonkeyPatch.context() as m:
         m.setenv("LAYOUTC_SIMD", "0")
+        m.setenv("LAYOUTC_NATIVE_IR", "0")
         yield
 
 
@@ -52,7 +55,15 @@ def _namespace(on: bool) -> dict:
     exec(torch_emit.bit_tables_source(), namespace)
     if not on:
         namespace["_nb"] = lambda: None
+        namespace["_ni_on"] = lambda: False
     return namespace
+
+
+def _kernel_ran(ns, name):
+    # whether kernel `name` ran in namespace `ns`: compiled as IR (where the IR kernels are on) or by numba
+    if ns["_ni_on"]():
+        return any(isinstance(k, tuple) and k[0] == name for k in ns["_NI_STATE"])
+    return bool(ns["_nb"]()[name].signatures)
 
 
 @pytest.fixture(scope="session")
@@ -152,7 +163,7 @@ def test_word_groups_equal_the_per_byte_kernel_and_the_reference(native_ns, seed
     shape = (experts, blocks * groups * size)
     table = tuple(table)
     got = native_ns["_nb_words"](x, plan, shape, table, conv)
-    assert native_ns["_nb"]()["wquads" if size == 4 else "wpairs"].signatures
+    assert _kernel_ran(native_ns, "wquads" if size == 4 else "wpairs")
     per_byte = native_ns["_nb_words"](x, plan[:6], shape, table, conv)
     index0 = (inner.unsqueeze(0) + outer.unsqueeze(1)).reshape(-1)
     whole = torch.cat([index0 + e * src_per for e in range(experts)])
@@ -543,13 +554,15 @@ def test_shipped_specs_take_the_native_kernels_and_equal_eager(name, dims, monke
     want = spec.convert(x, lowering="eager")
     spec.module._RUN_PLANS.clear()
     assert_same_bits(spec.convert(x, lowering="gather"), want, name)
-    assert spec.module._nb() is not None
+    assert spec.module._nb_on("cpu")
     if 'runs[0] == "native"' in spec.source:  # a words plan's driver: its table is a native plan
         assert any(v is not None and v[0] == "native" for v in spec.module._RUN_PLANS.values()), name
     if "return _nb_quads(" in spec.source:  # a quads part: the kernel ran
-        assert spec.module._nb()["quads"].signatures, name
+        assert _kernel_ran(vars(spec.module), "quads"), name
     monkeypatch.setenv("LAYOUTC_NUMBA", "0")
-    assert_same_bits(spec.convert(x, lowering="gather"), want, f"{name} without numba")
+    monkeypatch.setenv("LAYOUTC_NATIVE_IR", "0")
+    spec.module._RUN_PLANS.clear()
+    assert_same_bits(spec.convert(x, lowering="gather"), want, f"{name} without native kernels")
 
 
 @pytest.mark.slow  # two processes import torch and numba

@@ -1,0 +1,134 @@
+"""The native kernels as LLVM IR of our own (layoutc.lower.native_ir) equal the numba kernels, the torch forms and the
+element gather bit for bit.
+
+The data-driven tests of ``test_native.py`` run here again with the IR kernels on (``LAYOUTC_NATIVE_IR=1``; the SIMD
+kernel off): the same words plans, block tables of quads and pairs, SM90 quads with unread words, reads past the
+input, value lookups, and the shipped specs that take the kernels against the eager lowering. Then what is the IR
+kernels' own: every element type an array may have, parts on threads, an empty array, a negative step, and a first
+call that imports no numba.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layoutc.lower import native_ir
+from tests.lower.test_native import (  # noqa: F401  (collected here again, with the IR kernels on)
+    _kernel_ran, native_ns, test_a_per_quad_index_of_rows_at_a_step_runs_as_those_rows,
+    test_a_table_that_reads_past_its_input_raises_and_reads_nothing,
+    test_block_periodic_tables_are_one_block_and_offsets, test_one_byte_images_by_the_native_lookup,
+    test_quads_equal_the_transpose_then_the_permutation,
+    test_shipped_specs_take_the_native_kernels_and_equal_eager, test_value_conversions_of_bytes_by_a_lookup,
+    test_word_groups_equal_the_per_byte_kernel_and_the_reference,
+    test_words_gather_and_permutation_fused_equal_the_torch_form)
+
+pytestmark = pytest.mark.skipif(not native_ir._ni_on(), reason="llvmlite or an x86-64 host missing")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _ir_kernels_on():
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("LAYOUTC_SIMD", "0")
+        m.setenv("LAYOUTC_NATIVE_IR", "1")
+        yield
+
+
+def _quads_reference(src, rows, quads, step, unread, luts):
+    # the quads kernel's definition, one word at a time
+    out = []
+    for r in range(rows.shape[0]):
+        for q in range(quads):
+            words = [0 if unread.size and unread[r, b] else int(src[rows[r, b] + q * step]) & 0xFFFFFFFF
+                     for b in range(4)]
+            for j in range(4):
+                v = 0
+                for b in range(4):
+                    v |= int(luts[b, (words[b] >> (8 * j)) & 255]) & 0xFFFFFFFF
+                out.append(v)
+    return out
+
+
+@given(seed=st.integers(0, 2**16), rows_type=st.sampled_from(["<i4", "<i8"]), masked=st.booleans(),
+       threads=st.sampled_from([1, 2, 3]), omp=st.booleans())
+@settings(max_examples=16, deadline=None)
+def test_quads_for_each_index_type_on_any_threads(seed, rows_type, masked, threads, omp):
+    # threads > 1: one OpenMP region of torch's runtime, or (omp False) the calling thread and Python threads
+    g = np.random.default_rng(seed)
+    src = g.integers(-2**31, 2**31, 64, dtype=np.int64).astype(np.int32)
+    quads, step = 3, int(g.integers(-4, 5))
+    lo, hi = max(0, -2 * step), 64 - max(0, 2 * step)
+    rows = g.integers(lo, hi, (7, 4)).astype(np.dtype(rows_type))
+    unread = (g.random((7, 4)) < 0.3).astype(np.uint8) if masked else np.zeros((0, 4), dtype=np.uint8)
+    luts = g.integers(-2**31, 2**31, (4, 256), dtype=np.int64).astype(np.int32)
+    out = np.full(7 * quads * 4, 7, dtype=np.int32)
+    with pytest.MonkeyPatch.context() as m:
+        if not omp:
+            m.setattr(native_ir, "_fp_gomp", lambda: None)
+        assert not native_ir._ni_run("quads", (src, rows, quads, step, unread, luts, out), 7, threads)
+    assert [int(v) & 0xFFFFFFFF for v in out] == _quads_reference(src, rows, quads, step, unread, luts)
+
+
+def test_a_negative_step_past_the_end_fails_before_reading():
+    # a row of 2 quads at step -4 from word 5 of 4 reads words 5 and 1: outside at its first quad, not its last
+    src, luts = np.arange(4, dtype=np.int32), np.zeros((4, 256), dtype=np.int32)
+    out = np.zeros(8, dtype=np.int32)
+    rows = np.array([[5, 5, 5, 5]], dtype=np.int32)
+    assert native_ir._ni_run("quads", (src, rows, 2, -4, np.zeros((0, 4), np.uint8), luts, out), 1, 1)
+    assert not out.any()
+
+
+def test_empty_arrays_and_empty_ranges():
+    luts = np.zeros((4, 256), dtype=np.int32)
+    out = np.zeros(0, dtype=np.int32)
+    empty = np.zeros((0, 4), dtype=np.int32)
+    assert not native_ir._ni_run("quads", (np.zeros(0, np.int32), empty, 2, 1, np.zeros((0, 4), np.uint8), luts, out),
+                                 0, 1)
+    # padding only (every inner entry negative) from an empty source: luts[b, 0] a byte, no read
+    inner = np.full(8, -1, dtype=np.int32)
+    luts[:, 0] = [1, 1 << 8, 1 << 16, 1 << 24]
+    words = np.zeros(2, dtype=np.int32)
+    assert not native_ir._ni_run("words", (np.zeros(0, np.uint8), inner, np.zeros(1, np.int32), 62, 0, 1, luts, words),
+                                 2, 1)
+    assert words.tolist() == [0x01010101, 0x01010101]
+
+
+def test_an_array_of_another_type_is_refused():
+    with pytest.raises(TypeError, match="does not take"):
+        native_ir._ni_run("lut8", (np.zeros(4, np.float32), np.zeros(256, np.uint8), np.zeros(4, np.uint8)), 4, 1)
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        native_ir._ni_run("lut8", (np.zeros(4, np.uint8),), 4, 1)
+
+
+def test_the_ir_is_made_from_names_and_types_alone():
+    # the same text for the same kernel and types; every kernel of every table's types compiles
+    types = {"src": "<i4", "qsrc": "<i8", "qdst": "<i4", "span": "<i8", "outer": "<i8", "luts": "<i4", "out": "<i4"}
+    assert native_ir._ni_ir("wquads", types) == native_ir._ni_ir("wquads", dict(types))
+    for name, t in (("words", {"src": "|u1", "inner": "<i8", "outer": "<i4", "luts": "<i4", "out": "<i4"}),
+                    ("wpairs", types), ("lut8", {"src": "|u1", "lut": "|u1", "out": "|u1"})):
+        native_ir._fp_jit(*native_ir._NI_STATE["host"], native_ir._ni_ir(name, t))
+
+
+@pytest.mark.slow  # a process imports torch and converts a layer
+def test_a_first_call_imports_no_numba(tmp_path):
+    from tests.helpers import spec as _spec
+    from layoutc.convert.synthckpt import synthetic_inputs
+
+    spec = _spec("marlin_mxfp4")
+    spec.write(tmp_path / "conv.py")
+    torch.save(synthetic_inputs(spec, {"E": 2, "I": 256, "H": 512}, seed=1), tmp_path / "x.pt")
+    code = ("import sys, importlib.util, torch; s = importlib.util.spec_from_file_location('c', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); m.convert(torch.load(sys.argv[2])); "
+            "print('numba' in sys.modules, any(k[0] == 'wquads' for k in m._NI_STATE if isinstance(k, tuple)))")
+    env = {k: v for k, v in os.environ.items() if k not in ("LAYOUTC_NATIVE_IR", "LAYOUTC_SIMD", "PYTHONPATH")}
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "conv.py"), str(tmp_path / "x.pt")],
+                         capture_output=True, text=True, env={**env, "LAYOUTC_SIMD": "0"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "True"]
