@@ -4,12 +4,12 @@ The numba kernels (``_nb_words_k``, ``_nb_wquads_k``, ``_nb_wpairs_k``, ``_nb_qu
 fresh process 1.5-2.5 s before their first word: importing numba (~0.5 s) and its typing and compiling of each
 kernel and of its OpenMP body (~1 s a kernel on the 2-core Zen 3 machine), every time a converter is loaded
 without numba's disk cache (BENCHMARKS.md). Here each is written as scalar LLVM IR from a few integers and the
-element types of its arrays, compiled by llvmlite's LLVM (numba's own dependency: ``_fp_jit`` of
-:mod:`layoutc.runtime.cpu_kernels`) in tens of milliseconds, and run in parts from an atomic counter on torch's
+element types of its arrays, optimised by LLVM's O3 pipeline and compiled by llvmlite's LLVM (numba's own
+dependency: ``_fp_jit`` of :mod:`layoutc.runtime.cpu_kernels`), and run in parts from an atomic counter on torch's
 OpenMP threads (one ``GOMP_parallel`` region) or on Python threads, like the fingerprint's kernel. Same
 definitions, same checks: every address a kernel reads is checked against its source's length, and a call that
-would read outside raises. Where llvmlite does not import or the host is not x86-64, or ``LAYOUTC_NATIVE_IR=0``
-(read per call), the numba kernels run as before.
+would read outside raises. Where llvmlite (0.44 or later, for its new pass manager) does not import or the host
+is not x86-64, or ``LAYOUTC_NATIVE_IR=0`` (read per call), the numba kernels run as before.
 
 A kernel's job is int64 slots: the parts' counter, failed parts, parts, total, then two slots an argument (an
 array's address and first dimension, or an integer and 0). ``kernel(args..., lo, hi)`` is the numba kernel's
@@ -334,14 +334,17 @@ def _ni_ir(name, types):
 
 
 def _ni_on():
-    """Whether the IR kernels run here (``LAYOUTC_NATIVE_IR`` is not ``0``, read per call; llvmlite imports and
-    the host is x86-64, looked up once), without compiling any."""
+    """Whether the IR kernels run here (``LAYOUTC_NATIVE_IR`` is not ``0``, read per call; llvmlite 0.44 or later
+    imports and the host is x86-64, looked up once), without compiling any."""
     import os
 
     if os.environ.get("LAYOUTC_NATIVE_IR", "1").strip() == "0":
         return False
     if "host" not in _NI_STATE:
-        _NI_STATE["host"] = _fp_llvm(())
+        host = _fp_llvm(())
+        # the kernels are written plainly and left to LLVM's O3 pipeline (new pass manager: llvmlite 0.44 on);
+        # without it the wpairs kernel took 1.7x numba's time
+        _NI_STATE["host"] = host if host is not None and hasattr(host[0], "create_pass_builder") else None
     return _NI_STATE["host"] is not None
 
 
@@ -367,7 +370,7 @@ def _ni_run(name, args, total, threads):
     key = (name, tuple(sorted(types.items())))
     got = _NI_STATE.get(key)
     if got is None:
-        engine = _fp_jit(*_NI_STATE["host"], _ni_ir(name, types))
+        engine = _fp_jit(*_NI_STATE["host"], _ni_ir(name, types), optimize=True)
         body = engine.get_function_address("ni_body")
         got = _NI_STATE[key] = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
     _, body, call = got

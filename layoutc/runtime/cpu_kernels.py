@@ -240,9 +240,10 @@ def _fp_llvm(needs):
     return (llvm, features) if all(features.get(f, False) for f in needs) else None
 
 
-def _fp_jit(llvm, features, ir):
+def _fp_jit(llvm, features, ir, optimize=False):
     """An MCJIT engine of the LLVM IR text ``ir``, compiled for the host CPU (kept by the caller: it owns the
-    machine code). Never cached on disk."""
+    machine code). Never cached on disk. ``optimize``: LLVM's O3 pipeline runs on the IR first (the scalar kernels
+    of :mod:`layoutc.lower.native_ir`, written plainly and left to it; the SIMD kernels' IR is laid out by hand)."""
     try:
         llvm.initialize()  # llvmlite < 0.45 needs it; later ones initialise themselves and raise here
     except RuntimeError:
@@ -253,6 +254,9 @@ def _fp_jit(llvm, features, ir):
         cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=3)
     module = llvm.parse_assembly(ir)
     module.verify()
+    if optimize:
+        builder = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(speed_level=3))
+        builder.getModulePassManager().run(module, builder)
     engine = llvm.create_mcjit_compiler(module, machine)
     engine.finalize_object()
     return engine
