@@ -284,7 +284,7 @@ def _nb_run(name, args, total, weight):
     """The kernel ``name``'s ``kernel(*args, lo, hi)`` over [0, total) in parts on the calling thread and
     worker threads, one part per intra-op thread torch uses (``weight``: words a unit writes; small calls
     run on one thread); raises where a part read out of range. The IR kernel of the same name where it runs
-    (:mod:`layoutc.lower.native_ir`: no numba imported, nothing compiled by it), else numba's."""
+    (:mod:`layoutc.lower.native_ir`: numba never loaded, nothing compiled by it), else numba's."""
     if _ni_on():
         threads = max(1, min(torch.get_num_threads(), total, total * weight // _NB_MIN_SPLIT))
         if _ni_run(name, args, total, threads):

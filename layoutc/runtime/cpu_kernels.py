@@ -7,9 +7,9 @@ columns; :mod:`layoutc.runtime.fingerprint` has the definition) in two forms, th
 * ``vnni`` (x86-64 with AVX-512 VNNI): one VPDPBUSD multiplies 4 bytes of a row with 16 columns of R at once (64
   products), 8 rows a group sharing each load of R;
 * ``avx2`` (x86-64 with AVX2, e.g. a Zen 3 machine): two VPMADDWD multiply 2 bytes of a row, widened to 16 bits,
-  with 16 columns (32 products), 3 rows a group. Where AVX-512 VNNI is missing, torch's int8 GEMM has no fast path
-  on the CPU (0.06-0.12 GB/s for a layer's 27 MB on the 2-core Zen 3 machine); this form runs at ~5 GB/s on its
-  two cores, VPMADDWD's rate (BENCHMARKS.md).
+  with 16 columns (32 products), 3 rows a group, each pair broadcast from a sign-extended copy of the row's chunk
+  on the stack. Where AVX-512 VNNI is missing, torch's int8 GEMM has no fast path on the CPU (0.06-0.12 GB/s for a
+  layer's 27 MB on the 2-core Zen 3 machine); this form runs at ~7 GB/s on its two cores (BENCHMARKS.md).
 
 Both are exact: every product and every sum is the definition's int32. Each is made from a few integers only (the
 row's bytes, rows a group, chains): no text from outside reaches the IR. LLVM compiles it for the host CPU
@@ -26,11 +26,11 @@ import torch
 #: them); 16 row streams at the rows' 32 KiB stride took twice the time (one L1 set for all of them).
 _FP_NATIVE_GROUP = 8
 _FP_NATIVE_CHAINS = 2  # accumulators a row (sums in flight: VPDPBUSD's latency)
-#: Rows a group of the AVX2 form: two accumulators of 8 lanes a row, of 16 ymm registers in all (BENCHMARKS.md has
-#: 2, 3 and 4 rows).
+#: Rows a group of the AVX2 form: two accumulators of 8 lanes a row, of 16 ymm registers in all (3 and 4 rows ran
+#: alike, 2 at 0.8x their speed on the Zen 3 machine; BENCHMARKS.md).
 _FP_NATIVE_AVX2_GROUP = 3
 #: Bytes of a row the AVX2 form sign-extends to the stack at a time (a group's chunks stay in L1 between its two
-#: loops; BENCHMARKS.md has 64 to 4096).
+#: loops): 64-512 ran alike, 4096 at 0.9x (BENCHMARKS.md).
 _FP_AVX2_CHUNK = 128
 _FP_NATIVE_STATE = {}  # (row, cols, form): the kernel (or None: it does not run here); "gomp", "pool"
 

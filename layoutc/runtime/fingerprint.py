@@ -16,15 +16,16 @@ Definition (scheme ``layoutc-fp1``), for a tensor's N bytes in row-major order:
 R and R2 are SHAKE-256 output of a fixed seed, so the value is the same in every process, on every
 device and in a manifest written by ``layoutc convert``. Both products are integer GEMMs on the
 bytes where they lie (``torch._int_mm``: cuBLAS int8 on CUDA, zero-copy views of the tensor), with
-no rounding anywhere, so the CPU and the GPU compute the same integers. The only host work is
+no rounding anywhere, so the CPU and the GPU compute the same integers (on the CPU the second product, a few
+rows, is a float64 GEMM instead: every integer in it, at most 2^30, is exact in float64). The only host work is
 reading back Z (4 KiB per 2 GiB segment) and one sha256 of it, once. On CUDA a product's K axis is
 cut into parts summed afterwards (:func:`_fp_mm`: more thread blocks for cuBLAS, the same integers),
 and Z is copied to pinned host memory in the stream's order, so reading it back waits on nothing else.
 On the CPU, where llvmlite imports and the CPU is x86-64 with AVX-512 VNNI or AVX2, the first product is a kernel of
 our own instead (``_fp_native_ir`` for VNNI, ``_fp_native_ir_avx2`` for AVX2: LLVM IR compiled in the process, no text
 from outside in it; ``LAYOUTC_FP_NATIVE=0`` turns it off): the same exact int32 sums, in half oneDNN's time with VNNI
-and ~36 times faster than torch's int8 GEMM without it (which has no fast path there: 0.06-0.12 GB/s on a 2-core
-Zen 3 machine, the AVX2 kernel 5 GB/s), on torch's OpenMP threads; every first product of a
+and ~50 times faster than torch's int8 GEMM without it (which has no fast path there: 0.06-0.12 GB/s on a 2-core
+Zen 3 machine, the AVX2 kernel ~7 GB/s), on torch's OpenMP threads; every first product of a
 batch (a layer's tensors) in one run of it (one table of segments, one OpenMP region), each segment's whole rows
 where they lie and only the rests of rows staged: 0.86-0.93x the time of a run per tensor with small ones staged,
 0.68-0.85x on a 16-core host (BENCHMARKS.md).
@@ -142,7 +143,7 @@ _FP_TRITON_WARPS = 4
 #: the host) where the host is x86-64 with AVX-512 VNNI or AVX2 and llvmlite imports, unless LAYOUTC_FP_NATIVE=0 (read
 #: at import): oneDNN's int8 GEMM of 16 columns (torch._int_mm) took 1.3-1.4 ms for the first product of a 27 MiB
 #: layer on the 2-core Zen 5 machine, the VNNI kernel 0.64-0.74 ms; on the 2-core Zen 3 machine (AVX2, no VNNI)
-#: torch's took 225-425 ms, the AVX2 kernel 5.3-5.6 ms (BENCHMARKS.md).
+#: torch's took 225-425 ms, the AVX2 kernel 3.7-4.9 ms (BENCHMARKS.md).
 _FP_NATIVE = os.environ.get("LAYOUTC_FP_NATIVE", "1") != "0"
 
 def _fp_native(form=None):
