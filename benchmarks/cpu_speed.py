@@ -20,8 +20,8 @@ alternation so both see the same load:
 * ``path``: which CPU path ran: ``ir:...`` (the IR kernels of ``layoutc/lower/native_ir.py``),
   ``native:words,wquads,wpairs,quads`` (the numba kernels of ``layoutc/lower/native.py``
   this process compiled and called) or ``torch`` (numba not installed, ``LAYOUTC_NUMBA=0``, a tree without
-  them, or a spec none of whose plans takes them). ``LAYOUTC_NUMBA=0 python benchmarks/cpu_speed.py``
-  times the torch forms of this tree.
+  them, or a spec none of whose plans takes them). ``LAYOUTC_NUMBA=0 LAYOUTC_NATIVE_IR=0 python
+  benchmarks/cpu_speed.py`` times the torch forms of this tree (``LAYOUTC_NATIVE_IR=0`` alone: numba's kernels).
 
 The first call's process loads the module from its file without an entry in ``sys.modules``, so numba
 cannot use its disk cache there (it reloads a kernel by importing its module by name): the figure includes

@@ -39,8 +39,9 @@ it makes the call raise (never a read outside the tensor). Plain run tables (no 
 torch's ``index_select``: a numba loop of one-byte lookups was no faster than it on the CPU machine
 (BENCHMARKS.md).
 
-Used where ``import numba`` succeeds and ``LAYOUTC_NUMBA`` is not ``0``, on CPU tensors only; else
-``_nb()`` is None and the torch forms run, unchanged. ``_nb_values`` (used on every CPU path with or without
+Used where ``import numba`` succeeds and ``LAYOUTC_NUMBA`` is not ``0``, on CPU tensors only, unless the IR
+kernels of :mod:`layoutc.lower.native_ir` run (x86-64 with llvmlite; ``LAYOUTC_NATIVE_IR=0`` turns them off);
+where neither runs the torch forms run, unchanged. ``_nb_values`` (used on every CPU path with or without
 numba) makes value conversions of one-byte elements after a run table one lookup in a table of the conversions
 of all 256 values, where a conversion changes bits (a relabelling alone stays a view): the SIMD byte lookup
 (``native_simd._nx_lut8``, 64 bytes a step) where it runs and the images are one byte each, else ``_nb_lut8_k``
@@ -164,7 +165,10 @@ def _nb_quads_k(src, rows, quads, step, unread, luts, out, lo, hi):
     # are checked once, at its first and last quad: the loop over its quads has no branch (25% less time).
     n = src.shape[0]
     masked = unread.shape[0] > 0
-    last = (quads - 1) * step
+    # a row whose quads span n words or more reads outside whatever its start (checked before (quads - 1) * step
+    # is formed, which could wrap): with it, a row's first and last quads bound all of its reads
+    far = quads > 1 and step != 0 and (step > n or step < -n or quads - 1 > (n - 1) // abs(step))
+    last = 0 if far else (quads - 1) * step
     for r in range(lo, hi):
         a0 = rows[r, 0]
         a1 = rows[r, 1]
@@ -175,19 +179,19 @@ def _nb_quads_k(src, rows, quads, step, unread, luts, out, lo, hi):
                 s0 = s1 = s2 = s3 = 0
                 o = q * step
                 if unread[r, 0] == 0:
-                    if a0 + o < 0 or a0 + o >= n:
+                    if far or a0 + o < 0 or a0 + o >= n:
                         return 1
                     s0 = src[_nb_u(a0 + o)]
                 if unread[r, 1] == 0:
-                    if a1 + o < 0 or a1 + o >= n:
+                    if far or a1 + o < 0 or a1 + o >= n:
                         return 1
                     s1 = src[_nb_u(a1 + o)]
                 if unread[r, 2] == 0:
-                    if a2 + o < 0 or a2 + o >= n:
+                    if far or a2 + o < 0 or a2 + o >= n:
                         return 1
                     s2 = src[_nb_u(a2 + o)]
                 if unread[r, 3] == 0:
-                    if a3 + o < 0 or a3 + o >= n:
+                    if far or a3 + o < 0 or a3 + o >= n:
                         return 1
                     s3 = src[_nb_u(a3 + o)]
                 d = (r * quads + q) * 4
@@ -199,7 +203,7 @@ def _nb_quads_k(src, rows, quads, step, unread, luts, out, lo, hi):
         if quads == 0:
             continue
         lo_a, hi_a = min(a0, a1, a2, a3), max(a0, a1, a2, a3)  # both ends of each word's run (a step may be < 0)
-        if lo_a < 0 or hi_a >= n or lo_a + last < 0 or hi_a + last >= n:
+        if far or lo_a < 0 or hi_a >= n or lo_a + last < 0 or hi_a + last >= n:
             return 1
         d0 = r * quads * 4
         for q in range(quads):
@@ -328,7 +332,8 @@ def _nb_run(name, args, total, weight):
 def _nb_gomp():
     """``GOMP_parallel`` of the OpenMP runtime torch runs its CPU ops on (a ctypes function), or None: torch's
     parallel backend is not OpenMP, the process has no such symbol (not Linux or macOS), or
-    ``LAYOUTC_NUMBA_OMP=0``. Looked up once per process."""
+    ``LAYOUTC_NUMBA_OMP=0``. Looked up once per process; imports nothing (the SIMD and IR kernels' callers take it
+    too, and numba need not be loaded for them)."""
     got = _NB_STATE.get("gomp", False)
     if got is not False:
         return got
@@ -337,13 +342,6 @@ def _nb_gomp():
     got = None
     if os.environ.get("LAYOUTC_NUMBA_OMP", "1").strip() != "0":
         got = _fp_gomp()  # torch's runtime's GOMP_parallel (layoutc.runtime.cpu_kernels: the fingerprint kernel's too)
-        try:  # the body's intrinsics are LLVM IR (llvmlite: numba's own dependency)
-            from llvmlite import ir
-            from numba.core.extending import intrinsic
-        except ImportError:
-            got = None
-        if got is not None:
-            _NB_STATE["llvm"] = (ir, intrinsic)
     _NB_STATE["gomp"] = got
     return got
 
@@ -391,8 +389,11 @@ def _nb_omp_body(kernels, name, kernel, args):
         return got
     numba = kernels["numba"]
     tools = kernels.get("omp tools")
-    if tools is None:
-        tools = kernels["omp tools"] = _nb_omp_tools(numba, *_NB_STATE["llvm"])
+    if tools is None:  # the body's intrinsics are LLVM IR (llvmlite: numba's own dependency, so it imports here)
+        from llvmlite import ir
+        from numba.core.extending import intrinsic
+
+        tools = kernels["omp tools"] = _nb_omp_tools(numba, ir, intrinsic)
     space = {"carray": tools["carray"], "address": tools["address"], "atomic_add": tools["atomic_add"],
              "kernel": kernel, "job_at": tools["pointers"]["<i8"]}
     lines = ["def body(data):", f"    job = carray(job_at(address(data)), {_NB_JOB_HEAD + 3 * len(args)})"]

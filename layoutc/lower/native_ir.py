@@ -36,6 +36,21 @@ _NI_ARGS = {
     "quads": ("src", "rows", "=quads", "=step", "unread", "luts", "out"),
     "lut8": ("src", "lut", "out"),
 }
+_NI_INDEX = ("<i4", "<i8")
+#: each kernel's arrays: the element types it takes and the dimensions after the first it assumes (None: any)
+_NI_ARRAYS = {
+    "words": {"src": (("|u1",), None), "inner": (_NI_INDEX, ()), "outer": (_NI_INDEX, ()),
+              "luts": (("<i4",), (256,)), "out": (("<i4",), None)},
+    "wquads": {"src": (("<i4",), ()), "qsrc": (_NI_INDEX, (4,)), "qdst": (_NI_INDEX, (4,)), "span": (_NI_INDEX, ()),
+               "outer": (_NI_INDEX, ()), "luts": (("<i4",), (256,)), "out": (("<i4",), None)},
+    "wpairs": {"src": (("<i4",), ()), "qsrc": (_NI_INDEX, (2,)), "qdst": (_NI_INDEX, (2,)), "span": (_NI_INDEX, ()),
+               "outer": (_NI_INDEX, ()), "luts": (("<i4",), (65536,)), "out": (("<i4",), None)},
+    "quads": {"src": (("<i4",), ()), "rows": (_NI_INDEX, (4,)), "unread": (("|u1",), (4,)),
+              "luts": (("<i4",), (256,)), "out": (("<i4",), None)},
+    "lut8": {"src": (("|u1",), None), "lut": (("|u1",), ()), "out": (("|u1",), None)},
+}
+_NI_LEAST = {("wquads", "luts"): 4, ("wpairs", "luts"): 2, ("words", "luts"): 4, ("quads", "luts"): 4,
+             ("wquads", "span"): 2, ("wpairs", "span"): 2, ("lut8", "lut"): 256}  # rows an array needs at least
 _NI_PARTS_PER_THREAD = 8  # parts a thread takes in turn (a slowed thread takes fewer)
 _NI_ZERO = (ctypes.c_int64 * 1)()  # the address an empty array is given
 
@@ -204,7 +219,16 @@ def _ni_quads(ir):
     # row r's quad q reads source words rows[r, b] + q step (b = 0..3; 0 where unread[r, b]: a row with any unread
     # word checks each read word, else the row's reads are checked once); output word j at (r quads + q) 4 + j is
     # OR_b luts[b, byte j of word b]
-    ir.emit("%masked = icmp sgt i64 %unread.n, 0", "%last = sub i64 %quads, 1", "%lastoff = mul i64 %last, %step")
+    # far: the quads of a row span n words or more (any read word then falls outside), found before (quads - 1)
+    # step is formed, which could wrap; without it, a row's first and last quads bound all of its reads
+    ir.emit("%masked = icmp sgt i64 %unread.n, 0", "%last = sub i64 %quads, 1", "%many = icmp sgt i64 %quads, 1",
+            "%moves = icmp ne i64 %step, 0", "%negn = sub i64 0, %n", "%big0 = icmp sgt i64 %step, %n",
+            "%big1 = icmp slt i64 %step, %negn", "%big = or i1 %big0, %big1", "%negstep = sub i64 0, %step",
+            "%neg = icmp slt i64 %step, 0", "%abs = select i1 %neg, i64 %negstep, i64 %step",
+            "%zero = icmp eq i64 %step, 0", "%nodiv = or i1 %big, %zero", "%div = select i1 %nodiv, i64 1, i64 %abs", "%n1 = sub i64 %n, 1",
+            "%room = sdiv i64 %n1, %div", "%over = icmp sgt i64 %last, %room", "%wide = or i1 %big, %over",
+            "%far0 = and i1 %many, %moves", "%far = and i1 %far0, %wide",
+            "%lastoff0 = mul i64 %last, %step", "%lastoff = select i1 %far, i64 0, i64 %lastoff0")
 
     def row():
         ir.emit("%r4 = mul i64 %r, 4")
@@ -226,7 +250,7 @@ def _ni_quads(ir):
         ir.loop("qs", "0", "%quads", lambda: quad("%qs", starts, gone))
         ir.emit("br label %rowdone")
         ir.label("plain")
-        ir.emit("%hasq = icmp sgt i64 %quads, 0", "br i1 %hasq, label %plainrun, label %rowdone")
+        ir.emit("%hasq = icmp ne i64 %quads, 0", "br i1 %hasq, label %plainrun, label %rowdone")
         ir.label("plainrun")
         ir.emit(f"%mn01 = call i64 @llvm.smin.i64(i64 {starts[0]}, i64 {starts[1]})",
                 f"%mn23 = call i64 @llvm.smin.i64(i64 {starts[2]}, i64 {starts[3]})",
@@ -237,7 +261,7 @@ def _ni_quads(ir):
                 "%mnl = add i64 %mn, %lastoff", "%mxl = add i64 %mx, %lastoff",
                 "%pb0 = icmp slt i64 %mn, 0", "%pb1 = icmp sge i64 %mxl, %n", "%pb2 = icmp slt i64 %mnl, 0",
                 "%pb3 = icmp sge i64 %mx, %n", "%pb4 = icmp slt i64 %mxl, 0")
-        ir.check("%pb0", "%pb1", "%pb2", "%pb3", "%pb4")
+        ir.check("%far", "%pb0", "%pb1", "%pb2", "%pb3", "%pb4")
         ir.loop("qp", "0", "%quads", lambda: quad("%qp", starts, None))
         ir.emit("br label %rowdone")
         ir.label("rowdone")
@@ -254,7 +278,8 @@ def _ni_quads(ir):
                 continue
             out = ir.outside(a)
             live, bad, safe, w = ir.fresh("live"), ir.fresh("bad"), ir.fresh("safe"), ir.fresh("w")
-            ir.emit(f"{live} = xor i1 {gone[b]}, true", f"{bad} = and i1 {live}, {out}")
+            wide = ir.fresh("wide")
+            ir.emit(f"{live} = xor i1 {gone[b]}, true", f"{wide} = or i1 {out}, %far", f"{bad} = and i1 {live}, {wide}")
             ir.check(bad)
             ir.emit(f"{safe} = select i1 {live}, i64 {a}, i64 0")
             s = ir.at("src", safe, wide=False)
@@ -361,8 +386,11 @@ def _ni_run(name, args, total, threads):
             slots += [int(value), 0]
             continue
         kind = value.dtype.str
-        if kind not in _NI_TYPES or not value.flags.c_contiguous:
-            raise TypeError(f"native IR kernel {name!r}: argument {a} is a {kind} array the kernel does not take")
+        kinds, inner = _NI_ARRAYS[name][a]
+        if (kind not in kinds or not value.flags.c_contiguous or (inner is not None and value.shape[1:] != inner)
+                or value.shape[0] < _NI_LEAST.get((name, a), 0)):
+            raise TypeError(f"native IR kernel {name!r}: argument {a} is a {kind} array of shape {value.shape}, "
+                            "which the kernel does not take")
         types[a] = kind
         # an empty array's address may be anything: a zero word's instead (a kernel loads an element it then
         # does not use, e.g. src[0] for padding, only at addresses its checks allow or at 0)

@@ -457,8 +457,10 @@ def test_a_table_that_reads_past_its_input_raises_and_reads_nothing(native_ns):
                                (4,))
     words = flat.view(torch.int32)  # 4 words: a row of 2 quads at step 1 from word 2 reads word 3 (in), from 3: 4
     assert native_ns["_nb_quads"](words, torch.tensor([[2, 2, 2, 2]]), 2, 1, None, tuple(range(32)), (8,)).numel() == 8
-    for rows, quads, step in (([[0, 0, 3, 0]], 2, 1), ([[0, 0, 0, 0]], 3, 2), ([[3, 3, 3, 3]], 2, -4)):
-        with pytest.raises(IndexError, match="outside its input"):  # the row's last quad (or a negative step)
+    # the row's last quad, a negative step, a step whose (quads - 1) multiple wraps to 0 in int64
+    for rows, quads, step in (([[0, 0, 3, 0]], 2, 1), ([[0, 0, 0, 0]], 3, 2), ([[3, 3, 3, 3]], 2, -4),
+                              ([[0, 0, 0, 0]], 9, 2**61), ([[0, 0, 0, 0]], 3, -2**63)):
+        with pytest.raises(IndexError, match="outside its input"):
             native_ns["_nb_quads"](words, torch.tensor(rows), quads, step, None, tuple(range(32)), (4 * quads,))
     quads = torch.tensor([0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15], dtype=torch.int32)  # words 0-3
     found = native_ns["_nb_word_quads"](quads)
