@@ -389,10 +389,12 @@ def _nb_omp_body(kernels, name, kernel, args):
         return got
     numba = kernels["numba"]
     tools = kernels.get("omp tools")
-    if tools is None:  # the body's intrinsics are LLVM IR (llvmlite: numba's own dependency, so it imports here)
-        from llvmlite import ir
-        from numba.core.extending import intrinsic
-
+    if tools is None:  # the body's intrinsics are LLVM IR
+        try:  # llvmlite: numba's own dependency, there wherever numba compiled the kernels
+            from llvmlite import ir
+            from numba.core.extending import intrinsic
+        except ImportError as e:
+            raise RuntimeError("numba's OpenMP body needs llvmlite and numba.core.extending") from e
         tools = kernels["omp tools"] = _nb_omp_tools(numba, ir, intrinsic)
     space = {"carray": tools["carray"], "address": tools["address"], "atomic_add": tools["atomic_add"],
              "kernel": kernel, "job_at": tools["pointers"]["<i8"]}

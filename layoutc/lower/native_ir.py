@@ -225,7 +225,8 @@ def _ni_quads(ir):
             "%moves = icmp ne i64 %step, 0", "%negn = sub i64 0, %n", "%big0 = icmp sgt i64 %step, %n",
             "%big1 = icmp slt i64 %step, %negn", "%big = or i1 %big0, %big1", "%negstep = sub i64 0, %step",
             "%neg = icmp slt i64 %step, 0", "%abs = select i1 %neg, i64 %negstep, i64 %step",
-            "%zero = icmp eq i64 %step, 0", "%nodiv = or i1 %big, %zero", "%div = select i1 %nodiv, i64 1, i64 %abs", "%n1 = sub i64 %n, 1",
+            "%zero = icmp eq i64 %step, 0", "%nodiv = or i1 %big, %zero", "%div = select i1 %nodiv, i64 1, i64 %abs",
+            "%n1 = sub i64 %n, 1",
             "%room = sdiv i64 %n1, %div", "%over = icmp sgt i64 %last, %room", "%wide = or i1 %big, %over",
             "%far0 = and i1 %many, %moves", "%far = and i1 %far0, %wide",
             "%lastoff0 = mul i64 %last, %step", "%lastoff = select i1 %far, i64 0, i64 %lastoff0")
@@ -279,7 +280,8 @@ def _ni_quads(ir):
             out = ir.outside(a)
             live, bad, safe, w = ir.fresh("live"), ir.fresh("bad"), ir.fresh("safe"), ir.fresh("w")
             wide = ir.fresh("wide")
-            ir.emit(f"{live} = xor i1 {gone[b]}, true", f"{wide} = or i1 {out}, %far", f"{bad} = and i1 {live}, {wide}")
+            ir.emit(f"{live} = xor i1 {gone[b]}, true", f"{wide} = or i1 {out}, %far",
+                    f"{bad} = and i1 {live}, {wide}")
             ir.check(bad)
             ir.emit(f"{safe} = select i1 {live}, i64 {a}, i64 0")
             s = ir.at("src", safe, wide=False)
