@@ -67,9 +67,16 @@ def _without_native(monkeypatch, native):
         monkeypatch.setattr(fp, "_FP_NATIVE", False)
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native", "gemm"])
+# (split, native): 1 << 20 splits K into the parts of the GEMMs CUDA takes, run here; native False: the CPU's int8
+# GEMMs. Those two together run torch's int8 GEMM on 8x the columns, 8-9 s each on a CPU without VNNI (its slow
+# path): the slow tier
+SPLITS = [pytest.param(None, True, id="None-native"), pytest.param(None, False, id="None-gemm"),
+          pytest.param(1 << 20, True, id="1048576-native"),
+          pytest.param(1 << 20, False, id="1048576-gemm", marks=pytest.mark.slow)]
+
+
 @pytest.mark.parametrize("min_rows, own_rows", ROWS)
-@pytest.mark.parametrize("split", [None, 1 << 20])  # 1 << 20: the K parts of the GEMMs CUDA takes, run here
+@pytest.mark.parametrize("split, native", SPLITS)
 def test_the_fingerprint_is_its_definition(monkeypatch, min_rows, own_rows, split, native):
     _without_native(monkeypatch, native)
     monkeypatch.setitem(fp._FP_MIN_ROWS, "cpu", min_rows)
