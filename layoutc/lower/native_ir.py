@@ -31,8 +31,8 @@ _NI_TYPES = {"|u1": ("i8", False), "<i4": ("i32", True), "<i8": ("i64", True)}
 #: each kernel's arguments: an array's name, or "=name" an integer (the numba kernel's order)
 _NI_ARGS = {
     "words": ("src", "inner", "outer", "=ps", "=shift", "=copies", "luts", "out"),
-    "wquads": ("src", "qsrc", "qdst", "span", "outer", "=shift", "=copies", "luts", "out"),
-    "wpairs": ("src", "qsrc", "qdst", "span", "outer", "=shift", "=copies", "luts", "out"),
+    "wquads": ("src", "qsrc", "qdst", "span", "outer", "order", "=group", "=shift", "=copies", "luts", "out"),
+    "wpairs": ("src", "qsrc", "qdst", "span", "outer", "order", "=group", "=shift", "=copies", "luts", "out"),
     "quads": ("src", "rows", "=quads", "=step", "unread", "luts", "out"),
     "lut8": ("src", "lut", "out"),
 }
@@ -42,9 +42,11 @@ _NI_ARRAYS = {
     "words": {"src": (("|u1",), None), "inner": (_NI_INDEX, ()), "outer": (_NI_INDEX, ()),
               "luts": (("<i4",), (256,)), "out": (("<i4",), None)},
     "wquads": {"src": (("<i4",), ()), "qsrc": (_NI_INDEX, (4,)), "qdst": (_NI_INDEX, (4,)), "span": (_NI_INDEX, ()),
-               "outer": (_NI_INDEX, ()), "luts": (("<i4",), (256,)), "out": (("<i4",), None)},
+               "outer": (_NI_INDEX, ()), "order": (("<i8",), ()), "luts": (("<i4",), (256,)),
+               "out": (("<i4",), None)},
     "wpairs": {"src": (("<i4",), ()), "qsrc": (_NI_INDEX, (2,)), "qdst": (_NI_INDEX, (2,)), "span": (_NI_INDEX, ()),
-               "outer": (_NI_INDEX, ()), "luts": (("<i4",), (65536,)), "out": (("<i4",), None)},
+               "outer": (_NI_INDEX, ()), "order": (("<i8",), ()), "luts": (("<i4",), (65536,)),
+               "out": (("<i4",), None)},
     "quads": {"src": (("<i4",), ()), "rows": (_NI_INDEX, (4,)), "unread": (("|u1",), (4,)),
               "luts": (("<i4",), (256,)), "out": (("<i4",), None)},
     "lut8": {"src": (("|u1",), None), "lut": (("|u1",), ()), "out": (("|u1",), None)},
@@ -52,6 +54,7 @@ _NI_ARRAYS = {
 _NI_LEAST = {("wquads", "luts"): 4, ("wpairs", "luts"): 2, ("words", "luts"): 4, ("quads", "luts"): 4,
              ("wquads", "span"): 2, ("wpairs", "span"): 2, ("lut8", "lut"): 256}  # rows an array needs at least
 _NI_PARTS_PER_THREAD = 8  # parts a thread takes in turn (a slowed thread takes fewer)
+_NI_MOST_GROUP = 16  # blocks the quads and pairs kernels take quad by quad, at most
 _NI_ZERO = (ctypes.c_int64 * 1)()  # the address an empty array is given
 
 
@@ -175,43 +178,77 @@ def _ni_words(ir):
     ir.loop("e", "0", "%copies", expert)
 
 
-def _ni_groups(ir, width):
+def _ni_groups(ir, width, group):
     # wquads (width 4) and wpairs (width 2): group q of block k of expert e reads source words qsrc[q, b] +
     # outer[k] + e shift; quads: output word j (at qdst[q, j]) is OR_b luts[b, byte j of word b]; pairs: half-word
-    # j of word 0, then of word 1, through halves[c, v] (65536 entries a table)
-    def block():
-        o = ir.at("outer", "%k")
-        ir.emit(f"%off = add i64 {o}, %es")
-        s0, s1 = ir.at("span", "0"), ir.at("span", "1")
-        ir.emit(f"%lo.a = add i64 {s0}, %off", f"%hi.a = add i64 {s1}, %off", "%lo.bad = icmp slt i64 %lo.a, 0",
-                "%hi.bad = icmp sge i64 %hi.a, %n")
-        ir.check("%lo.bad", "%hi.bad")
-        ir.emit("%eb = mul i64 %e, %outer.n", "%ebk = add i64 %eb, %k", f"%base = mul i64 %ebk, {width}",
-                "%base.q = mul i64 %base, %qsrc.n")
-        ir.loop("q", "0", "%qsrc.n", group)
-
-    def group():
-        ir.emit(f"%q{width} = mul i64 %q, {width}")
-        words = []
-        for b in range(width):
-            ir.emit(f"%qi{b} = add i64 %q{width}, {b}")
-            s = ir.at("qsrc", f"%qi{b}")
-            ir.emit(f"%sa{b} = add i64 {s}, %off")
-            words.append(ir.at("src", f"%sa{b}", wide=False))
-        for j in range(width):
-            if width == 4:
-                value = _ni_or(ir, [_ni_lookup(ir, "luts", b, _ni_byte(ir, words[b], j)) for b in range(4)])
-            else:
-                value = _ni_or(ir, [_ni_lookup(ir, "luts", c, _ni_byte(ir, words[c], 2 * j, 16), 65536)
-                                    for c in range(2)])
-            d = ir.at("qdst", f"%qi{j}")
-            ir.emit(f"%od{j} = add i64 %base.q, {d}")
-            ir.store("out", f"%od{j}", value)
-
+    # j of word 0, then of word 1, through halves[c, v] (65536 entries a table). Blocks go in the order
+    # order[lo:hi], `group` of them quad by quad (the rest of a part's blocks one by one): each reads its words of
+    # a quad's source lines while they are in L1 (native._nb_block_order). `group` is the IR's: with the blocks'
+    # offsets and bases as values, not a loop over a stack array of them (that took 1.7x the time on Marlin's)
     def expert():
-        ir.emit("%es = mul i64 %e, %shift")
-        ir.loop("k", "%lo", "%hi", block)
+        ir.emit("%es = mul i64 %e, %shift", "%eb = mul i64 %e, %outer.n")
+        ir.loop("g", "%lo", "%whole", blocks)
+        if group > 1:
+            ir.loop("i", "%rest", "%upto", lambda: one_block("%i"))
 
+    def setup(i, t):
+        # block order[i]'s source offset %off.t and output base %base.t, its reads checked
+        k = ir.at("order", i)
+        ir.check(ir.outside(k, "%outer.n"))
+        o = ir.at("outer", k)
+        ir.emit(f"%off.{t} = add i64 {o}, %es")
+        s0, s1 = ir.at("span", "0"), ir.at("span", "1")
+        lo, hi, lob, hib = (ir.fresh(v) for v in ("lo.a", "hi.a", "lo.bad", "hi.bad"))
+        ir.emit(f"{lo} = add i64 {s0}, %off.{t}", f"{hi} = add i64 {s1}, %off.{t}", f"{lob} = icmp slt i64 {lo}, 0",
+                f"{hib} = icmp sge i64 {hi}, %n")
+        ir.check(lob, hib)
+        ebk, base = ir.fresh("ebk"), ir.fresh("base")
+        ir.emit(f"{ebk} = add i64 %eb, {k}", f"{base} = mul i64 {ebk}, {width}",
+                f"%base.{t} = mul i64 {base}, %qsrc.n")
+
+    def blocks():
+        ir.emit(f"%i0 = mul i64 %g, {group}")
+        for t in range(group):
+            i = ir.fresh("i")
+            ir.emit(f"{i} = add i64 %i0, {t}")
+            setup(i, f"g{t}")
+        ir.loop("q", "0", "%qsrc.n", lambda: quad("%q", [f"g{t}" for t in range(group)]))
+
+    def one_block(i):
+        setup(i, "one")
+        ir.loop("qo", "0", "%qsrc.n", lambda: quad("%qo", ["one"]))
+
+    def quad(q, tags):
+        qw = ir.fresh("qw")
+        ir.emit(f"{qw} = mul i64 {q}, {width}")
+        at, to = [], []
+        for b in range(width):
+            qi = ir.fresh("qi")
+            ir.emit(f"{qi} = add i64 {qw}, {b}")
+            at.append(ir.at("qsrc", qi))
+            to.append(ir.at("qdst", qi))
+        for t in tags:
+            words = []
+            for b in range(width):
+                sa = ir.fresh("sa")
+                ir.emit(f"{sa} = add i64 {at[b]}, %off.{t}")
+                words.append(ir.at("src", sa, wide=False))
+            for j in range(width):
+                if width == 4:
+                    value = _ni_or(ir, [_ni_lookup(ir, "luts", b, _ni_byte(ir, words[b], j)) for b in range(4)])
+                else:
+                    value = _ni_or(ir, [_ni_lookup(ir, "luts", c, _ni_byte(ir, words[c], 2 * j, 16), 65536)
+                                        for c in range(2)])
+                od = ir.fresh("od")
+                ir.emit(f"{od} = add i64 %base.{t}, {to[j]}")
+                ir.store("out", od, value)
+
+    # groups [lo, hi): blocks [lo group, min(hi group, blocks)); whole groups, then the rest one by one
+    ir.emit(f"%from = mul i64 %lo, {group}", f"%upto0 = mul i64 %hi, {group}",
+            "%upto = call i64 @llvm.smin.i64(i64 %upto0, i64 %outer.n)", "%span.b = sub i64 %upto, %from",
+            "%some = icmp sgt i64 %span.b, 0", "%span.c = select i1 %some, i64 %span.b, i64 0",
+            f"%nwhole = sdiv i64 %span.c, {group}", "%whole = add i64 %lo, %nwhole",
+            f"%wb = mul i64 %nwhole, {group}", "%rest = add i64 %from, %wb")
     ir.loop("e", "0", "%copies", expert)
 
 
@@ -308,15 +345,20 @@ def _ni_lut8(ir):
     ir.loop("i", "%lo", "%hi", byte)
 
 
-_NI_WRITERS = {"words": _ni_words, "wquads": lambda ir: _ni_groups(ir, 4), "wpairs": lambda ir: _ni_groups(ir, 2),
-               "quads": _ni_quads, "lut8": _ni_lut8}
+_NI_GROUPED = ("wquads", "wpairs")  # the kernels whose IR takes blocks in groups (and lo, hi in groups)
+_NI_WRITERS = {"words": _ni_words, "wquads": lambda ir, group: _ni_groups(ir, 4, group),
+               "wpairs": lambda ir, group: _ni_groups(ir, 2, group), "quads": _ni_quads, "lut8": _ni_lut8}
 
 
-def _ni_ir(name, types):
+def _ni_ir(name, types, group=1):
     """LLVM IR of kernel ``name`` for arrays of element ``types`` (numpy dtype strings by argument name):
     ``ni_kernel(...)`` (each argument as an i64 pointer or integer and its first dimension, then lo, hi; returns 1
     where a read would fall outside the source, else 0) and ``ni_body(job)``. Made from the names and types
-    only."""
+    only, and for the quads and pairs kernels the blocks a group (an int in [1, _NI_MOST_GROUP]; their lo and hi
+    count groups of blocks then)."""
+    group = int(group)
+    if not 1 <= group <= (_NI_MOST_GROUP if name in _NI_GROUPED else 1):
+        raise ValueError(f"native IR kernel {name!r} takes no group of {group} blocks")
     args = _NI_ARGS[name]
     params = []
     for a in args:
@@ -328,7 +370,10 @@ def _ni_ir(name, types):
     ir.lines += ["declare i64 @llvm.smin.i64(i64, i64)", "declare i64 @llvm.smax.i64(i64, i64)", "",
                  f"define i32 @ni_kernel({', '.join(params)}, i64 %lo, i64 %hi) {{", "entry:"]
     ir.emit("%n = add i64 %src.n, 0")
-    _NI_WRITERS[name](ir)
+    if name in _NI_GROUPED:
+        _NI_WRITERS[name](ir, group)
+    else:
+        _NI_WRITERS[name](ir)
     ir.emit("ret i32 0")
     ir.lines += ["fail:", "  ret i32 1", "}", "", "define void @ni_body(i64* %job) {", "entry:"]
     call = []
@@ -397,10 +442,16 @@ def _ni_run(name, args, total, threads):
         # an empty array's address may be anything: a zero word's instead (a kernel loads an element it then
         # does not use, e.g. src[0] for padding, only at addresses its checks allow or at 0)
         slots += [value.ctypes.data if value.size else ctypes.addressof(_NI_ZERO), int(value.shape[0])]
-    key = (name, tuple(sorted(types.items())))
+    group = 1
+    if name in _NI_GROUPED:  # parts of whole groups of blocks: the blocks a group are the IR's
+        group = min(max(1, int(args[names.index("=group")])), _NI_MOST_GROUP)
+        if total != args[names.index("outer")].shape[0]:
+            raise TypeError(f"native IR kernel {name!r} runs every block (total {total})")
+        total = slots[3] = -(-total // group)
+    key = (name, tuple(sorted(types.items())), group)
     got = _NI_STATE.get(key)
     if got is None:
-        engine = _fp_jit(*_NI_STATE["host"], _ni_ir(name, types), optimize=True)
+        engine = _fp_jit(*_NI_STATE["host"], _ni_ir(name, types, group), optimize=True)
         body = engine.get_function_address("ni_body")
         got = _NI_STATE[key] = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
     _, body, call = got

@@ -109,7 +109,8 @@ def test_an_array_of_another_type_is_refused():
 
 def test_the_ir_is_made_from_names_and_types_alone():
     # the same text for the same kernel and types; every kernel of every table's types compiles
-    types = {"src": "<i4", "qsrc": "<i8", "qdst": "<i4", "span": "<i8", "outer": "<i8", "luts": "<i4", "out": "<i4"}
+    types = {"src": "<i4", "qsrc": "<i8", "qdst": "<i4", "span": "<i8", "outer": "<i8", "order": "<i8", "luts": "<i4",
+             "out": "<i4"}
     assert native_ir._ni_ir("wquads", types) == native_ir._ni_ir("wquads", dict(types))
     for name, t in (("words", {"src": "|u1", "inner": "<i8", "outer": "<i4", "luts": "<i4", "out": "<i4"}),
                     ("wpairs", types), ("lut8", {"src": "|u1", "lut": "|u1", "out": "|u1"})):
@@ -135,3 +136,55 @@ def test_a_first_call_imports_no_numba(tmp_path):
         assert run.returncode == 0, run.stderr
         numba_loaded, ir_ran, simd_on = run.stdout.split()
         assert numba_loaded == "False" and (ir_ran == "True" or simd_on == "True"), run.stdout
+
+
+def _groups_reference(src, qsrc, qdst, outer, copies, shift, luts, width):
+    # the quads (width 4) and pairs (width 2) kernels' definition, one word at a time, blocks in their own order
+    nq, blocks = qsrc.shape[0], outer.shape[0]
+    out = [None] * (copies * blocks * width * nq)
+    for e in range(copies):
+        for k in range(blocks):
+            off = int(outer[k]) + e * shift
+            for q in range(nq):
+                words = [int(src[int(qsrc[q, b]) + off]) & 0xFFFFFFFF for b in range(width)]
+                for j in range(width):
+                    if width == 4:
+                        v = 0
+                        for b in range(4):
+                            v |= int(luts[b, (words[b] >> (8 * j)) & 255]) & 0xFFFFFFFF
+                    else:
+                        v = int(luts[0, (words[0] >> (16 * j)) & 65535]) | int(luts[1, (words[1] >> (16 * j)) & 65535])
+                    out[(e * blocks + k) * width * nq + int(qdst[q, j])] = v & 0xFFFFFFFF
+    return out
+
+
+@given(seed=st.integers(0, 2**16), width=st.sampled_from([2, 4]), group=st.sampled_from([-1, 0, 1, 3, 8, 16, 40]),
+       threads=st.sampled_from([1, 2]))
+@settings(max_examples=24, deadline=None)
+def test_blocks_in_any_order_and_group_write_the_same_words(seed, width, group, threads):
+    # `order` and `group` set the order of the reads only (groups clamped to 1.._NI_MOST_GROUP): any permutation of
+    # the blocks, any group, the same output as the definition's block order
+    g = np.random.default_rng(seed)
+    nq, blocks, copies = 3, int(g.integers(1, 20)), int(g.integers(1, 3))
+    src = g.integers(-2**31, 2**31, 200, dtype=np.int64).astype(np.int32)
+    qsrc = g.integers(0, 40, (nq, width)).astype(np.int64)
+    qdst = g.permutation(nq * width).reshape(nq, width).astype(np.int32)
+    outer = g.integers(0, 100, blocks).astype(np.int64)
+    span = np.array([qsrc.min(), qsrc.max()], dtype=np.int64)
+    luts = g.integers(-2**31, 2**31, (4, 256) if width == 4 else (2, 65536), dtype=np.int64).astype(np.int32)
+    order = g.permutation(blocks).astype(np.int64)
+    out = np.full(copies * blocks * width * nq, 7, dtype=np.int32)
+    name = "wquads" if width == 4 else "wpairs"
+    args = (src, qsrc, qdst, span, outer, order, group, 50, copies, luts, out)
+    assert not native_ir._ni_run(name, args, blocks, threads)
+    assert [int(v) & 0xFFFFFFFF for v in out] == _groups_reference(src, qsrc, qdst, outer, copies, 50, luts, width)
+
+
+def test_a_block_order_outside_the_blocks_fails_before_reading():
+    src, luts = np.arange(8, dtype=np.int32), np.zeros((4, 256), dtype=np.int32)
+    qsrc, qdst = np.zeros((1, 4), np.int64), np.arange(4, dtype=np.int32).reshape(1, 4)
+    outer, span = np.zeros(2, np.int64), np.zeros(2, np.int64)
+    for bad in (2, -1, 2**62):
+        out = np.zeros(8, dtype=np.int32)
+        assert native_ir._ni_run("wquads", (src, qsrc, qdst, span, outer, np.array([0, bad], np.int64), 4, 0, 1, luts,
+                                            out), 2, 1)
