@@ -232,16 +232,17 @@ def _ni_groups(ir, width, group):
             at.append(ir.at("qsrc", qi))
             to.append(ir.at("qdst", qi))
         if group > 1 and _NI_AHEAD:  # the source lines of the quad _NI_AHEAD on (its index clamped to the table)
-            ah, al, aw = ir.fresh("ah"), ir.fresh("al"), ir.fresh("aw")
+            ah, al, ac, aw = ir.fresh("ah"), ir.fresh("al"), ir.fresh("ac"), ir.fresh("aw")
             ir.emit(f"{ah} = add i64 {q}, {_NI_AHEAD}", f"{al} = sub i64 %qsrc.n, 1",
-                    f"%{aw[1:]}.c = call i64 @llvm.smin.i64(i64 {ah}, i64 {al})", f"{aw} = mul i64 %{aw[1:]}.c, {width}")
+                    f"{ac} = call i64 @llvm.smin.i64(i64 {ah}, i64 {al})", f"{aw} = mul i64 {ac}, {width}")
             for b in range(width):
                 ai, pa, pp = ir.fresh("ai"), ir.fresh("pa"), ir.fresh("pp")
                 ir.emit(f"{ai} = add i64 {aw}, {b}")
                 v = ir.at("qsrc", ai)
+                pb = ir.fresh("pb")
                 ir.emit(f"{pa} = add i64 {v}, %off.{tags[0]}", f"{pp} = getelementptr i32, i32* %src, i64 {pa}",
-                        f"%{pp[1:]}.i8 = bitcast i32* {pp} to i8*",
-                        f"call void @llvm.prefetch.p0i8(i8* %{pp[1:]}.i8, i32 0, i32 3, i32 1)")
+                        f"{pb} = bitcast i32* {pp} to i8*",
+                        f"call void @llvm.prefetch.p0i8(i8* {pb}, i32 0, i32 3, i32 1)")
         for t in tags:
             words = []
             for b in range(width):

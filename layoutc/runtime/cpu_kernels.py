@@ -33,6 +33,7 @@ _FP_NATIVE_AVX2_GROUP = 3
 #: loops): 64-512 ran alike, 4096 at 0.9x (BENCHMARKS.md).
 _FP_AVX2_CHUNK = 128
 _FP_NATIVE_STATE = {}  # (row, cols, form): the kernel (or None: it does not run here); "gomp", "pool"
+_FP_MOST_SHARED = 256  # compiled kernels shared in a process (each a few hundred KiB of IR text and code)
 
 
 def _fp_native_ir(row, group, chains):
@@ -241,9 +242,18 @@ def _fp_llvm(needs):
 
 
 def _fp_jit(llvm, features, ir, optimize=False):
-    """An MCJIT engine of the LLVM IR text ``ir``, compiled for the host CPU (kept by the caller: it owns the
-    machine code). Never cached on disk. ``optimize``: LLVM's O3 pipeline runs on the IR first (the scalar kernels
-    of :mod:`layoutc.lower.native_ir`, written plainly and left to it; the SIMD kernels' IR is laid out by hand)."""
+    """An MCJIT engine of the LLVM IR text ``ir``, compiled for the host CPU. Never cached on disk; shared in the
+    process by every converter that asks for the same text (kept in llvmlite's module namespace, as numba keeps its
+    compiled kernels in its own: a converter module is standalone, and each carries these functions): a second
+    converter of the same kernels compiles none (25-100 ms a kernel). The key is the whole text, the features and
+    ``optimize``, so machine code is shared only where it was made from the same IR. ``optimize``: LLVM's O3
+    pipeline runs on the IR first (the scalar kernels of :mod:`layoutc.lower.native_ir`, written plainly and left
+    to it; the SIMD kernels' IR is laid out by hand)."""
+    shared = llvm.__dict__.setdefault("_layoutc_engines", {})
+    key = (ir, features.flatten(), bool(optimize))
+    got = shared.get(key)
+    if got is not None:
+        return got
     try:
         llvm.initialize()  # llvmlite < 0.45 needs it; later ones initialise themselves and raise here
     except RuntimeError:
@@ -259,6 +269,8 @@ def _fp_jit(llvm, features, ir, optimize=False):
         builder.getModulePassManager().run(module, builder)
     engine = llvm.create_mcjit_compiler(module, machine)
     engine.finalize_object()
+    if len(shared) < _FP_MOST_SHARED:  # past it (plans of many forms) each caller keeps its own
+        shared[key] = engine
     return engine
 
 

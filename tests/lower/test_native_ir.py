@@ -188,3 +188,28 @@ def test_a_block_order_outside_the_blocks_fails_before_reading():
         out = np.zeros(8, dtype=np.int32)
         assert native_ir._ni_run("wquads", (src, qsrc, qdst, span, outer, np.array([0, bad], np.int64), 4, 0, 1, luts,
                                             out), 2, 1)
+
+
+def test_two_converters_of_the_same_kernels_compile_them_once(tmp_path):
+    # each converter carries its own copy of the kernels' code; the machine code of one IR text is made once a process
+    import importlib.util
+
+    import llvmlite.binding as llvm
+
+    from tests.helpers import spec as _spec
+    from layoutc.convert.synthckpt import synthetic_inputs
+
+    spec = _spec("marlin_mxfp4")
+    x = synthetic_inputs(spec, {"E": 2, "I": 256, "H": 512}, seed=3)
+    mods = []
+    for name in ("conv_a", "conv_b"):
+        spec.write(tmp_path / f"{name}.py")
+        found = importlib.util.spec_from_file_location(name, tmp_path / f"{name}.py")
+        mods.append(importlib.util.module_from_spec(found))
+        found.loader.exec_module(mods[-1])
+    outs = [m.convert(x) for m in mods]
+    assert all(torch.equal(outs[0][k].view(torch.uint8), outs[1][k].view(torch.uint8)) for k in outs[0])
+    engines = [{k: v[0] for k, v in m._NI_STATE.items() if isinstance(k, tuple) and k[0] == "wquads"} for m in mods]
+    assert engines[0] and engines[0].keys() == engines[1].keys()
+    assert all(engines[0][k] is engines[1][k] for k in engines[0])  # the same engine, not a second compile
+    assert any("ni_body" in k[0] for k in llvm.__dict__["_layoutc_engines"])
