@@ -11,9 +11,15 @@ definitions, same checks: every address a kernel reads is checked against its so
 would read outside raises. Where llvmlite (0.44 or later, for its new pass manager) does not import or the host
 is not x86-64, or ``LAYOUTC_NATIVE_IR=0`` (read per call), the numba kernels run as before.
 
+The quads and pairs kernels take a plan's blocks in an order and in groups given with their arguments
+(``native._nb_block_order``): a group's blocks quad by quad, the group a constant of the IR (one compile for each
+group a process meets), their source lines prefetched ahead where blocks share lines (Marlin's weights: 0.5-0.65x
+the kernel time).
+
 A kernel's job is int64 slots: the parts' counter, failed parts, parts, total, then two slots an argument (an
 array's address and first dimension, or an integer and 0). ``kernel(args..., lo, hi)`` is the numba kernel's
-signature and meaning; ``body(job)`` takes parts ``k`` and runs ``[total k / parts, total (k + 1) / parts)``.
+signature and meaning (for the quads and pairs kernels lo and hi count groups of blocks); ``body(job)`` takes parts
+``k`` and runs ``[total k / parts, total (k + 1) / parts)``.
 Copied into converters with :mod:`layoutc.lower.native` (``torch_emit.native_source``);
 ``tests/lower/test_native_ir.py`` holds each kernel to the numba one and to the torch forms.
 """

@@ -213,3 +213,19 @@ def test_two_converters_of_the_same_kernels_compile_them_once(tmp_path):
     assert engines[0] and engines[0].keys() == engines[1].keys()
     assert all(engines[0][k] is engines[1][k] for k in engines[0])  # the same engine, not a second compile
     assert any("ni_body" in k[0] for k in llvm.__dict__["_layoutc_engines"])
+
+
+def test_blocks_that_share_lines_go_in_groups_sorted_by_offset(native_ns):
+    order_of = native_ns["_nb_block_order"]
+    marlin = torch.arange(128, dtype=torch.int32) * 8  # 8 bytes a block of each row: 8 blocks a line
+    order, group = order_of(marlin, True)
+    assert order.tolist() == list(range(128)) and group == 8
+    w4a8 = torch.stack([torch.arange(64) * 16, torch.arange(64) * 16 + (1 << 20)], 1).reshape(-1)  # 0, 1 MiB, 16, ...
+    order, group = order_of(w4a8, True)
+    assert group == 4 and w4a8[torch.from_numpy(order)].tolist() == sorted(w4a8.tolist())
+    assert sorted(order.tolist()) == list(range(128))
+    assert order_of(w4a8, False)[1] == 1 and order_of(w4a8, False)[0].tolist() == list(range(128))  # pairs: one by one
+    apart = torch.arange(16, dtype=torch.int64).flip(0) * 16384  # blocks of their own lines: as they are
+    assert order_of(apart, True)[0].tolist() == list(range(16)) and order_of(apart, True)[1] == 1
+    assert order_of(torch.zeros(1, dtype=torch.int32), True)[1] == 1
+    assert order_of(torch.tensor([0, 1, 2, 3]), True)[1] == native_ir._NI_MOST_GROUP  # at most 16 a group
