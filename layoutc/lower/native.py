@@ -58,7 +58,7 @@ first use only); ``tests/lower/test_native.py`` holds each kernel to the torch f
 # not copied into converters (torch_emit.native_source copies what follows `import torch`): they carry
 # layoutc.runtime.cpu_kernels whole
 from ..runtime.cpu_kernels import _fp_gomp, _fp_on_threads
-from .native_ir import _NI_MOST_GROUP, _ni_on, _ni_run
+from .native_ir import _ni_block_order, _ni_on, _ni_run
 from .native_simd import _nx_chunks, _nx_lut8, _nx_memo, _nx_on, _nx_quads_table, _nx_run, _nx_tables
 import torch
 
@@ -552,24 +552,6 @@ def _nb_word_quads(inner):
     return qsrc.to(dtype).contiguous(), qdst.to(torch.int32).contiguous(), span
 
 
-def _nb_block_order(outer, quads):
-    """The order in which the quads and pairs kernels take a words plan's blocks (source offsets ``outer``, in
-    bytes), and how many in turn share a cache line, as ``(order, group)``. Quads: blocks sorted by offset, and 64
-    bytes over the least gap between two offsets where it is less than a line (Marlin's blocks each read 8 bytes of
-    the same rows: 8 a line), else the blocks as they are and 1. The IR kernel takes a group's blocks quad by quad,
-    so a line is read by all of them while it is in L1: Marlin's rows lie 1 KiB apart, a block's 2048 lines fell in
-    4 of L1's sets and each was fetched again for the next block (its weights' kernel 0.65x the time in groups of
-    8). Pairs one by one: W4A8's blocks (4 a line) took 1.3-1.8x the time in groups of 2, 4 or 8, their 512 KiB of
-    half-word tables beside the group's lines (BENCHMARKS.md)."""
-    so, order = torch.sort(outer.to(torch.int64), stable=True)
-    gaps = torch.diff(so)
-    gaps = gaps[gaps > 0]
-    least = int(gaps.min()) if gaps.numel() else 0
-    if not quads or not 0 < least < 64:
-        return torch.arange(outer.numel(), dtype=torch.int64).numpy(), 1
-    return order.contiguous().numpy(), min(_NI_MOST_GROUP, 64 // least)
-
-
 def _nb_words(x, plan, shape, table, conv=None):
     """The int32 words of ``shape`` of a words plan: the source bytes of ``x`` by the native table plan
     ``plan`` (``("native", inner, outer, ps, experts, shift[, groups])``, :func:`_nb_blocks`; padding: byte 0),
@@ -597,7 +579,7 @@ def _nb_words(x, plan, shape, table, conv=None):
     if groups and groups[0] is not None and whole:
         qsrc, qdst, span = groups[0]  # the source as whole, aligned int32 words; blocks and experts: whole words
         quads = qsrc.shape[1] == 4
-        order, group = _nx_memo("nb order", outer, quads, lambda: _nb_block_order(outer, quads))
+        order, group = _nx_memo("nb order", outer, quads, lambda: _ni_block_order(outer, quads))
         _nb_run("wquads" if quads else "wpairs",
                 (_nb_array(x, torch.int32), qsrc.numpy(), qdst.numpy(), span.numpy(), (outer // 4).numpy(),
                  order, group, shift // 4, copies, (luts if quads else _nb_half_luts(table, conv)).numpy(),

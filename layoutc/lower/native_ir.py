@@ -12,7 +12,7 @@ would read outside raises. Where llvmlite (0.44 or later, for its new pass manag
 is not x86-64, or ``LAYOUTC_NATIVE_IR=0`` (read per call), the numba kernels run as before.
 
 The quads and pairs kernels take a plan's blocks in an order and in groups given with their arguments
-(``native._nb_block_order``): a group's blocks quad by quad, the group a constant of the IR (one compile for each
+(``_ni_block_order``): a group's blocks quad by quad, the group a constant of the IR (one compile for each
 group a process meets), their source lines prefetched ahead where blocks share lines (Marlin's weights: 0.5-0.65x
 the kernel time).
 
@@ -193,7 +193,7 @@ def _ni_groups(ir, width, group):
     # outer[k] + e shift; quads: output word j (at qdst[q, j]) is OR_b luts[b, byte j of word b]; pairs: half-word
     # j of word 0, then of word 1, through halves[c, v] (65536 entries a table). Blocks go in the order
     # order[lo:hi], `group` of them quad by quad (the rest of a part's blocks one by one): each reads its words of
-    # a quad's source lines while they are in L1 (native._nb_block_order). `group` is the IR's: with the blocks'
+    # a quad's source lines while they are in L1 (_ni_block_order). `group` is the IR's: with the blocks'
     # offsets and bases as values, not a loop over a stack array of them (that took 1.7x the time on Marlin's)
     def expert():
         ir.emit("%es = mul i64 %e, %shift", "%eb = mul i64 %e, %outer.n")
@@ -426,6 +426,24 @@ def _ni_ir(name, types, group=1):
     ir.emit("%old = atomicrmw add i64* %failed, i64 1 monotonic", "br label %take")
     ir.lines += ["done:", "  ret void", "}"]
     return "\n".join(ir.lines) + "\n"
+
+
+def _ni_block_order(outer, quads):
+    """The order in which the quads and pairs kernels take a words plan's blocks (source offsets ``outer``, in
+    bytes), and how many in turn share a cache line, as ``(order, group)``. Quads: blocks sorted by offset, and 64
+    bytes over the least gap between two offsets where it is less than a line (Marlin's blocks each read 8 bytes of
+    the same rows: 8 a line), else the blocks as they are and 1. The IR kernel takes a group's blocks quad by quad,
+    so a line is read by all of them while it is in L1: Marlin's rows lie 1 KiB apart, a block's 2048 lines fell in
+    4 of L1's sets and each was fetched again for the next block (its weights' kernel 0.65x the time in groups of
+    8). Pairs one by one: W4A8's blocks (4 a line) took 1.3-1.8x the time in groups of 2, 4 or 8, their 512 KiB of
+    half-word tables beside the group's lines (BENCHMARKS.md)."""
+    so, order = torch.sort(outer.to(torch.int64), stable=True)
+    gaps = torch.diff(so)
+    gaps = gaps[gaps > 0]
+    least = int(gaps.min()) if gaps.numel() else 0
+    if not quads or not 0 < least < 64:
+        return torch.arange(outer.numel(), dtype=torch.int64).numpy(), 1
+    return order.contiguous().numpy(), min(_NI_MOST_GROUP, 64 // least)
 
 
 def _ni_on():

@@ -216,7 +216,7 @@ def test_two_converters_of_the_same_kernels_compile_them_once(tmp_path):
 
 
 def test_blocks_that_share_lines_go_in_groups_sorted_by_offset(native_ns):
-    order_of = native_ns["_nb_block_order"]
+    order_of = native_ns["_ni_block_order"]
     marlin = torch.arange(128, dtype=torch.int32) * 8  # 8 bytes a block of each row: 8 blocks a line
     order, group = order_of(marlin, True)
     assert order.tolist() == list(range(128)) and group == 8
