@@ -114,6 +114,8 @@ def _nb_wquads_k(src, qsrc, qdst, span, outer, order, group, shift, copies, luts
     blocks = outer.shape[0]
     for e in range(copies):
         for i in range(lo, hi):
+            if i >= order.shape[0]:
+                return 1
             k = order[i]
             if k < 0 or k >= blocks:
                 return 1
@@ -152,6 +154,8 @@ def _nb_wpairs_k(src, qsrc, qdst, span, outer, order, group, shift, copies, halv
     blocks = outer.shape[0]
     for e in range(copies):
         for i in range(lo, hi):
+            if i >= order.shape[0]:
+                return 1
             k = order[i]
             if k < 0 or k >= blocks:
                 return 1

@@ -13,7 +13,7 @@ is not x86-64, or ``LAYOUTC_NATIVE_IR=0`` (read per call), the numba kernels run
 
 The quads and pairs kernels take a plan's blocks in an order and in groups given with their arguments
 (``_ni_block_order``): a group's blocks quad by quad, the group a constant of the IR (one compile for each
-group a process meets), their source lines prefetched ahead where blocks share lines (Marlin's weights: 0.5-0.65x
+group a process meets), their source lines prefetched ahead where blocks share lines (Marlin's weights: about half
 the kernel time).
 
 A kernel's job is int64 slots: the parts' counter, failed parts, parts, total, then two slots an argument (an
@@ -62,8 +62,8 @@ _NI_LEAST = {("wquads", "luts"): 4, ("wpairs", "luts"): 2, ("words", "luts"): 4,
 _NI_PARTS_PER_THREAD = 8  # parts a thread takes in turn (a slowed thread takes fewer)
 _NI_MOST_GROUP = 16  # blocks the quads and pairs kernels take quad by quad, at most
 #: quads ahead whose source lines a kernel of grouped blocks prefetches (blocks that share lines read across rows,
-#: which the hardware's prefetch did not follow: Marlin's weights 0.67x the time, 4-32 ahead alike; blocks one by
-#: one read runs it follows, and prefetching took hopper's and GPTQ's 1.1-1.2x)
+#: which the hardware's prefetch did not follow: with the groups, Marlin's weights' kernel about half its time; 4-32
+#: ahead alike; blocks one by one read runs it follows, and prefetching took hopper's and GPTQ's 1.1-1.35x)
 _NI_AHEAD = 8
 _NI_ZERO = (ctypes.c_int64 * 1)()  # the address an empty array is given
 
@@ -203,6 +203,7 @@ def _ni_groups(ir, width, group):
 
     def setup(i, t):
         # block order[i]'s source offset %off.t and output base %base.t, its reads checked
+        ir.check(ir.outside(i, "%order.n"))
         k = ir.at("order", i)
         ir.check(ir.outside(k, "%outer.n"))
         o = ir.at("outer", k)
@@ -434,9 +435,9 @@ def _ni_block_order(outer, quads):
     bytes over the least gap between two offsets where it is less than a line (Marlin's blocks each read 8 bytes of
     the same rows: 8 a line), else the blocks as they are and 1. The IR kernel takes a group's blocks quad by quad,
     so a line is read by all of them while it is in L1: Marlin's rows lie 1 KiB apart, a block's 2048 lines fell in
-    4 of L1's sets and each was fetched again for the next block (its weights' kernel 0.65x the time in groups of
-    8). Pairs one by one: W4A8's blocks (4 a line) took 1.3-1.8x the time in groups of 2, 4 or 8, their 512 KiB of
-    half-word tables beside the group's lines (BENCHMARKS.md)."""
+    4 of L1's sets and each was fetched again for the next block (its weights' kernel about half the time in groups
+    of 8, their lines prefetched ahead: _NI_AHEAD). Pairs one by one: W4A8's blocks (4 a line) took 1.3-1.9x the
+    time in groups of 2, 4 or 8, their 512 KiB of half-word tables beside the group's lines (BENCHMARKS.md)."""
     so, order = torch.sort(outer.to(torch.int64), stable=True)
     gaps = torch.diff(so)
     gaps = gaps[gaps > 0]
@@ -444,6 +445,18 @@ def _ni_block_order(outer, quads):
     if not quads or not 0 < least < 64:
         return torch.arange(outer.numel(), dtype=torch.int64).numpy(), 1
     return order.contiguous().numpy(), min(_NI_MOST_GROUP, 64 // least)
+
+
+def _ni_permutation(order, n):
+    # whether the int64 array `order` holds each of 0 .. n - 1 once (the kernels' block order: every output block
+    # written, none read outside the blocks)
+    if order.shape[0] != n:
+        return False
+    if n == 0:
+        return True
+    ranked = order.copy()
+    ranked.sort()
+    return int(ranked[0]) == 0 and int(ranked[-1]) == n - 1 and bool((ranked[1:] > ranked[:-1]).all())
 
 
 def _ni_on():
@@ -485,9 +498,14 @@ def _ni_run(name, args, total, threads):
         slots += [value.ctypes.data if value.size else ctypes.addressof(_NI_ZERO), int(value.shape[0])]
     group = 1
     if name in _NI_GROUPED:  # parts of whole groups of blocks: the blocks a group are the IR's
-        group = min(max(1, int(args[names.index("=group")])), _NI_MOST_GROUP)
-        if total != args[names.index("outer")].shape[0]:
-            raise TypeError(f"native IR kernel {name!r} runs every block (total {total})")
+        group, order = int(args[names.index("=group")]), args[names.index("order")]
+        if not 1 <= group <= _NI_MOST_GROUP:
+            raise ValueError(f"native IR kernel {name!r} takes groups of 1 to {_NI_MOST_GROUP} blocks, not {group}")
+        if total != args[names.index("outer")].shape[0] or not _ni_permutation(order, total):
+            raise TypeError(f"native IR kernel {name!r} runs every block once (total {total}, an order of "
+                            f"{order.shape[0]})")
+        # at least a group a thread (experts go inside a part: a plan of few blocks would else run on one thread)
+        group = max(1, min(group, total // max(1, threads)))
         total = slots[3] = -(-total // group)
     key = (name, tuple(sorted(types.items())), group)
     got = _NI_STATE.get(key)

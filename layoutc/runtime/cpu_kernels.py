@@ -249,8 +249,10 @@ def _fp_jit(llvm, features, ir, optimize=False):
     ``optimize``, so machine code is shared only where it was made from the same IR. ``optimize``: LLVM's O3
     pipeline runs on the IR first (the scalar kernels of :mod:`layoutc.lower.native_ir`, written plainly and left
     to it; the SIMD kernels' IR is laid out by hand)."""
-    shared = llvm.__dict__.setdefault("_layoutc_engines", {})
-    key = (ir, features.flatten(), bool(optimize))
+    # the dict's name is versioned with what an entry is and how it was made: a converter of another layoutc that
+    # compiles otherwise (options, pipeline, what it stores) keeps its own
+    shared = llvm.__dict__.setdefault("_layoutc_engines_v1", {})
+    key = (ir, llvm.get_host_cpu_name(), features.flatten(), "opt3", "O3" if optimize else "")
     got = shared.get(key)
     if got is not None:
         return got

@@ -158,14 +158,9 @@ def _groups_reference(src, qsrc, qdst, outer, copies, shift, luts, width):
     return out
 
 
-@given(seed=st.integers(0, 2**16), width=st.sampled_from([2, 4]), group=st.sampled_from([-1, 0, 1, 3, 8, 16, 40]),
-       threads=st.sampled_from([1, 2]))
-@settings(max_examples=24, deadline=None)
-def test_blocks_in_any_order_and_group_write_the_same_words(seed, width, group, threads):
-    # `order` and `group` set the order of the reads only (groups clamped to 1.._NI_MOST_GROUP): any permutation of
-    # the blocks, any group, the same output as the definition's block order
+def _groups_case(seed, width, blocks, group):
     g = np.random.default_rng(seed)
-    nq, blocks, copies = 3, int(g.integers(1, 20)), int(g.integers(1, 3))
+    nq, copies = 3, int(g.integers(1, 3))
     src = g.integers(-2**31, 2**31, 200, dtype=np.int64).astype(np.int32)
     qsrc = g.integers(0, 40, (nq, width)).astype(np.int64)
     qdst = g.permutation(nq * width).reshape(nq, width).astype(np.int32)
@@ -174,20 +169,36 @@ def test_blocks_in_any_order_and_group_write_the_same_words(seed, width, group, 
     luts = g.integers(-2**31, 2**31, (4, 256) if width == 4 else (2, 65536), dtype=np.int64).astype(np.int32)
     order = g.permutation(blocks).astype(np.int64)
     out = np.full(copies * blocks * width * nq, 7, dtype=np.int32)
-    name = "wquads" if width == 4 else "wpairs"
     args = (src, qsrc, qdst, span, outer, order, group, 50, copies, luts, out)
-    assert not native_ir._ni_run(name, args, blocks, threads)
-    assert [int(v) & 0xFFFFFFFF for v in out] == _groups_reference(src, qsrc, qdst, outer, copies, 50, luts, width)
+    return args, _groups_reference(src, qsrc, qdst, outer, copies, 50, luts, width)
 
 
-def test_a_block_order_outside_the_blocks_fails_before_reading():
-    src, luts = np.arange(8, dtype=np.int32), np.zeros((4, 256), dtype=np.int32)
-    qsrc, qdst = np.zeros((1, 4), np.int64), np.arange(4, dtype=np.int32).reshape(1, 4)
-    outer, span = np.zeros(2, np.int64), np.zeros(2, np.int64)
-    for bad in (2, -1, 2**62):
-        out = np.zeros(8, dtype=np.int32)
-        assert native_ir._ni_run("wquads", (src, qsrc, qdst, span, outer, np.array([0, bad], np.int64), 4, 0, 1, luts,
-                                            out), 2, 1)
+@given(seed=st.integers(0, 2**16), width=st.sampled_from([2, 4]), blocks=st.integers(0, 40),
+       group=st.sampled_from([1, 3, 8, 16]), threads=st.sampled_from([1, 2]))
+@settings(max_examples=24, deadline=None)
+def test_blocks_in_any_order_and_group_write_the_same_words(seed, width, blocks, group, threads):
+    # `order` and `group` set the order of the reads only: any permutation of the blocks, any group (whole groups,
+    # then the rest one by one; at most blocks / threads a group), the same output as the definition's block order
+    args, expected = _groups_case(seed, width, blocks, group)
+    assert not native_ir._ni_run("wquads" if width == 4 else "wpairs", args, blocks, threads)
+    assert [int(v) & 0xFFFFFFFF for v in args[-1]] == expected
+
+
+def test_whole_groups_and_a_rest_on_two_threads():
+    for width in (2, 4):  # 19 blocks in groups of 8 on 2 threads: groups of 8, 1 and the rest one by one
+        args, expected = _groups_case(5, width, 19, 8)
+        assert not native_ir._ni_run("wquads" if width == 4 else "wpairs", args, 19, 2)
+        assert [int(v) & 0xFFFFFFFF for v in args[-1]] == expected
+
+
+def test_an_order_that_is_not_a_permutation_or_a_group_out_of_range_is_refused():
+    args, _ = _groups_case(1, 4, 19, 8)
+    for order in (args[5][:-1], np.zeros(19, np.int64), np.arange(1, 20, dtype=np.int64)):
+        with pytest.raises(TypeError, match="every block once"):
+            native_ir._ni_run("wquads", args[:5] + (np.ascontiguousarray(order),) + args[6:], 19, 1)
+    for group in (0, -1, native_ir._NI_MOST_GROUP + 1):
+        with pytest.raises(ValueError, match="groups of 1 to"):
+            native_ir._ni_run("wquads", args[:6] + (group,) + args[7:], 19, 1)
 
 
 def test_two_converters_of_the_same_kernels_compile_them_once(tmp_path):
@@ -212,7 +223,7 @@ def test_two_converters_of_the_same_kernels_compile_them_once(tmp_path):
     engines = [{k: v[0] for k, v in m._NI_STATE.items() if isinstance(k, tuple) and k[0] == "wquads"} for m in mods]
     assert engines[0] and engines[0].keys() == engines[1].keys()
     assert all(engines[0][k] is engines[1][k] for k in engines[0])  # the same engine, not a second compile
-    assert any("ni_body" in k[0] for k in llvm.__dict__["_layoutc_engines"])
+    assert any("ni_body" in k[0] for k in llvm.__dict__["_layoutc_engines_v1"])
 
 
 def test_blocks_that_share_lines_go_in_groups_sorted_by_offset(native_ns):
