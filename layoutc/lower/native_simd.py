@@ -41,7 +41,7 @@ kernels, to the element gather and to the eager lowering.
 import ctypes
 
 from ..runtime.cpu_kernels import _fp_jit, _fp_llvm, _fp_run_job
-from .simd_forms import _nx_body_ir, _nx_check_group, _nx_cols_ir, _nx_head, _nx_nibbles, _nx_tile_ir
+from .simd_forms import _nx_body_ir, _nx_check_group, _nx_cols_ir, _nx_head, _nx_lookup_ir, _nx_tile_ir
 import torch
 
 #: ("nx", luts, ahead, gathers, group, pairs, stream[, "tile", piece][, "runs", n][, "cols"][, "share", S, D]): a
@@ -194,7 +194,7 @@ def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False, runs=0, share
                       f"  %sh{t} = select <64 x i1> %up{t}, {b} %su{t}, {b} %sl{t}"]
         lines += [f"  %sz{t} = select <64 x i1> %zb{t}, {b} zeroinitializer, {b} %sh{t}",
                   f"  %w{t} = bitcast {b} %sz{t} to {v}"]
-        word = _nx_nibbles(lines, t) if luts else f"%w{t}"
+        word = _nx_lookup_ir(lines, t, luts) if luts else f"%w{t}"
         lines += [f"  %oi{t} = add i64 %obase, %gi{t}", f"  %oq{t} = getelementptr i32, i32* %out, i64 %oi{t}",
                   f"  %op{t} = bitcast i32* %oq{t} to {v}*",
                   f"  store {v} {word}, {v}* %op{t}, " + ("align 64, !nontemporal !0" if stream else "align 4")]
@@ -251,13 +251,14 @@ def _nx_kernel(luts, gathers=1, group=None, pairs=False, stream=False, tile=0, r
         raise ValueError("the SIMD kernel's columns form takes chunks of 16 words, neither tiles nor runs")
     if share is not None and (tile or runs or cols or share[0] not in (2, 4, 8) or share[1] < 1):
         raise ValueError("the SIMD kernel shares gathers among 2, 4 or 8 chunks of the gathers' form")
-    key = (("nx", bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream)) + (("tile", tile) if tile else ())
+    luts = "nibbles" if luts is True else luts or None  # True: the nibble tables (every XOR form)
+    key = (("nx", luts, _NX_AHEAD, gathers, group, bool(pairs), bool(stream)) + (("tile", tile) if tile else ())
            + (("runs", runs) if runs else ()) + (("cols",) if cols else ())
            + (("share",) + tuple(share) if share is not None else ()))
     if key not in _NX_STATE:
-        ir = (_nx_tile_ir(bool(luts), _NX_AHEAD, bool(stream), tile) if tile
-              else _nx_cols_ir(bool(luts), bool(stream)) if cols
-              else _nx_ir(bool(luts), _NX_AHEAD, gathers, group, bool(pairs), bool(stream), runs, share))
+        ir = (_nx_tile_ir(luts, _NX_AHEAD, bool(stream), tile) if tile
+              else _nx_cols_ir(luts, bool(stream)) if cols
+              else _nx_ir(luts, _NX_AHEAD, gathers, group, bool(pairs), bool(stream), runs, share))
         engine = _fp_jit(*_NX_STATE["host"], ir)
         body = engine.get_function_address("nx_body")
         _NX_STATE[key] = engine, body, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(body)
@@ -382,6 +383,65 @@ def _nx_tables(luts):
     return torch.where(tabs >= 2**31, tabs - 2**32, tabs).to(torch.int32).contiguous()
 
 
+#: distinct bit moves up to which a linear word map is taken as masked shifts (2 or 3 operations a move; the nibble
+#: tables take 22 a word of 16): Marlin's nibble moves have three
+_NX_MOST_SHIFTS = 6
+
+
+def _nx_lookup(tabs):
+    """The cheapest lookup form of :func:`_nx_tables`' nibble tables ``tabs`` and its operand, as ``(form, [rows,
+    16] int32)``; the same words in every form:
+
+    * ``"bytes"`` where every byte of a word maps alike, by a table of its low nibble XOR one of its high nibble
+      (CUTLASS W4A8's value map): two VPSHUFB a chunk, the operand those two 16-byte tables, each four times;
+    * ``("shifts", s0, s1, ...)`` where the map is linear over GF(2) (each nibble table's image of a value the XOR of
+      its bits' images: a bit permutation, with bits flipped or not), the bits the four bytes' images may set apart
+      (the tables OR the bytes' images, the shifts XOR them), with at most ``_NX_MOST_SHIFTS`` distinct moves
+      ``o - i`` of an input bit ``i`` to an output bit ``o`` (Marlin's nibble moves: -12, 0, 12): the word is ``C ^
+      XOR_j (w << s_j) & M_j`` (a right shift where s_j < 0), the operand the masks M_j and the constant C, each 16
+      times;
+    * else ``"nibbles"``: the 8 nibble tables themselves (eight VPERMD)."""
+    t = tabs.to(torch.int64) & 0xFFFFFFFF
+    if tuple(t.shape) != (8, 16):
+        raise ValueError(f"the SIMD kernel's nibble tables are [8, 16], not {tuple(t.shape)}")
+    rows = [[int(x) for x in row] for row in t.tolist()]
+    low, high = rows[0], rows[1]
+    if max(low + high) < 256 and all(rows[2 * b][n] == low[n] << 8 * b and rows[2 * b + 1][n] == high[n] << 8 * b
+                                     for b in range(4) for n in range(16)):
+        lanes = [value for row in (low, high) for value in _nx_lane_words(row)]
+        return "bytes", torch.tensor(lanes, dtype=torch.int64).view(2, 16).to(torch.int32)
+    constant = 0
+    for b in range(4):
+        constant ^= rows[2 * b][0]  # the low nibble's table holds the byte's constant (its image of 0)
+    linear = [[row[n] ^ row[0] for n in range(16)] for row in rows]
+    masks = {}
+    for p, row in enumerate(linear):
+        if any(row[n] != row[n & 1] ^ row[n & 2] ^ row[n & 4] ^ row[n & 8] for n in range(16)):
+            return "nibbles", tabs.to(torch.int32).contiguous()
+        for bit in range(4):
+            image, i = row[1 << bit], 4 * p + bit
+            for o in range(32):
+                if image >> o & 1:
+                    masks[o - i] = masks.get(o - i, 0) | 1 << o
+    support = [0] * 4  # the bits each byte's images may set: the shifts XOR what the tables OR across bytes
+    for p, row in enumerate(rows):
+        for value in row:
+            support[p // 2] |= value
+    apart = all(support[a] & support[b] == 0 for a in range(4) for b in range(a))
+    if not masks or len(masks) > _NX_MOST_SHIFTS or not apart:
+        return "nibbles", tabs.to(torch.int32).contiguous()
+    shifts = sorted(masks)
+    values = [masks[s] for s in shifts] + [constant]
+    signed = torch.tensor(values, dtype=torch.int64).view(-1, 1).expand(-1, 16)
+    return ("shifts", *shifts), torch.where(signed >= 2**31, signed - 2**32, signed).to(torch.int32).contiguous()
+
+
+def _nx_lane_words(table):
+    # a 16-byte table four times (one a 128-bit lane) as 16 int32, little-endian
+    words = [table[4 * j] | table[4 * j + 1] << 8 | table[4 * j + 2] << 16 | table[4 * j + 3] << 24 for j in range(4)]
+    return [w - 2**32 if w >= 2**31 else w for w in words * 4]
+
+
 def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
     """The SIMD kernel over every block of every expert (``src``, ``out``: contiguous int32 CPU tensors; ``outer``
     the blocks' offsets and ``shift`` an expert's, in words; ``tabs`` from :func:`_nx_tables`), in parts on torch's
@@ -401,9 +461,10 @@ def _nx_run(src, chunks, outer, shift, copies, tabs, out, gomp):
     outer = outer.to(torch.int64).contiguous()
     group, pairs, tile, runs, cols, share = _nx_form_of(gidx, outer)
     stream = out.numel() * 4 >= _NX_STREAM_BYTES and out.data_ptr() % 64 == 0
-    kernel = _nx_kernel(not isinstance(tabs, str), gidx.shape[1] // 16, group, pairs, stream, tile, runs, cols, share)
+    lookup, tabs = (None, torch.zeros(0, dtype=torch.int32)) if isinstance(tabs, str) else _nx_memo(
+        "nx lookup", tabs, None, lambda: _nx_lookup(tabs))
+    kernel = _nx_kernel(lookup, gidx.shape[1] // 16, group, pairs, stream, tile, runs, cols, share)
 
-    tabs = tabs if not isinstance(tabs, str) else torch.zeros(0, dtype=torch.int32)
     threads = max(1, min(torch.get_num_threads(), blocks, out.numel() // _NX_MIN_SPLIT))
     per = -(-blocks // (threads * _NX_PARTS_PER_THREAD))
     per = -(-per // group) * group  # whole groups a part (16 threads took parts of one block: no group)

@@ -15,15 +15,17 @@ form to the kernel's definition and the shipped specs that take it to the eager 
 
 def _nx_head(luts, declares, entry):
     # The start every form of nx_blocks shares: `declares` (its intrinsics) and the prefetch's, the function's
-    # signature (the same in every form: nx_body calls any), `entry` (lines of its entry block), the 8 nibble tables
-    # where `luts`, then the experts' loop (ehead; kpre sets %eoff and %eblk and goes to khead, which the form
-    # writes; the form ends an expert at elatch)
+    # signature (the same in every form: nx_body calls any), `entry` (lines of its entry block), the rows of the
+    # lookup's operand (%T0 ..; `luts` a lookup form of _nx_lookup_ir, or None), then the experts' loop (ehead;
+    # kpre sets %eoff and %eblk and goes to khead, which the form writes; the form ends an expert at elatch)
     v = "<16 x i32>"
+    if luts == "bytes":
+        declares = [*declares, "declare <64 x i8> @llvm.x86.avx512.pshuf.b.512(<64 x i8>, <64 x i8>)"]
     lines = ["declare void @llvm.prefetch.p0(i8*, i32, i32, i32)", *declares, "",
              "define i32 @nx_blocks(i8* %src, i64 %nw, i32* %gidx, i8* %perm, i64* %zm, i64* %outer, i64 %nblocks,",
              "    i64 %chunks, i64 %shift, i64 %copies, i32* %tabs, i32* %out, i64 %slo, i64 %shi, i64 %lo, i64 %hi) {",
              "entry:", *entry]
-    for t in range(8 if luts else 0):
+    for t in range(_nx_lookup_rows(luts)):
         lines += [f"  %tq{t} = getelementptr i32, i32* %tabs, i64 {16 * t}", f"  %tp{t} = bitcast i32* %tq{t} to {v}*",
                   f"  %T{t} = load {v}, {v}* %tp{t}, align 4"]
     return lines + ["  br label %ehead",
@@ -59,6 +61,50 @@ def _nx_nibbles(lines, tag):
     lines += [f"  %r{tag}01 = or {v} %y{tag}0, %y{tag}1", f"  %r{tag}23 = or {v} %y{tag}2, %y{tag}3",
               f"  %r{tag} = or {v} %r{tag}01, %r{tag}23"]
     return f"%r{tag}"
+
+
+def _nx_lookup_rows(lookup):
+    # rows of 16 int32 of the lookup form's operand (tabs) its head loads as %T0 ..: none without a lookup, the 8
+    # nibble tables, the two byte tables of "bytes", a mask a shift and the constant of ("shifts", ...)
+    if not lookup:
+        return 0
+    if lookup == "nibbles":
+        return 8
+    if lookup == "bytes":
+        return 2
+    if isinstance(lookup, tuple) and lookup[:1] == ("shifts",) and len(lookup) > 1:
+        return len(lookup)
+    raise ValueError(f"the SIMD kernel knows no lookup form {lookup!r}")
+
+
+def _nx_lookup_ir(lines, tag, lookup):
+    # Appends to `lines` the lookup form `lookup` (_nx_lookup's: "nibbles", "bytes" or ("shifts", s0, s1, ..)) of
+    # the words %w{tag} and returns the result's name. Raises on a form it does not know.
+    _nx_lookup_rows(lookup)  # the check
+    if lookup == "nibbles":
+        return _nx_nibbles(lines, tag)
+    v, b, w = "<16 x i32>", "<64 x i8>", f"%w{tag}"
+    splat = lambda value: "<" + ", ".join([f"i32 {value}"] * 16) + ">"  # noqa: E731
+    if lookup == "bytes":
+        # every byte y = A[low nibble] ^ B[high nibble], A and B the same for each byte (VPSHUFB: a 16-byte table
+        # in each 128-bit lane, %T0 and %T1, indexed by a byte's low 4 bits where its bit 7 is clear)
+        lines += [f"  %bl{tag} = and {v} {w}, {splat(0x0F0F0F0F)}", f"  %bs{tag} = lshr {v} {w}, {splat(4)}",
+                  f"  %bh{tag} = and {v} %bs{tag}, {splat(0x0F0F0F0F)}"]
+        for n, (idx, table) in enumerate(((f"%bl{tag}", "%T0"), (f"%bh{tag}", "%T1"))):
+            lines += [f"  %bi{tag}{n} = bitcast {v} {idx} to {b}", f"  %bt{tag}{n} = bitcast {v} {table} to {b}",
+                      f"  %bp{tag}{n} = call {b} @llvm.x86.avx512.pshuf.b.512({b} %bt{tag}{n}, {b} %bi{tag}{n})"]
+        lines += [f"  %bx{tag} = xor {b} %bp{tag}0, %bp{tag}1", f"  %r{tag} = bitcast {b} %bx{tag} to {v}"]
+        return f"%r{tag}"
+    # ("shifts", s...): word = C ^ XOR_j (w moved by s_j bits: left where s_j > 0) & M_j (%Tj the masks, the last %T
+    # the constant C)
+    acc = f"%T{len(lookup) - 1}"
+    for j, s in enumerate(lookup[1:]):
+        moved = w if s == 0 else f"%ms{tag}.{j}"
+        if s:
+            lines.append(f"  {moved} = {'shl' if s > 0 else 'lshr'} {v} {w}, {splat(abs(s))}")
+        lines += [f"  %mm{tag}.{j} = and {v} {moved}, %T{j}", f"  %mx{tag}.{j} = xor {v} {acc}, %mm{tag}.{j}"]
+        acc = f"%mx{tag}.{j}"
+    return acc
 
 
 def _nx_body_ir():
@@ -166,7 +212,7 @@ def _nx_tile_ir(luts, ahead, stream, piece=2):
                       f"  %sh{n} = call {b} @llvm.x86.avx512.permvar.qi.512({b} %gb{n}, {b} %pv)",
                       f"  %sz{n} = select <64 x i1> %zb, {b} zeroinitializer, {b} %sh{n}",
                       f"  %w{n}. = bitcast {b} %sz{n} to {v}"]
-            word = _nx_nibbles(lines, f"{n}.") if luts else f"%w{n}."
+            word = _nx_lookup_ir(lines, f"{n}.", luts) if luts else f"%w{n}."
             lines += [f"  %bn{n} = add i64 %k, {t + tiles * j}", f"  %blkn{n} = add i64 %eblk, %bn{n}",
                       f"  %obase{n} = mul i64 %blkn{n}, %words", f"  %oi{n} = add i64 %obase{n}, %gr",
                       f"  %oq{n} = getelementptr i32, i32* %out, i64 %oi{n}",
@@ -252,7 +298,7 @@ def _nx_cols_ir(luts, stream):
                   f"  %sh{j} = call {b} @llvm.x86.avx512.permvar.qi.512({b} %gb{j}, {b} %pv{j})",
                   f"  %sz{j} = select <64 x i1> %zb{j}, {b} zeroinitializer, {b} %sh{j}",
                   f"  %w{n} = bitcast {b} %sz{j} to {v}"]
-        word = _nx_nibbles(lines, n) if luts else f"%w{n}"
+        word = _nx_lookup_ir(lines, n, luts) if luts else f"%w{n}"
         lines += [f"  %oc{j} = mul i64 %zc{j}, 16", f"  %oi{j} = add i64 %obase, %oc{j}",
                   f"  %oq{j} = getelementptr i32, i32* %out, i64 %oi{j}", f"  %op{j} = bitcast i32* %oq{j} to {v}*",
                   f"  store {v} {word}, {v}* %op{j}, " + ("align 64, !nontemporal !0" if stream else "align 4")]

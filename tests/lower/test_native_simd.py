@@ -66,9 +66,56 @@ def _definition(src, gidx, perm, zm, outer, shift, copies, tabs):
     return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32).reshape(-1)
 
 
+#: the nibble tables the kernel's tests draw: none, any (eight VPERMD), every byte alike (two VPSHUFB), linear maps of
+#: few bit moves (masked shifts)
+LOOKUPS = ("identity", "nibbles", "bytes", "shifts")
+
+
+def _tables(g, kind):
+    # Random nibble tables ([8, 16] int32, _nx_tables' form) of one kind of LOOKUPS, built from the kind's own
+    # description (not by _nx_lookup): "bytes" from two random 16-byte tables; "shifts" from a constant and 1-6 random
+    # moves, word = C ^ XOR_j (w << s_j) & M_j, as the images of each nibble's values
+    if kind == "identity":
+        return "identity"
+    if kind == "nibbles":
+        return torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32)
+    n = torch.arange(16, dtype=torch.int64)
+    if kind == "bytes":
+        low, high = torch.randint(0, 256, (2, 16), generator=g, dtype=torch.int64)
+        rows = [t << (8 * b) for b in range(4) for t in (low, high)]
+    else:  # each output bit one input bit's, moved by one of the shifts, or 0 (a bit permutation of few moves, the
+        # input's bits flipped first): each input bit's image at most one bit, so the bytes' images never overlap
+        shifts = (torch.randperm(63, generator=g)[:int(torch.randint(1, 7, (1,), generator=g))] - 31).tolist()
+        masks, used = {}, set()
+        for o in torch.randperm(32, generator=g).tolist():
+            free = [s_ for s_ in shifts if 0 <= o - s_ < 32 and o - s_ not in used]
+            if free and int(torch.randint(0, 8, (1,), generator=g)):
+                s_ = free[int(torch.randint(0, len(free), (1,), generator=g))]
+                masks[s_] = masks.get(s_, 0) | 1 << o
+                used.add(o - s_)
+        constant = int(torch.randint(0, 2**32, (1,), generator=g, dtype=torch.int64))
+
+        def image(w):  # the linear part of the map, of int64 words
+            y = torch.zeros_like(w)
+            for s_, m in masks.items():
+                y ^= ((w << s_) if s_ >= 0 else (w >> -s_)) & m & 0xFFFFFFFF
+            return y
+
+        flips = torch.tensor([(constant >> (8 * b) & 0xFF) << (8 * b) for b in range(4)])
+        rows = [image(n << (4 * p)) ^ (image(flips[p // 2]) if p % 2 == 0 else 0)
+                for p in range(8)]  # bits flipped, then moved (as _nb_luts: each byte's constant in its table 2b)
+    t = torch.stack(rows)
+    return torch.where(t >= 2**31, t - 2**32, t).to(torch.int32)
+
+
+def _form(ns, tabs):
+    # the lookup form the kernel's key holds for these tables (None: none)
+    return None if isinstance(tabs, str) else ns["_nx_lookup"](tabs)[0]
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**16), chunks=st.integers(1, 4), blocks=st.integers(1, 5), copies=st.integers(1, 3),
-       luts=st.booleans(), threads=st.integers(1, 3), openmp=st.booleans(), gathers=st.sampled_from([1, 2, 4]))
+       luts=st.sampled_from(LOOKUPS), threads=st.integers(1, 3), openmp=st.booleans(), gathers=st.sampled_from([1, 2, 4]))
 def test_the_kernel_equals_its_definition(ns, seed, chunks, blocks, copies, luts, threads, openmp, gathers):
     g = torch.Generator().manual_seed(seed)
     span = 40
@@ -79,7 +126,7 @@ def test_the_kernel_equals_its_definition(ns, seed, chunks, blocks, copies, luts
     outer = torch.randint(0, 30, (blocks,), generator=g, dtype=torch.int64)
     shift = 70
     src = torch.randint(-2**31, 2**31 - 1, (shift * (copies - 1) + 30 + span,), generator=g, dtype=torch.int32)
-    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
+    tabs = _tables(g, luts)
     chunk_tables = (gidx, perm, zm, (int(gidx.min()), int(gidx.max())))
     out = torch.full((copies * blocks * chunks * 16,), 7, dtype=torch.int32)
     with pytest.MonkeyPatch.context() as m:
@@ -101,7 +148,7 @@ def _against_definition(ns, g, gidx, outer, copies, luts, threads, stream=True, 
         chunks, dtype=torch.int64)  # about a quarter padding
     shift = int(gidx.max()) + int(outer.max()) + 1  # an expert's words past the one before's
     src = torch.randint(-2**31, 2**31 - 1, (shift * copies,), generator=g, dtype=torch.int32)
-    tabs = torch.randint(-2**31, 2**31 - 1, (8, 16), generator=g, dtype=torch.int32) if luts else "identity"
+    tabs = _tables(g, luts)
     out = torch.full((copies * outer.numel() * chunks * 16,), 7, dtype=torch.int32) if out is None else out
     with pytest.MonkeyPatch.context() as m:
         m.setattr(torch, "get_num_threads", lambda: threads)
@@ -110,12 +157,12 @@ def _against_definition(ns, g, gidx, outer, copies, luts, threads, stream=True, 
         assert ns["_nx_run"](src, (gidx, perm, zm, (int(gidx.min()), int(gidx.max()))), outer, shift, copies, tabs,
                              out, ns["_nb_gomp"]())
     assert torch.equal(out, _definition(src, gidx, perm, zm, outer, shift, copies, tabs))
-    return stream and out.data_ptr() % 64 == 0
+    return stream and out.data_ptr() % 64 == 0, _form(ns, tabs)
 
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**16), chunks=st.integers(1, 4), blocks=st.integers(1, 19), copies=st.integers(1, 3),
-       luts=st.booleans(), threads=st.integers(1, 3), gathers=st.sampled_from([1, 2, 4]), near=st.booleans(),
+       luts=st.sampled_from(LOOKUPS), threads=st.integers(1, 3), gathers=st.sampled_from([1, 2, 4]), near=st.booleans(),
        misaligned=st.booleans())
 def test_pairs_shared_lines_and_streamed_stores_equal_the_definition(ns, seed, chunks, blocks, copies, luts, threads,
                                                                        gathers, near, misaligned):
@@ -129,15 +176,15 @@ def test_pairs_shared_lines_and_streamed_stores_equal_the_definition(ns, seed, c
     words = copies * blocks * chunks * 16
     store = torch.full((words + 16,), 7, dtype=torch.int32)
     at = (16 - store.data_ptr() // 4 % 16) % 16 + (1 if misaligned else 0)  # 64-byte aligned, or one word past it
-    streamed = _against_definition(ns, g, gidx, outer, copies, luts, threads, out=store[at: at + words])
+    streamed, form = _against_definition(ns, g, gidx, outer, copies, luts, threads, out=store[at: at + words])
     group = ns["_NX_SHARED_GROUP"] if near and blocks > 1 else ns["_NX_GROUP"]
     assert streamed != misaligned
-    assert ("nx", luts, ns["_NX_AHEAD"], gathers, group, True, streamed) in ns["_NX_STATE"]
+    assert ("nx", form, ns["_NX_AHEAD"], gathers, group, True, streamed) in ns["_NX_STATE"]
 
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**16), chunks=st.integers(1, 12), groups=st.integers(1, 3), copies=st.integers(1, 3),
-       luts=st.booleans(), threads=st.integers(1, 3), stream=st.booleans(), holes=st.booleans(),
+       luts=st.sampled_from(LOOKUPS), threads=st.integers(1, 3), stream=st.booleans(), holes=st.booleans(),
        piece=st.sampled_from([2, 4]))
 def test_the_tile_form_equals_the_definition(ns, seed, chunks, groups, copies, luts, threads, stream, holes, piece):
     # Marlin's pattern (piece 2): blocks in groups of 8 at a group's offset + 0, 2, .., 14 words, each chunk 8 pairs
@@ -151,14 +198,14 @@ def test_the_tile_form_equals_the_definition(ns, seed, chunks, groups, copies, l
     gidx = (first + torch.arange(piece, dtype=torch.int32)).reshape(chunks, 16).contiguous()
     starts = torch.randint(0, 100, (groups, 1, 8 // runs), generator=g) * 3  # any word, not only a line's first
     outer = (starts + (torch.arange(runs) * piece).view(1, -1, 1)).reshape(-1)  # [group, j, tile]
-    streamed = _against_definition(ns, g, gidx, outer, copies, luts, threads, stream, holes)
+    streamed, form = _against_definition(ns, g, gidx, outer, copies, luts, threads, stream, holes)
     assert streamed == stream  # torch's CPU allocations are 64-byte aligned: the streamed form's alignment
-    assert ("nx", luts, ns["_NX_AHEAD"], 1, 8, True, stream, "tile", piece) in ns["_NX_STATE"]
+    assert ("nx", form, ns["_NX_AHEAD"], 1, 8, True, stream, "tile", piece) in ns["_NX_STATE"]
 
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**16), chunks=st.integers(1, 12), blocks=st.integers(1, 9), copies=st.integers(1, 3),
-       luts=st.booleans(), threads=st.integers(1, 3), stream=st.booleans(), run=st.sampled_from([4, 8, 16]))
+       luts=st.sampled_from(LOOKUPS), threads=st.integers(1, 3), stream=st.booleans(), run=st.sampled_from([4, 8, 16]))
 def test_loads_of_runs_equal_the_definition(ns, seed, chunks, blocks, copies, luts, threads, stream, run):
     # Hopper's pattern (runs of 8 words: 32 bytes of each of two rows), and runs of 4 and 16: every chunk's 16
     # lanes are runs of `run` consecutive words starting anywhere (not aligned); the blocks far apart (no tile):
@@ -167,8 +214,8 @@ def test_loads_of_runs_equal_the_definition(ns, seed, chunks, blocks, copies, lu
     first = torch.randint(0, 300, (chunks, 16 // run, 1), generator=g, dtype=torch.int32)
     gidx = (first + torch.arange(run, dtype=torch.int32)).reshape(chunks, 16).contiguous()
     outer = torch.randperm(blocks, generator=g) * 37  # words, more than a line apart
-    streamed = _against_definition(ns, g, gidx, outer, copies, luts, threads, stream)
-    assert ("nx", luts, ns["_NX_AHEAD"], 1, ns["_NX_GROUP"], True, streamed, "runs", run) in ns["_NX_STATE"]
+    streamed, form = _against_definition(ns, g, gidx, outer, copies, luts, threads, stream)
+    assert ("nx", form, ns["_NX_AHEAD"], 1, ns["_NX_GROUP"], True, streamed, "runs", run) in ns["_NX_STATE"]
 
 
 def test_the_columns_network_transposes_a_16_by_8_matrix(ns):
@@ -183,7 +230,7 @@ def test_the_columns_network_transposes_a_16_by_8_matrix(ns):
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**16), groups=st.integers(1, 4), blocks=st.integers(1, 9), copies=st.integers(1, 3),
-       luts=st.booleans(), threads=st.integers(1, 3), stream=st.booleans(), holes=st.booleans())
+       luts=st.sampled_from(LOOKUPS), threads=st.integers(1, 3), stream=st.booleans(), holes=st.booleans())
 def test_the_columns_form_equals_the_definition(ns, seed, groups, blocks, copies, luts, threads, stream, holes):
     # GPTQ's pattern: chunks in groups of 8, chunk j reading the group's first's words + j, whose lanes are two spans
     # of 8 words 8 apart, anywhere (not aligned); blocks anywhere; the columns kernel the one that ran
@@ -192,9 +239,9 @@ def test_the_columns_form_equals_the_definition(ns, seed, groups, blocks, copies
     first = starts + 8 * torch.arange(8, dtype=torch.int32)  # [group, 1, span, 8]
     gidx = (first + torch.arange(8, dtype=torch.int32).view(1, 8, 1, 1)).reshape(groups * 8, 16).contiguous()
     outer = torch.randint(0, 300, (blocks,), generator=g)
-    streamed = _against_definition(ns, g, gidx, outer, copies, luts, threads, stream, holes)
+    streamed, form = _against_definition(ns, g, gidx, outer, copies, luts, threads, stream, holes)
     group = ns["_nx_group"](outer)
-    assert ("nx", luts, ns["_NX_AHEAD"], 1, group, False, streamed, "cols") in ns["_NX_STATE"]
+    assert ("nx", form, ns["_NX_AHEAD"], 1, group, False, streamed, "cols") in ns["_NX_STATE"]
 
 
 def test_the_columns_form_is_taken_only_for_its_pattern(ns):
@@ -210,7 +257,7 @@ def test_the_columns_form_is_taken_only_for_its_pattern(ns):
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**16), q=st.integers(1, 3), share=st.sampled_from([2, 4, 8]), d=st.integers(2, 5),
-       blocks=st.integers(1, 6), copies=st.integers(1, 3), luts=st.booleans(), threads=st.integers(1, 3),
+       blocks=st.integers(1, 6), copies=st.integers(1, 3), luts=st.sampled_from(LOOKUPS), threads=st.integers(1, 3),
        gathers=st.sampled_from([1, 2, 4]))
 def test_shared_gathers_equal_the_definition(ns, seed, q, share, d, blocks, copies, luts, threads, gathers):
     # A byte transpose's pattern: chunks c + s d (s < share) read chunk c's words for every c with (c // d) % share
@@ -335,6 +382,66 @@ def test_identity_tables_skip_the_lookups_and_other_conversions_are_none(ns):
     assert ns["_nx_tables"](ns["_nb_luts"](tuple(range(32)))) == "identity"
     square = ns["_nb_luts"](tuple(range(32)), lambda w: w * w)  # not a sum of its nibbles' images
     assert ns["_nx_tables"](square) is None
+
+
+def _apply(tabs, w):
+    # the nibble tables' map of int64 words w (0 .. 2**32 - 1), as the kernel's definition combines them
+    t = tabs.to(torch.int64) & 0xFFFFFFFF
+    y = torch.zeros_like(w)
+    for b in range(4):  # OR of the bytes' images, each the XOR of its nibbles'
+        y |= t[2 * b][(w >> (8 * b)) & 15] ^ t[2 * b + 1][(w >> (8 * b + 4)) & 15]
+    return y
+
+
+def _run_form(form, operand, w):
+    # a lookup form of _nx_lookup written out in torch from its own description (int64 words)
+    if form == "bytes":
+        low = (operand[0].to(torch.int64) & 0xFFFFFFFF).view(-1)[:4]
+        high = (operand[1].to(torch.int64) & 0xFFFFFFFF).view(-1)[:4]
+        lo_t = [(int(low[j // 4]) >> (8 * (j % 4))) & 255 for j in range(16)]
+        hi_t = [(int(high[j // 4]) >> (8 * (j % 4))) & 255 for j in range(16)]
+        lo_t, hi_t = torch.tensor(lo_t), torch.tensor(hi_t)
+        return sum((lo_t[(w >> (8 * b)) & 15] ^ hi_t[(w >> (8 * b + 4)) & 15]) << (8 * b) for b in range(4))
+    rows = (operand.to(torch.int64) & 0xFFFFFFFF)[:, 0].tolist()
+    y = torch.full_like(w, rows[-1])
+    for s_, m in zip(form[1:], rows):
+        y ^= ((w << s_) if s_ >= 0 else (w >> -s_)) & m & 0xFFFFFFFF
+    return y
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), kind=st.sampled_from(LOOKUPS[1:]))
+def test_the_lookup_forms_stand_for_their_tables(ns, seed, kind):
+    # _nx_lookup's form and operand, written out from their description, map every word as the nibble tables do;
+    # tables of each kind get their own form (random tables the nibbles, unless by chance)
+    g = torch.Generator().manual_seed(seed)
+    tabs = _tables(g, kind)
+    form, operand = ns["_nx_lookup"](tabs)
+    w = torch.randint(0, 2**32, (4096,), generator=g, dtype=torch.int64)
+    if kind == "bytes":
+        assert form == "bytes" and operand.shape == (2, 16)
+    if kind == "shifts":
+        assert form[0] == "shifts" and 1 <= len(form) - 1 <= ns["_NX_MOST_SHIFTS"]
+    if form == "nibbles":
+        assert torch.equal(operand, tabs)
+    else:
+        assert torch.equal(_run_form(form, operand, w), _apply(tabs, w))
+
+
+def test_the_shipped_tables_take_the_cheap_forms(ns):
+    # Marlin's nibble moves (the interleave of every Marlin spec's weights): three masked shifts; CUTLASS W4A8's value
+    # map of every nibble: two byte lookups; the SM90 interleave of 17 bit moves stays with the nibble tables
+    marlin = ns["_nx_tables"](ns["_nb_luts"]((0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27, 4, 5, 6, 7, 20,
+                                             21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31)))  # marlin_nvfp4's words
+    assert ns["_nx_lookup"](marlin)[0] == ("shifts", -12, 0, 12)
+    value = (8, 15, 14, 13, 12, 11, 10, 9, 0, 1, 2, 3, 4, 5, 6, 7)  # a nibble value map, as W4A8's two composed
+    luts = torch.tensor([[(value[v & 15] | value[v >> 4] << 4) << (8 * b) for v in range(256)] for b in range(4)])
+    luts = torch.where(luts >= 2**31, luts - 2**32, luts).to(torch.int32)
+    assert ns["_nx_lookup"](ns["_nx_tables"](luts))[0] == "bytes"
+    with pytest.raises(ValueError, match="lookup form"):
+        ns["_nx_kernel"]("squares")
+    with pytest.raises(ValueError, match="8, 16"):
+        ns["_nx_lookup"](torch.zeros(2, 16, dtype=torch.int32))
 
 
 def test_byte_tables_are_a_tensor_or_identity(ns):
