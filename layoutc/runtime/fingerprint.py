@@ -383,12 +383,15 @@ def _fp_products_torch(xs, device):
         for a, part_y in firsts:
             _fp_first(a, part_y)
     layout = tuple((bulk, st) for _, _, bulk, st in segs)
-    y_bytes = y.view(torch.int8).t().contiguous()
     if device.type == "cpu":
         # Z in float64 on the CPU: exact (every product and sum is an integer of at most 2^30, the definition's
         # bound, and float64 holds every integer up to 2^53), and 0.08 ms for a layer's 864 rows where torch's
-        # int8 GEMM took 0.29 (2-core Zen 3 machine, no VNNI; BENCHMARKS.md)
-        return segs, torch.mm(y_bytes.double(), _fp_blocks(layout, rows, bulk_rows, device, 1).double()).to(torch.int32)
+        # int8 GEMM took 0.29 (2-core Zen 3 machine, no VNNI; BENCHMARKS.md). Y's bytes widened where they lie and
+        # transposed as a view, R2's blocks widened once per layout (kept): a widening of a transposed view took
+        # ~0.2 ms on its own (0.22-0.28 -> 0.15-0.21 ms a layer on the 2-core Zen 4 machine, BENCHMARKS.md)
+        return segs, torch.mm(y.view(torch.int8).double().t(),
+                              _fp_blocks(layout, rows, bulk_rows, device, 1, torch.float64)).to(torch.int32)
+    y_bytes = y.view(torch.int8).t().contiguous()
     return segs, _fp_mm(y_bytes, lambda c: _fp_blocks(layout, rows, bulk_rows, device, c))
 
 
@@ -485,12 +488,15 @@ def _fp_launch(kernel, grid, args, consts):
         _fp_keep(key, (kernel, compiled))
 
 
-def _fp_blocks(layout, rows, bulk_rows, device, split=1):
+def _fp_blocks(layout, rows, bulk_rows, device, split=1, dtype=None):
     # R2 placed for a batch: column block k holds R2's rows for segment k's rows of Y (its bulk
     # rows, then its staged rows), zeros elsewhere: block k of the product is segment k's Z.
-    # split > 1: that matrix in _fp_mm's split form.
-    key = (layout, rows, bulk_rows, str(device), _FP_ROW, _FP_SEGMENT_ROWS, split)
+    # split > 1: that matrix in _fp_mm's split form. dtype: that matrix converted (the same integers), kept too.
+    key = (layout, rows, bulk_rows, str(device), _FP_ROW, _FP_SEGMENT_ROWS, split, dtype)
     m = _FP_BLOCKS.get(key)
+    if m is None and dtype is not None:
+        m = _fp_blocks(layout, rows, bulk_rows, device, split).to(dtype)
+        _FP_BLOCKS[key] = m
     if m is None and split > 1:
         m = _FP_BLOCKS[key] = _fp_split_form(_fp_blocks(layout, rows, bulk_rows, device), split)
     if m is None:
@@ -524,10 +530,12 @@ def _fingerprint_finish(handle, count):
             if event is not None:
                 event.synchronize()  # the copy into pinned host memory (CUDA) is done
             z = z.cpu()  # a host tensor already on CUDA (no device call) and on the CPU
+            # every column block's rows in one piece of memory, one copy for all (not one per block)
+            z = z.view(z.shape[0], -1, _FP_COLS).transpose(0, 1).contiguous()
         for i, ks, n in zip(idx, cols, sizes):
             h = hashlib.sha256(f"{_FP_SCHEME}\0{n}\0".encode())
             for k in ks:
-                h.update(_host_bytes(z[:, k * _FP_COLS: (k + 1) * _FP_COLS].contiguous()))
+                h.update(_host_bytes(z[k]))
             out[i] = f"{_FP_SCHEME}:{h.hexdigest()}"
     return out
 
