@@ -19,6 +19,9 @@ transposes), 4-byte groups (the 128x4 scale swizzle). Here, per shape and device
   unaligned widths, whose element gather re-evaluated some forty int64 passes of index arithmetic
   per call, 5-10x the rest of the layer), a call is one ``index_select`` of runs (as words of 2,
   4 or 8 bytes where a run is one aligned word) and an ``index_fill_`` of the fill runs;
+* on the CPU, where such a table's runs join into long spans of consecutive elements (``_RUN_SPAN_BYTES`` on
+  average: a swap of whole halves, its runs a row each), a ``("spans", ...)`` plan instead: one contiguous
+  ``copy_`` a span;
 * else ``None``: the caller runs the element gather, as before.
 
 On the CPU, where :mod:`layoutc.lower.native_simd`'s kernel runs, a table of short runs (at most
@@ -46,7 +49,7 @@ from .native import _nb, _nb_blocks, _nb_gomp, _nb_on, _nb_word_quads  # copied 
 from .native_simd import _nx_chunks, _nx_on, _nx_run
 import torch
 
-_RUN_PLANS = {}  # (converter function, dims, device) -> ("view", ...), ("table", ...), ("simd", ...) or None
+_RUN_PLANS = {}  # (converter function, dims, device) -> a plan ("view", "table", "simd", "spans", "native") or None
 _RUN_PLANS_MAX = 64  # shapes remembered per process (each table at most _RUN_TABLE_RATIO times its output) ...
 _RUN_BYTES_MAX = 256 << 20  # ... and the bytes of their tables: past this, tables are made per call
 _RUN_BYTES = [0]
@@ -61,6 +64,11 @@ _RUN_WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 # layoutc.lower.native_simd): index_select moved 2 MB of one-byte runs in 1.7 ms on the CPU machine, one lookup a
 # byte (BENCHMARKS.md); longer runs stay index_select's (a run a lookup)
 _RUN_SIMD_BYTES = 8
+# Bytes a span of consecutive runs at least holds on average for a table of runs to be copied span by span on the
+# CPU (a "spans" plan: a contiguous copy_ each, a few microseconds of call apiece): the swap of a layer's halves,
+# 16 spans of 1 MiB, 1.43 ms by index_select of 1 KiB rows, ~1.1 ms as spans (a clone of its bytes ~1.0 ms; 2-core
+# Zen 4 machine, BENCHMARKS.md)
+_RUN_SPAN_BYTES = 1 << 18
 # A strided view copy also moves 16-byte runs as one element: complex128, the one 16-byte type (a copy_ between
 # tensors of one dtype moves their bits, no arithmetic: NaN payloads included, checked on random bytes). AITER's
 # 16x16 weight shuffle: 8.8 -> 2.9 ms on one thread for 16.8 MB (int64 pairs: an inner loop of 2 per run)
@@ -185,11 +193,33 @@ def _run_plan(key, index, args, shape, itemsize, expert_stride=None, words=False
                 fill = (fill.unsqueeze(0) + torch.arange(copies, device=on).unsqueeze(1) * starts.numel()).reshape(-1)
                 varied = None if varied is None else varied.repeat(copies)
             plan = ("table", g, table, fill if fill.numel() else None, aligned, varied)
+            if not fill.numel() and table.device.type == "cpu":
+                plan = _run_spans(table * g if aligned else table, g, itemsize) or plan
     kept = ([] if plan is None or plan[0] == "view" else [*plan[1:3], *(plan[6] or ())[:2]] if plan[0] == "native"
-            else [*plan[1][:3], plan[2]] if plan[0] == "simd" else [plan[2], plan[3], plan[5]])
+            else [*plan[1][:3], plan[2]] if plan[0] == "simd" else [*plan[1]] if plan[0] == "spans"
+            else [plan[2], plan[3], plan[5]])
     if not _run_keep(key, plan, kept):
         _RUN_PLANS[key] = None  # no room for its table: this call uses it, later ones the element gather
     return plan
+
+
+def _run_spans(starts, g, itemsize):
+    # A ("spans", (sources, outputs, lengths), end) plan where the runs of g elements at `starts` (every one read,
+    # the whole output's in order) join into spans of consecutive elements of _RUN_SPAN_BYTES or more on average:
+    # a call is one contiguous copy a span (a swap of whole halves: one an expert half, where index_select took
+    # its runs row by row); else None. int64 element offsets; `end` the least source length the spans fit in.
+    n = starts.numel()
+    if not n:
+        return None
+    starts = starts.to(torch.int64)
+    breaks = torch.ones(n, dtype=torch.bool)
+    breaks[1:] = starts[1:] != starts[:-1] + g  # a span starts where a run does not follow the one before
+    first = breaks.nonzero().flatten()
+    if n * g * itemsize < _RUN_SPAN_BYTES * first.numel():
+        return None
+    lengths = torch.diff(first, append=torch.tensor([n])) * g
+    sources = starts[first]
+    return "spans", (sources, first * g, lengths), int((sources + lengths).max())
 
 
 def _run_simd(starts, g, itemsize, copies, shift):
@@ -265,8 +295,17 @@ def _run_gather(flat, plan, shape, fill):
         return out
     if plan[0] == "simd":
         return _run_simd_gather(flat, plan, shape)
+    if plan[0] == "spans":
+        (sources, outputs, lengths), end = plan[1], plan[2]
+        if end > flat.numel():  # a slice would be cut short where index_select raises
+            raise IndexError(f"a run plan reads {end} elements of an input of {flat.numel()}")
+        out = torch.empty(shape, dtype=flat.dtype, device=flat.device)
+        o = out.view(-1)
+        for source, at, length in zip(sources.tolist(), outputs.tolist(), lengths.tolist()):
+            o[at: at + length].copy_(flat[source: source + length])
+        return out
     if plan[0] != "table":  # a plan _run_plan never makes: a caller's mistake, not a table to unpack
-        raise ValueError(f"a run plan of an unknown kind: {plan[0]!r} (view, simd or table)")
+        raise ValueError(f"a run plan of an unknown kind: {plan[0]!r} (view, simd, spans or table)")
     _, g, table, bad, aligned, varied = plan
     out = torch.empty((table.numel(), g), dtype=flat.dtype, device=flat.device)
     word = _RUN_WORDS.get(g * flat.element_size())

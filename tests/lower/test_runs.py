@@ -338,7 +338,49 @@ def test_expert_zero_tables_moved_per_expert_equal_the_whole_map(seed):
 
 
 def test_a_run_plan_of_an_unknown_kind_raises():
-    # _run_gather takes the three kinds _run_plan makes; anything else is an error, never unpacked as a table
+    # _run_gather takes the kinds _run_plan makes; anything else is an error, never unpacked as a table
     flat = torch.arange(8, dtype=torch.uint8)
     with pytest.raises(ValueError, match="unknown kind: 'rows'"):
         runs._run_gather(flat, ("rows", 2, torch.tensor([0], dtype=torch.int32), None, True, None), (2,), 0)
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_runs_that_join_into_long_spans_copy_span_by_span(offset):
+    """A swap of whole halves (per expert, its runs a row each) is a table of rows by its runs; on the CPU its
+    rows join into two spans an expert, copied as such: bit for bit the element gather, aligned or not, the
+    experts' tables moved or the whole map; a source shorter than the spans reach raises."""
+    h = _helpers()
+    h["_RUN_SPAN_BYTES"] = 64  # this test's spans: 3 rows of 8 int32
+    e, rows, cols = 3, 6, 8
+    base = torch.randint(-2**31, 2**31 - 1, (offset + e * rows * cols,), dtype=torch.int64).to(torch.int32)
+    x = base[offset:]
+
+    def index_of(start, stop):
+        o0, o1, o2 = torch.meshgrid(torch.arange(start, stop), torch.arange(rows), torch.arange(cols), indexing="ij")
+        return o0 * rows * cols + ((o1 + 3) % rows) * cols + o2
+
+    want = _element_gather(x, index_of(0, e), 0)
+    for stride in (None, rows * cols):
+        plan, y = _run(h, (lambda s, t: index_of(0, 1)) if stride else index_of, (e, rows, cols), x, stride=stride)
+        assert plan[0] == "spans" and plan[1][2].tolist() == [3 * cols] * (2 * e)
+        assert torch.equal(y, want)
+    with pytest.raises(IndexError, match="reads 144 elements of an input of 143"):
+        h["_run_gather"](x[:-1], plan, (e, rows, cols), 0)
+    h["_RUN_SPAN_BYTES"] = 4 * 3 * cols + 1  # spans a byte shorter than asked: the table of rows
+    plan, y = _run(h, index_of, (e, rows, cols), x)
+    assert plan[0] == "table" and torch.equal(y, want)
+
+
+def test_a_shipped_swap_of_halves_takes_spans_and_equals_eager():
+    # flashinfer_cutlass_mxfp8's w13 weights (swap_halves on dim 1): spans at a layer's size (here made small by
+    # lowering the span threshold), the same bits as the eager reference
+    spec = _spec("flashinfer_cutlass_mxfp8")
+    x = synthetic_inputs(spec, {"E": 2, "I": 128, "H": 256}, seed=5)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(spec.module, "_RUN_SPAN_BYTES", 1024)
+        spec.module._RUN_PLANS.clear()
+        got = spec.convert(x, lowering="gather")
+        plans = {k[0]: v for k, v in spec.module._RUN_PLANS.items()}
+        spec.module._RUN_PLANS.clear()
+    assert plans["_gather_w13_weight_0"][0] == "spans"
+    assert_same_bits(got, spec.convert(x, lowering="eager"), "cutlass_mxfp8")
