@@ -8,7 +8,9 @@ quads of a row: :func:`_nx_quads_table`; byte transposes of scales: a word a byt
 512-bit gathers of its words, a byte permute that puts their bytes in output order (VPERMB, VPERMI2B, or two of
 those and a blend; a mask zeroes padding), and, where the plan's byte tables change bytes, eight VPERMD lookups of
 16-entry tables: each byte table must be the XOR of its two nibbles' images (:func:`_nx_tables` checks all 256
-values; bit permutations are, with or without bits flipped). Each chunk first prefetches the words of the chunk
+values; bit permutations are, with or without bits flipped), or the cheaper lookup form :func:`_nx_lookup` finds
+in those tables (two VPSHUFB where every byte maps alike, masked shifts where the map moves bits by few distances).
+Each chunk first prefetches the words of the chunk
 ``_NX_AHEAD`` on: the gathers alone did not start the hardware's prefetch; blocks go in groups of ``_NX_GROUP``,
 chunk by chunk (blocks of a group often read the same lines), of ``_NX_SHARED_GROUP`` where blocks less than a line
 apart surely do (:func:`_nx_group`). Where every chunk's words come in pairs (two consecutive words: all the shipped
@@ -44,7 +46,7 @@ from ..runtime.cpu_kernels import _fp_jit, _fp_llvm, _fp_run_job
 from .simd_forms import _nx_body_ir, _nx_check_group, _nx_cols_ir, _nx_head, _nx_lookup_ir, _nx_tile_ir
 import torch
 
-#: ("nx", luts, ahead, gathers, group, pairs, stream[, "tile", piece][, "runs", n][, "cols"][, "share", S, D]): a
+#: ("nx", lookup, ahead, gathers, group, pairs, stream[, "tile", piece][, "runs", n][, "cols"][, "share", S, D]): a
 #: compiled kernel; "nl": the byte lookup; "host": llvmlite and the host's features (None: it does not run here);
 #: memo tables by kind ("nx forms": each plan's form)
 _NX_STATE = {}
@@ -81,9 +83,10 @@ def _nx_ir(luts, ahead, gathers, group, pairs=False, stream=False, runs=0, share
     # [lo, hi) of every expert; block k of expert e reads the source words gidx[c, l] + outer[k] + e * shift of its
     # chunk c (l < 16 * gathers: `gathers` 512-bit gathers), puts byte perm[c, i] of the gathered ones at output
     # byte i (VPERMB of one register, VPERMI2B of two, two of those and a blend for four: perm's low 6, 7 or 8
-    # bits pick it; 0 where bit i of zm[c] is set: padding) and, where `luts`, maps each word through the plan's
-    # byte tables in nibbles: byte b of a word is y_b = A_b[low nibble] ^ B_b[high nibble] (two VPERMD of 16-entry
-    # tables, tabs[2b], tabs[2b + 1]), the word OR_b y_b. Returns 1 where a block's reads (its least and largest
+    # bits pick it; 0 where bit i of zm[c] is set: padding) and, where `luts` (a lookup form of _nx_lookup; True:
+    # "nibbles"), maps each word through the plan's byte tables: in nibbles, byte b of a word is y_b = A_b[low
+    # nibble] ^ B_b[high nibble] (two VPERMD of 16-entry tables, tabs[2b], tabs[2b + 1]), the word OR_b y_b; the
+    # other forms as _nx_lookup says, tabs then their operand. Returns 1 where a block's reads (its least and largest
     # word, slo and shi, moved by its offset) fall outside the nw source words, before it reads any; else 0. Blocks
     # go in groups of `group`, chunk by chunk: chunk c of each block of the group, then chunk c + 1. Each block's
     # chunk first prefetches the words of its chunk `ahead` on (past the block's end: the block a group on), an
