@@ -414,8 +414,8 @@ def _nx_lookup(tabs):
         lanes = [value for row in (low, high) for value in _nx_lane_words(row)]
         return "bytes", torch.tensor(lanes, dtype=torch.int64).view(2, 16).to(torch.int32)
     constant = 0
-    for b in range(4):
-        constant ^= rows[2 * b][0]  # the low nibble's table holds the byte's constant (its image of 0)
+    for row in rows:
+        constant ^= row[0]  # every table's image of 0 (_nx_tables puts a byte's constant in its low nibble's)
     linear = [[row[n] ^ row[0] for n in range(16)] for row in rows]
     masks = {}
     for p, row in enumerate(linear):

@@ -301,6 +301,9 @@ def _run_gather(flat, plan, shape, fill):
             raise IndexError(f"a run plan reads {end} elements of an input of {flat.numel()}")
         out = torch.empty(shape, dtype=flat.dtype, device=flat.device)
         o = out.view(-1)
+        if not len(outputs) or int(outputs[-1] + lengths[-1]) != o.numel():  # spans cover their output in order
+            raise ValueError(f"a spans plan of {int(outputs[-1] + lengths[-1]) if len(outputs) else 0} elements "
+                             f"for an output of {o.numel()}")
         for source, at, length in zip(sources.tolist(), outputs.tolist(), lengths.tolist()):
             o[at: at + length].copy_(flat[source: source + length])
         return out

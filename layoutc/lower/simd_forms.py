@@ -72,7 +72,9 @@ def _nx_lookup_rows(lookup):
         return 8
     if lookup == "bytes":
         return 2
-    if isinstance(lookup, tuple) and lookup[:1] == ("shifts",) and len(lookup) > 1:
+    if (isinstance(lookup, tuple) and lookup[:1] == ("shifts",) and len(lookup) > 1
+            and len(set(lookup[1:])) == len(lookup) - 1
+            and all(type(s) is int and -32 < s < 32 for s in lookup[1:])):  # a shift by 32 or more: LLVM's poison
         return len(lookup)
     raise ValueError(f"the SIMD kernel knows no lookup form {lookup!r}")
 
@@ -84,7 +86,7 @@ def _nx_lookup_ir(lines, tag, lookup):
     if lookup == "nibbles":
         return _nx_nibbles(lines, tag)
     v, b, w = "<16 x i32>", "<64 x i8>", f"%w{tag}"
-    splat = lambda value: "<" + ", ".join([f"i32 {value}"] * 16) + ">"  # noqa: E731
+    splat = lambda value: "<" + ", ".join([f"i32 {value}"] * 16) + ">"
     if lookup == "bytes":
         # every byte y = A[low nibble] ^ B[high nibble], A and B the same for each byte (VPSHUFB: a 16-byte table
         # in each 128-bit lane, %T0 and %T1, indexed by a byte's low 4 bits where its bit 7 is clear)

@@ -78,6 +78,9 @@ _FP_ROWS_MULTIPLE = {"cuda": 256}
 
 _FP_MATRICES = {}
 _FP_BLOCKS = {}
+#: Bytes of a widened copy of R2's blocks (the CPU's second product) kept per layout, at most: larger batches (many
+#: segments) widen theirs per call rather than hold 8 bytes an int8 entry for each of 64 layouts
+_FP_WIDE_KEPT = 1 << 23
 _FP_ZEROS = {}
 
 #: On CUDA, both products by Triton kernels (_fp_products_triton) where Triton imports, unless
@@ -496,7 +499,8 @@ def _fp_blocks(layout, rows, bulk_rows, device, split=1, dtype=None):
     m = _FP_BLOCKS.get(key)
     if m is None and dtype is not None:
         m = _fp_blocks(layout, rows, bulk_rows, device, split).to(dtype)
-        _FP_BLOCKS[key] = m
+        if m.numel() * m.element_size() <= _FP_WIDE_KEPT:  # kept where small: a layer's 0.7 MB
+            _FP_BLOCKS[key] = m
     if m is None and split > 1:
         m = _FP_BLOCKS[key] = _fp_split_form(_fp_blocks(layout, rows, bulk_rows, device), split)
     if m is None:

@@ -85,14 +85,16 @@ def _tables(g, kind):
         rows = [t << (8 * b) for b in range(4) for t in (low, high)]
     else:  # each output bit one input bit's, moved by one of the shifts, or 0 (a bit permutation of few moves, the
         # input's bits flipped first): each input bit's image at most one bit, so the bytes' images never overlap
-        shifts = (torch.randperm(63, generator=g)[:int(torch.randint(1, 7, (1,), generator=g))] - 31).tolist()
-        masks, used = {}, set()
-        for o in torch.randperm(32, generator=g).tolist():
-            free = [s_ for s_ in shifts if 0 <= o - s_ < 32 and o - s_ not in used]
-            if free and int(torch.randint(0, 8, (1,), generator=g)):
-                s_ = free[int(torch.randint(0, len(free), (1,), generator=g))]
-                masks[s_] = masks.get(s_, 0) | 1 << o
-                used.add(o - s_)
+        masks = {}
+        while not masks:  # at least one bit moved (with none, all tables are zeros: the bytes form)
+            shifts = (torch.randperm(63, generator=g)[:int(torch.randint(1, 7, (1,), generator=g))] - 31).tolist()
+            used = set()
+            for o in torch.randperm(32, generator=g).tolist():
+                free = [s_ for s_ in shifts if 0 <= o - s_ < 32 and o - s_ not in used]
+                if free and int(torch.randint(0, 8, (1,), generator=g)):
+                    s_ = free[int(torch.randint(0, len(free), (1,), generator=g))]
+                    masks[s_] = masks.get(s_, 0) | 1 << o
+                    used.add(o - s_)
         constant = int(torch.randint(0, 2**32, (1,), generator=g, dtype=torch.int64))
 
         def image(w):  # the linear part of the map, of int64 words
@@ -115,7 +117,8 @@ def _form(ns, tabs):
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**16), chunks=st.integers(1, 4), blocks=st.integers(1, 5), copies=st.integers(1, 3),
-       luts=st.sampled_from(LOOKUPS), threads=st.integers(1, 3), openmp=st.booleans(), gathers=st.sampled_from([1, 2, 4]))
+       luts=st.sampled_from(LOOKUPS), threads=st.integers(1, 3), openmp=st.booleans(),
+       gathers=st.sampled_from([1, 2, 4]))
 def test_the_kernel_equals_its_definition(ns, seed, chunks, blocks, copies, luts, threads, openmp, gathers):
     g = torch.Generator().manual_seed(seed)
     span = 40
@@ -428,9 +431,61 @@ def test_the_lookup_forms_stand_for_their_tables(ns, seed, kind):
         assert torch.equal(_run_form(form, operand, w), _apply(tabs, w))
 
 
+def _words_of_tables(rows):
+    # [8, 16] int32 nibble tables of int64 rows
+    t = torch.stack([torch.as_tensor(r, dtype=torch.int64) & 0xFFFFFFFF for r in rows])
+    return torch.where(t >= 2**31, t - 2**32, t).to(torch.int32)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), apart=st.booleans())
+def test_linear_maps_with_constants_anywhere_take_shifts_only_where_exact(ns, seed, apart):
+    # Linear maps of few moves where an input bit may set several output bits and an output bit sum several input
+    # bits, each table's image of 0 (its constant) anything. `apart`: each output bit belongs to one byte of the
+    # input, whose bits alone (and whose tables' constants) may set it: the shifts form is taken and maps every word
+    # as the tables do; else the bytes' images may overlap (the tables OR them) and the nibble tables stay
+    g = torch.Generator().manual_seed(seed)
+    shifts = (torch.randperm(63, generator=g)[:int(torch.randint(1, 7, (1,), generator=g))] - 31).tolist()
+    owner = torch.randint(0, 4, (32,), generator=g).tolist()  # output bit o: the input byte that may set it
+    images = []
+    for i in range(32):  # input bit i: a random choice of its moves
+        image = 0
+        for s_ in shifts:
+            o = i + s_
+            if 0 <= o < 32 and (owner[o] == i // 8 or not apart) and int(torch.randint(0, 3, (1,), generator=g)) < 2:
+                image |= 1 << o
+        images.append(image)
+    constants = torch.randint(0, 2**32, (8,), generator=g, dtype=torch.int64).tolist()
+    if apart:
+        constants = [c & sum(1 << o for o in range(32) if owner[o] == p // 2) for p, c in enumerate(constants)]
+    rows = [[constants[p] ^ _xor([images[4 * p + b] for b in range(4) if v >> b & 1]) for v in range(16)]
+            for p in range(8)]
+    tabs = _words_of_tables(rows)
+    form, operand = ns["_nx_lookup"](tabs)
+    w = torch.randint(0, 2**32, (4096,), generator=g, dtype=torch.int64)
+    if form != "nibbles":
+        assert torch.equal(_run_form(form, operand, w), _apply(tabs, w))
+    support = [0] * 4
+    for p, row in enumerate(rows):
+        for value in row:
+            support[p // 2] |= value
+    if any(support[a] & support[b] for a in range(4) for b in range(a)):
+        assert form == "nibbles"
+    elif any(images):
+        assert form != "nibbles"  # the shifts (or, by chance, the bytes form)
+
+
+def _xor(values):
+    y = 0
+    for v in values:
+        y ^= v
+    return y
+
+
 def test_the_shipped_tables_take_the_cheap_forms(ns):
     # Marlin's nibble moves (the interleave of every Marlin spec's weights): three masked shifts; CUTLASS W4A8's value
-    # map of every nibble: two byte lookups; the SM90 interleave of 17 bit moves stays with the nibble tables
+    # map of every nibble: two byte lookups; a bit permutation of many distances (the SM90 interleave's: 17) stays
+    # with the nibble tables, as do maps whose bytes' images overlap; constants in any table count
     marlin = ns["_nx_tables"](ns["_nb_luts"]((0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27, 4, 5, 6, 7, 20,
                                              21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31)))  # marlin_nvfp4's words
     assert ns["_nx_lookup"](marlin)[0] == ("shifts", -12, 0, 12)
@@ -438,8 +493,25 @@ def test_the_shipped_tables_take_the_cheap_forms(ns):
     luts = torch.tensor([[(value[v & 15] | value[v >> 4] << 4) << (8 * b) for v in range(256)] for b in range(4)])
     luts = torch.where(luts >= 2**31, luts - 2**32, luts).to(torch.int32)
     assert ns["_nx_lookup"](ns["_nx_tables"](luts))[0] == "bytes"
+    n = torch.arange(16, dtype=torch.int64)
+    identity = [(n << (4 * (p % 2))) << (8 * (p // 2)) for p in range(8)]
+    flipped = [r.clone() for r in identity]
+    flipped[1] ^= 0x10  # a constant in byte 0's high nibble's table: bit 4 of every word flipped
+    form, operand = ns["_nx_lookup"](_words_of_tables(flipped))
+    w = torch.randint(0, 2**32, (4096,), generator=torch.Generator().manual_seed(1), dtype=torch.int64)
+    assert form == ("shifts", 0) and torch.equal(_run_form(form, operand, w), w ^ 0x10)
+    spread = torch.randperm(32, generator=torch.Generator().manual_seed(2)).tolist()  # bit i -> bit spread[i]
+    rows = [[sum(1 << spread[4 * p + b] for b in range(4) if v >> b & 1) for v in range(16)] for p in range(8)]
+    assert len({spread[i] - i for i in range(32)}) > ns["_NX_MOST_SHIFTS"]
+    assert ns["_nx_lookup"](_words_of_tables(rows))[0] == "nibbles"
+    overlap = [r.clone() for r in identity]
+    overlap[2] = overlap[2] | (n & 1)  # byte 1's low nibble's bit 0 also sets bit 0 (byte 0's): OR is not XOR
+    assert ns["_nx_lookup"](_words_of_tables(overlap))[0] == "nibbles"
     with pytest.raises(ValueError, match="lookup form"):
         ns["_nx_kernel"]("squares")
+    for bad in (("shifts", 32), ("shifts", 0, 0), ("shifts",), ("shifts", 1.0)):
+        with pytest.raises(ValueError, match="lookup form"):
+            ns["_nx_kernel"](bad)
     with pytest.raises(ValueError, match="8, 16"):
         ns["_nx_lookup"](torch.zeros(2, 16, dtype=torch.int32))
 

@@ -369,6 +369,17 @@ def test_runs_that_join_into_long_spans_copy_span_by_span(offset):
     h["_RUN_SPAN_BYTES"] = 4 * 3 * cols + 1  # spans a byte shorter than asked: the table of rows
     plan, y = _run(h, index_of, (e, rows, cols), x)
     assert plan[0] == "table" and torch.equal(y, want)
+    h["_RUN_SPAN_BYTES"] = 64
+
+    def moved(start, stop):  # the same swap read 3 elements on: runs that start off their rows (element offsets)
+        return index_of(start, stop) + 3
+
+    longer = torch.cat([x, x[:3]])
+    plan, y = _run(h, moved, (e, rows, cols), longer)
+    assert plan[0] == "spans" and plan[1][0][0] == 3 * cols + 3
+    assert torch.equal(y, _element_gather(longer, moved(0, e), 0))
+    with pytest.raises(ValueError, match="spans plan of 144 elements for an output of 143"):
+        h["_run_gather"](longer, plan, (143,), 0)
 
 
 def test_a_shipped_swap_of_halves_takes_spans_and_equals_eager():
