@@ -390,8 +390,9 @@ def _fp_products_torch(xs, device):
         # Z in float64 on the CPU: exact (every product and sum is an integer of at most 2^30, the definition's
         # bound, and float64 holds every integer up to 2^53), and 0.08 ms for a layer's 864 rows where torch's
         # int8 GEMM took 0.29 (2-core Zen 3 machine, no VNNI; BENCHMARKS.md). Y's bytes widened where they lie and
-        # transposed as a view, R2's blocks widened once per layout (kept): a widening of a transposed view took
-        # ~0.2 ms on its own (0.22-0.28 -> 0.15-0.21 ms a layer on the 2-core Zen 4 machine, BENCHMARKS.md)
+        # transposed as a view, R2's blocks widened once per layout (kept up to _FP_WIDE_KEPT bytes): a widening of
+        # a transposed view took ~0.2 ms on its own (0.22-0.28 -> 0.15-0.21 ms a layer on the 2-core Zen 4 machine,
+        # BENCHMARKS.md)
         return segs, torch.mm(y.view(torch.int8).double().t(),
                               _fp_blocks(layout, rows, bulk_rows, device, 1, torch.float64)).to(torch.int32)
     y_bytes = y.view(torch.int8).t().contiguous()
